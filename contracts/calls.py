@@ -1,0 +1,118 @@
+"""The public wire contract: what an agent platform publishes and receives.
+
+Agents depend on these shapes. Change them only by adding optional fields;
+never rename or retype one. Unknown fields are ignored on decode, so a
+platform that sends a newer field to an older gateway is not refused.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final, Literal
+
+import msgspec
+
+CALL_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+Status = Literal[
+    "ok",
+    "invalid_arguments",
+    "unknown_tool",
+    "denied",
+    "approval_denied",
+    "approval_expired",
+    "execution_error",
+    "timeout",
+    "invalid_tool_result",
+]
+
+
+class ErrorCode:
+    """The `error.code` vocabulary. A code names the cause; `status` names the class."""
+
+    MALFORMED_CALL: Final = "MALFORMED_CALL"
+    PAYLOAD_TOO_LARGE: Final = "PAYLOAD_TOO_LARGE"
+    SCHEMA_VALIDATION_FAILED: Final = "SCHEMA_VALIDATION_FAILED"
+    TOOL_NOT_FOUND: Final = "TOOL_NOT_FOUND"
+    TOOL_NOT_ALLOWED: Final = "TOOL_NOT_ALLOWED"
+    POLICY_DENIED: Final = "POLICY_DENIED"
+    POLICY_ERROR: Final = "POLICY_ERROR"
+    TASK_SCOPE_VIOLATION: Final = "TASK_SCOPE_VIOLATION"
+    APPROVAL_REQUIRED: Final = "APPROVAL_REQUIRED"
+    APPROVAL_DENIED: Final = "APPROVAL_DENIED"
+    APPROVAL_EXPIRED: Final = "APPROVAL_EXPIRED"
+    TOOL_TIMEOUT: Final = "TOOL_TIMEOUT"
+    TOOL_RAISED: Final = "TOOL_RAISED"
+    TOOL_REFUSED: Final = "TOOL_REFUSED"
+    OUTCOME_UNKNOWN: Final = "OUTCOME_UNKNOWN"
+    CALL_ID_REUSED: Final = "CALL_ID_REUSED"
+    OUTPUT_SCHEMA_VIOLATION: Final = "OUTPUT_SCHEMA_VIOLATION"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who asks: the user, through which agent, in which session, of which tenant."""
+
+    tenant: str
+    user: str
+    agent: str
+    session: str
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """A model's request for permission to run `tool` with `arguments`.
+
+    Published as JSON to `toolgate.calls` with header `Nats-Msg-Id: <call_id>`.
+    """
+
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    principal: Principal
+    task_id: str | None = None
+    context: dict[str, Any] = {}
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    """One precise problem, located by a JSON Pointer into the arguments or output."""
+
+    path: str
+    message: str
+
+
+class ToolError(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+    retryable: bool = False
+    details: list[ErrorDetail] = []
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    """The one final observation of a call, published to `toolgate.results.<call_id>`."""
+
+    call_id: str
+    ok: bool
+    status: Status
+    data: Any = None
+    error: ToolError | None = None
+
+
+class PendingNotice(msgspec.Struct, frozen=True):
+    """Published to `toolgate.results.<call_id>.pending` while a human decides."""
+
+    call_id: str
+    status: Literal["approval_pending"] = "approval_pending"
+    message: str = ""
+    expires_at: str | None = None
+
+
+def is_valid_call_id(call_id: object) -> bool:
+    """A call_id must be a subject-safe token: it names its result subject."""
+    return isinstance(call_id, str) and CALL_ID_PATTERN.fullmatch(call_id) is not None
+
+
+def failure(call_id: str, status: Status, error: ToolError) -> ToolResult:
+    return ToolResult(call_id=call_id, ok=False, status=status, data=None, error=error)
+
+
+def success(call_id: str, data: Any) -> ToolResult:
+    return ToolResult(call_id=call_id, ok=True, status="ok", data=data, error=None)

@@ -1,0 +1,184 @@
+"""Internal events: one per step of a call, each keyed by `call_id`.
+
+Every event is a frozen msgspec Struct tagged by its class name in the field
+`event_type`, and carries its identity (`event_id`), the producing `service`,
+a UTC timestamp and the trace context. Event ids are *derived*, not random:
+`derive_event_id(parent, kind)` hashes the id of the message that caused the
+event, so a redelivered input produces the same output ids and both the
+JetStream duplicate window and the audit table drop the copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from .calls import Principal, Status, ToolCall, ToolError, ToolResult
+
+SCHEMA_VERSION = 1
+
+
+def derive_event_id(parent: str, kind: str) -> str:
+    """A deterministic id for the event of `kind` caused by message `parent`."""
+    return hashlib.sha256(f"{parent}/{kind}".encode()).hexdigest()[:32]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="event_type", tag=True):
+    """Fields every event has. Call fields are filled wherever they are known."""
+
+    event_id: str
+    call_id: str
+    occurred_at: datetime
+    service: str
+    schema_version: int = SCHEMA_VERSION
+    traceparent: str | None = None
+    tool: str = ""
+    principal: Principal | None = None
+    task_id: str | None = None
+    arguments_sha256: str | None = None
+
+
+class ArgumentsValidated(Event, frozen=True, kw_only=True):
+    """The tool exists and the arguments satisfy its input_schema."""
+
+    call: ToolCall
+
+
+class ArgumentsRejected(Event, frozen=True, kw_only=True):
+    """The call cannot run as asked: unknown tool, malformed call or bad arguments."""
+
+    status: Status
+    error: ToolError
+
+
+class Authorization(msgspec.Struct, frozen=True, kw_only=True):
+    """What the policy service signs: this call, these arguments, this policy, until then."""
+
+    call_id: str
+    tool: str
+    arguments_sha256: str
+    policy_version: str
+    approvals: list[str] = []
+    expires_at: datetime
+    key_id: str = ""
+    signature: str = ""
+
+
+class CallAuthorized(Event, frozen=True, kw_only=True):
+    call: ToolCall
+    policy_version: str
+    policy_ids: list[str] = []
+    authorization: Authorization
+
+
+class CallDenied(Event, frozen=True, kw_only=True):
+    status: Status
+    error: ToolError
+    policy_version: str = ""
+    policy_ids: list[str] = []
+
+
+class ExecutionStarted(Event, frozen=True, kw_only=True):
+    attempt: int
+    worker: str
+
+
+class ExecutionSucceeded(Event, frozen=True, kw_only=True):
+    output: Any
+    duration_ms: float
+    replayed: bool = False
+
+
+class ExecutionFailed(Event, frozen=True, kw_only=True):
+    status: Status
+    error: ToolError
+    duration_ms: float = 0.0
+    replayed: bool = False
+
+
+class ExecutionRefused(Event, frozen=True, kw_only=True):
+    """The executor would not run this message: it was not a valid authorization.
+
+    Not terminal for the call (a forged message has no legitimate caller
+    waiting): the audit records it, the agent gets nothing from it.
+    """
+
+    reason: str
+
+
+class ResultAttached(Event, frozen=True, kw_only=True):
+    result: ToolResult
+
+
+class MessageDeadLettered(Event, frozen=True, kw_only=True):
+    """A message no stage could act on; kept with the reason for an operator."""
+
+    reason: str
+    source_subject: str
+    payload_excerpt: str = ""
+    payload_bytes: int = 0
+
+
+AnyEvent = (
+    ArgumentsValidated
+    | ArgumentsRejected
+    | CallAuthorized
+    | CallDenied
+    | ExecutionStarted
+    | ExecutionSucceeded
+    | ExecutionFailed
+    | ExecutionRefused
+    | ResultAttached
+    | MessageDeadLettered
+)
+
+TERMINAL_EVENTS: tuple[type[Event], ...] = (
+    ArgumentsRejected,
+    CallDenied,
+    ExecutionSucceeded,
+    ExecutionFailed,
+)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes) -> Event:
+    return _decoder.decode(data)  # type: ignore[no-any-return]
+
+
+def event_type(cls: type[Event]) -> str:
+    return cls.__name__
+
+
+def call_fields(call: ToolCall) -> dict[str, Any]:
+    """The call columns every event of this call carries."""
+    return {
+        "call_id": call.call_id,
+        "tool": call.tool,
+        "principal": call.principal,
+        "task_id": call.task_id,
+    }
+
+
+def carried_fields(event: Event) -> dict[str, Any]:
+    """The call columns of `event`, for the next event of the same call."""
+    return {
+        "call_id": event.call_id,
+        "tool": event.tool,
+        "principal": event.principal,
+        "task_id": event.task_id,
+        "arguments_sha256": event.arguments_sha256,
+        "traceparent": event.traceparent,
+    }

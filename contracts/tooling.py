@@ -1,0 +1,34 @@
+"""The interface between the executor and a tool's function.
+
+A tool function is `def f(arguments: dict, ctx: ToolContext) -> dict` (or an
+`async def`). It receives only validated arguments and a context the runtime
+built: the function never chooses where it writes, the runtime does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .calls import Principal
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    call_id: str
+    tool: str
+    principal: Principal
+    task_id: str | None
+    # The tool's own storage root, chosen by the runtime: <data-dir>/tools/<tool>.
+    data_dir: Path
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ToolRefused(Exception):
+    """The tool will not do this (a host outside the allow-list, say): not retryable."""
+
+
+class ToolUnavailable(Exception):
+    """A backend the tool needs did not answer: retryable."""

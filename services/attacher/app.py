@@ -1,0 +1,71 @@
+"""The attacher service: every call ends here in exactly one ToolResult.
+
+Consumes: the terminal events `ArgumentsRejected`, `CallDenied`,
+`ExecutionSucceeded`, `ExecutionFailed` (one durable each).
+Emits: the `ToolResult` on `toolgate.results.<call_id>` (results stream, one
+message per subject) and `ResultAttached` for the audit.
+"""
+
+from __future__ import annotations
+
+from faststream import FastStream
+from faststream.nats.annotations import NatsMessage
+
+from toolgate.contracts import subjects
+from toolgate.contracts.events import (
+    TERMINAL_EVENTS,
+    ResultAttached,
+    carried_fields,
+    decode_event,
+    derive_event_id,
+    utc_now,
+)
+from toolgate.services import bus
+from toolgate.services.attacher.logic import ResultBuilder
+from toolgate.services.settings import GatewaySettings
+
+SERVICE = "attacher"
+
+
+def build_app(settings: GatewaySettings) -> FastStream:
+    builder = ResultBuilder(settings.load_registry())
+    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
+    publisher = bus.Publisher(broker)
+
+    async def on_terminal(msg: NatsMessage) -> None:
+        """One handler body for every terminal event type."""
+        delivery = bus.delivery_of(msg)
+
+        async def work() -> None:
+            event = decode_event(msg.body)
+            result = builder.result_for(event)
+            attached_id = derive_event_id(event.event_id, "attached")
+            await publisher.publish_result(result, message_id=attached_id)
+            await publisher.emit(ResultAttached(
+                event_id=attached_id, occurred_at=utc_now(), service=SERVICE, result=result,
+                **carried_fields(event)))
+
+        async def give_up(exc: Exception) -> None:
+            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+
+        await bus.settle(msg, delivery, work, give_up)
+
+    for event_type in TERMINAL_EVENTS:
+        durable = f"{SERVICE}-{event_type.__name__}"
+        source = subjects.event_filter(event_type)
+        subscriber = broker.subscriber(
+            source,
+            stream=bus.stream(subjects.EVENTS_STREAM),
+            durable=durable,
+            config=bus.consumer_config(durable, source),
+            pull_sub=bus.pull(),
+            ack_policy=bus.MANUAL,
+        )
+
+        # A distinct function per subscriber: FastStream wraps each one it is given.
+        async def handler(msg: NatsMessage) -> None:
+            await on_terminal(msg)
+
+        subscriber(handler)
+
+    return FastStream(broker)

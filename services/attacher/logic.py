@@ -1,0 +1,61 @@
+"""Turning a terminal event into the one ToolResult the agent sees.
+
+A tool's output reaches the agent only if it satisfies the tool's
+output_schema; otherwise the agent gets `invalid_tool_result` and never the
+malformed data.
+"""
+
+from __future__ import annotations
+
+import jsonschema_rs
+
+from toolgate.contracts.calls import (
+    ErrorCode,
+    ErrorDetail,
+    ToolError,
+    ToolResult,
+    failure,
+    success,
+)
+from toolgate.contracts.events import (
+    ArgumentsRejected,
+    CallDenied,
+    Event,
+    ExecutionFailed,
+    ExecutionSucceeded,
+)
+from toolgate.contracts.registry import Registry
+from toolgate.services.validator.logic import MAX_DETAILS, json_pointer
+
+
+class ResultBuilder:
+    def __init__(self, registry: Registry) -> None:
+        self._validators = {
+            spec.name: jsonschema_rs.validator_for(spec.output_schema) for spec in registry
+        }
+
+    def result_for(self, event: Event) -> ToolResult:
+        if isinstance(event, ExecutionSucceeded):
+            return self._checked_output(event)
+        if isinstance(event, ArgumentsRejected | CallDenied | ExecutionFailed):
+            return failure(event.call_id, event.status, event.error)
+        raise TypeError(f"{type(event).__name__} is not a terminal event")
+
+    def _checked_output(self, event: ExecutionSucceeded) -> ToolResult:
+        validator = self._validators.get(event.tool)
+        if validator is None:
+            return failure(event.call_id, "invalid_tool_result", ToolError(
+                code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
+                message=f"no output_schema is known for {event.tool!r}; output withheld"))
+        errors = [
+            ErrorDetail(path=json_pointer(list(err.instance_path)), message=err.message)
+            for _, err in zip(range(MAX_DETAILS), validator.iter_errors(event.output),
+                              strict=False)
+        ]
+        if errors:
+            return failure(event.call_id, "invalid_tool_result", ToolError(
+                code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
+                message=f"{event.tool} returned output that breaks its output_schema; "
+                        "the output was withheld",
+                retryable=False, details=errors))
+        return success(event.call_id, event.output)

@@ -1,0 +1,179 @@
+"""The NATS edge every service shares: broker, consumer settings, publishing.
+
+Publishing is always to a stream with a publish ack, and always with a
+`Nats-Msg-Id` derived from the message that caused it, so a stage that is
+redelivered its input publishes nothing new (JetStream drops the duplicate
+within the stream's duplicate window; the audit dedupes by `event_id` after).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import msgspec
+from faststream import AckPolicy
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.message import NatsMessage
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import DeliverPolicy
+
+from toolgate.contracts import subjects
+from toolgate.contracts.calls import PendingNotice, ToolResult
+from toolgate.contracts.events import (
+    Event,
+    MessageDeadLettered,
+    derive_event_id,
+    encode_event,
+    utc_now,
+)
+
+log = logging.getLogger("toolgate")
+
+# How often a stage tries an input before it gives up on it and dead-letters
+# it. JetStream's own max_deliver is unlimited on purpose: if dead-lettering
+# itself fails (NATS is down), the message must stay, not vanish.
+MAX_ATTEMPTS = 5
+# Every stage acks by hand, after its output is durable.
+MANUAL = AckPolicy.MANUAL
+ACK_WAIT_S = 30.0
+
+_json = msgspec.json.Encoder()
+
+
+def worker_name(service: str) -> str:
+    return f"{service}@{socket.gethostname()}:{os.getpid()}"
+
+
+def make_broker(nats_url: str, name: str) -> NatsBroker:
+    # Reconnect forever: a restarted NATS server must not need restarted services.
+    return NatsBroker(
+        nats_url,
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=1,
+        logger=log,
+    )
+
+
+def stream(name: str) -> JStream:
+    """A reference to a stream the topology already declared (never re-declared here)."""
+    return JStream(name, declare=False)
+
+
+def pull(batch_size: int = 16) -> PullSub:
+    return PullSub(batch_size=batch_size, timeout=1.0)
+
+
+def consumer_config(durable: str, filter_subject: str, ack_wait_s: float = ACK_WAIT_S,
+                    max_ack_pending: int = 1000) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        filter_subject=filter_subject,
+        ack_policy=JsAckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=ack_wait_s,
+        max_deliver=-1,
+        max_ack_pending=max_ack_pending,
+    )
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What JetStream says about the message being handled."""
+
+    stream_sequence: int
+    attempt: int
+    subject: str
+
+    @property
+    def message_id(self) -> str:
+        """A stable id for the stored message: the root of derived event ids."""
+        return f"seq:{self.stream_sequence}"
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= MAX_ATTEMPTS
+
+
+def delivery_of(msg: NatsMessage) -> Delivery:
+    meta = msg.raw_message.metadata
+    return Delivery(
+        stream_sequence=meta.sequence.stream,
+        attempt=meta.num_delivered,
+        subject=msg.raw_message.subject,
+    )
+
+
+def retry_delay(attempt: int) -> float:
+    return min(0.5 * 2 ** (attempt - 1), 15.0)
+
+
+class Publisher:
+    """Publishes events, results and notices, each with a publish ack."""
+
+    def __init__(self, broker: NatsBroker) -> None:
+        self._broker = broker
+
+    async def emit(self, event: Event) -> None:
+        await self._broker.publish(
+            encode_event(event),
+            subject=subjects.subject_of(event),
+            stream=subjects.EVENTS_STREAM,
+            headers={"Nats-Msg-Id": event.event_id},
+        )
+
+    async def publish_result(self, result: ToolResult, message_id: str) -> None:
+        await self._broker.publish(
+            _json.encode(result),
+            subject=subjects.results_subject(result.call_id),
+            stream=subjects.RESULTS_STREAM,
+            headers={"Nats-Msg-Id": message_id},
+        )
+
+    async def publish_pending(self, notice: PendingNotice, message_id: str) -> None:
+        await self._broker.publish(
+            _json.encode(notice),
+            subject=subjects.pending_subject(notice.call_id),
+            stream=subjects.RESULTS_STREAM,
+            headers={"Nats-Msg-Id": message_id},
+        )
+
+
+async def settle(msg: NatsMessage, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
+    """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
+
+    `work` publishes the stage's output (with publish acks) and is safe to
+    run again. After MAX_ATTEMPTS, `give_up(exc)` records a dead letter (and
+    an error result where one can be formed) and the message is terminated.
+    If even that fails, the message is nak'ed again: never dropped silently.
+    """
+    try:
+        await work()
+    except Exception as exc:  # a handler never lets an exception reach the broker
+        if not delivery.is_last_attempt:
+            log.warning("attempt %s on %s failed, retrying: %r",
+                        delivery.attempt, delivery.subject, exc)
+            await msg.nack(delay=retry_delay(delivery.attempt))
+            return
+        try:
+            await give_up(exc)
+        except Exception as again:
+            log.error("giving up on %s failed too, will retry: %r", delivery.subject, again)
+            await msg.nack(delay=retry_delay(delivery.attempt))
+            return
+        await msg.reject()
+        return
+    await msg.ack()
+
+
+def dead_letter(service: str, delivery: Delivery, raw: bytes, exc: Exception,
+                call_id: str = "") -> MessageDeadLettered:
+    return MessageDeadLettered(
+        event_id=derive_event_id(delivery.message_id, f"{service}/gave-up"),
+        occurred_at=utc_now(), service=service, call_id=call_id,
+        reason=f"{service} gave up after {delivery.attempt} attempts: {exc!r}",
+        source_subject=delivery.subject,
+        payload_excerpt=raw[:512].decode("utf-8", "replace"), payload_bytes=len(raw))

@@ -1,0 +1,246 @@
+"""The executor service: runs real tools, each call at most once.
+
+Consumes: `CallAuthorized` for its tools, one durable per tool
+(`executor-<tool>`), so an SRE runs more executors for one tool than another.
+Emits: `ExecutionStarted`, then `ExecutionSucceeded` or `ExecutionFailed`
+(to the attacher); `ExecutionRefused` (audit only) for a message that is not
+a valid authorization of exactly these arguments.
+
+Invariant: redelivery never re-runs a side effect. The outcome of each call
+is recorded under its call_id (see outcomes.py) before it is published; a
+call found `started` but never finished (the executor died mid-run) is run
+again only if its tool is declared idempotent, else it fails with
+OUTCOME_UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
+
+from toolgate.contracts import subjects
+from toolgate.contracts.authorization import load_public_key
+from toolgate.contracts.calls import ErrorCode, ToolError
+from toolgate.contracts.events import (
+    CallAuthorized,
+    Event,
+    ExecutionFailed,
+    ExecutionRefused,
+    ExecutionStarted,
+    ExecutionSucceeded,
+    carried_fields,
+    decode_event,
+    derive_event_id,
+    encode_event,
+    utc_now,
+)
+from toolgate.contracts.registry import ToolSpec
+from toolgate.contracts.tooling import ToolContext
+from toolgate.services import bus
+from toolgate.services.executor.logic import (
+    ToolFunction,
+    ToolOutcome,
+    is_expired,
+    refusal_reason,
+    resolve_function,
+    run_tool,
+)
+from toolgate.services.executor.outcomes import OutcomeRecord, OutcomeStore
+from toolgate.services.settings import GatewaySettings
+
+SERVICE = "executor"
+
+
+def durable_for(tool: str) -> str:
+    return f"executor-{tool}"
+
+
+class ToolRunner:
+    """Executes the authorized calls of one tool."""
+
+    def __init__(self, spec: ToolSpec, function: ToolFunction, settings: GatewaySettings,
+                 publisher: bus.Publisher, pool: ThreadPoolExecutor, worker: str) -> None:
+        self.spec = spec
+        self.function = function
+        self.settings = settings
+        self.publisher = publisher
+        self.pool = pool
+        self.worker = worker
+        self.public_key = load_public_key(settings.keys_dir)
+        self.outcomes: OutcomeStore | None = None  # bound once the broker is connected
+
+    async def handle(self, msg: NatsMessage) -> None:
+        delivery = bus.delivery_of(msg)
+
+        async def work() -> None:
+            await self._process(msg, delivery)
+
+        async def give_up(exc: Exception) -> None:
+            await self.publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+
+        await bus.settle(msg, delivery, work, give_up)
+
+    async def _process(self, msg: NatsMessage, delivery: bus.Delivery) -> None:
+        assert self.outcomes is not None
+        try:
+            event = decode_event(msg.body)
+        except Exception as exc:
+            await self._refuse_raw(delivery, f"not a CallAuthorized event: {exc}")
+            return
+        if not isinstance(event, CallAuthorized):
+            await self._refuse_raw(delivery, f"expected CallAuthorized, got {type(event).__name__}")
+            return
+        reason = refusal_reason(event, self.public_key, self.spec.name)
+        if reason is not None:
+            await self.publisher.emit(ExecutionRefused(
+                event_id=derive_event_id(delivery.message_id, "refused"), occurred_at=utc_now(),
+                service=SERVICE, reason=reason, **carried_fields(event)))
+            return
+        sha = event.authorization.arguments_sha256
+        found = await self.outcomes.get(event.call_id)
+        if found is not None:
+            record, revision = found
+            if record.arguments_sha256 != sha:
+                await self.publisher.emit(ExecutionRefused(
+                    event_id=derive_event_id(delivery.message_id, "refused"),
+                    occurred_at=utc_now(), service=SERVICE,
+                    reason=f"{ErrorCode.CALL_ID_REUSED}: call_id already ran with other arguments",
+                    **carried_fields(event)))
+                return
+            if record.state == "done" and record.event is not None:
+                await self._replay(record.event, event, delivery)
+                return
+            # `started` and never finished: the last attempt died mid-run.
+            if not self.spec.idempotent:
+                await self._finish(event, delivery, ToolOutcome(
+                    "execution_error", 0.0, error=ToolError(
+                        code=ErrorCode.OUTCOME_UNKNOWN,
+                        message=f"an earlier attempt of {self.spec.name} was interrupted; "
+                                "it may or may not have taken effect, so it is not run again",
+                        retryable=False)), record.attempt)
+                return
+            attempt = record.attempt + 1
+            claimed = await self.outcomes.reclaim(event.call_id, self._started(sha, attempt),
+                                                  revision)
+        else:
+            attempt = 1
+            claimed = await self.outcomes.claim(event.call_id, self._started(sha, attempt))
+        if not claimed:
+            raise RuntimeError("another worker changed this call's record; retrying")
+        if is_expired(event, utc_now()):
+            await self._finish(event, delivery, ToolOutcome("execution_error", 0.0, error=ToolError(
+                code=ErrorCode.POLICY_DENIED, message="the authorization expired before execution",
+                retryable=True)), attempt)
+            return
+        await self.publisher.emit(ExecutionStarted(
+            event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
+            occurred_at=utc_now(), service=SERVICE, attempt=attempt, worker=self.worker,
+            **carried_fields(event)))
+        outcome = await self._run_with_heartbeat(msg, event)
+        await self._finish(event, delivery, outcome, attempt)
+
+    def _started(self, sha: str, attempt: int) -> OutcomeRecord:
+        return OutcomeRecord(state="started", arguments_sha256=sha, attempt=attempt,
+                             worker=self.worker)
+
+    async def _run_with_heartbeat(self, msg: NatsMessage, event: CallAuthorized) -> ToolOutcome:
+        ctx = ToolContext(
+            call_id=event.call_id, tool=self.spec.name, principal=event.call.principal,
+            task_id=event.call.task_id,
+            data_dir=self.settings.tools_data_dir / self.spec.name, settings=self.spec.settings)
+
+        async def heartbeat() -> None:
+            # Tell JetStream we are still working, so a long tool is not redelivered.
+            while True:
+                await asyncio.sleep(bus.ACK_WAIT_S / 3)
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+        beating = asyncio.create_task(heartbeat())
+        try:
+            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
+        finally:
+            beating.cancel()
+
+    async def _finish(self, event: CallAuthorized, delivery: bus.Delivery,
+                      outcome: ToolOutcome, attempt: int) -> None:
+        assert self.outcomes is not None
+        common = dict(event_id=derive_event_id(delivery.message_id, "outcome"),
+                      occurred_at=utc_now(), service=SERVICE, duration_ms=outcome.duration_ms,
+                      **carried_fields(event))
+        terminal: Event
+        if outcome.status == "ok":
+            terminal = ExecutionSucceeded(output=outcome.output, **common)
+        else:
+            assert outcome.error is not None
+            terminal = ExecutionFailed(status=outcome.status, error=outcome.error, **common)
+        # Durable first, published second: a crash between the two replays, never re-runs.
+        await self.outcomes.finish(event.call_id, OutcomeRecord(
+            state="done", arguments_sha256=event.authorization.arguments_sha256,
+            attempt=attempt, worker=self.worker, event=encode_event(terminal)))
+        await self.publisher.emit(terminal)
+
+    async def _replay(self, stored: bytes, event: CallAuthorized, delivery: bus.Delivery) -> None:
+        recorded = decode_event(stored)
+        event_id = derive_event_id(delivery.message_id, "outcome")
+        # The same stored message redelivered gets the same id (a duplicate the
+        # stream and the audit drop); a re-published call gets a new, replayed event.
+        replayed = event_id != recorded.event_id
+        await self.publisher.emit(msgspec.structs.replace(
+            recorded, event_id=event_id, replayed=replayed,
+            occurred_at=utc_now() if replayed else recorded.occurred_at))
+
+    async def _refuse_raw(self, delivery: bus.Delivery, reason: str) -> None:
+        await self.publisher.emit(ExecutionRefused(
+            event_id=derive_event_id(delivery.message_id, "refused"), occurred_at=utc_now(),
+            service=SERVICE, call_id="", tool=self.spec.name, reason=reason))
+
+
+def build_app(settings: GatewaySettings, tools: list[str] | None = None,
+              concurrency: int = 8) -> FastStream:
+    registry = settings.load_registry()
+    names = tools or registry.names()
+    unknown = [name for name in names if registry.get(name) is None]
+    if unknown:
+        raise SystemExit(f"executor: no such tool(s) in the registry: {', '.join(unknown)}")
+    worker = bus.worker_name(SERVICE)
+    broker: NatsBroker = bus.make_broker(settings.nats_url, worker)
+    publisher = bus.Publisher(broker)
+    pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4,
+                              thread_name_prefix="tool")
+    runners: list[ToolRunner] = []
+    for name in names:
+        spec = registry.get(name)
+        assert spec is not None
+        runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+        runners.append(runner)
+        source = subjects.event_filter(CallAuthorized, name)
+        broker.subscriber(
+            source,
+            stream=bus.stream(subjects.EVENTS_STREAM),
+            durable=durable_for(name),
+            config=bus.consumer_config(durable_for(name), source,
+                                       max_ack_pending=max(concurrency * 4, 64)),
+            pull_sub=bus.pull(batch_size=1),
+            max_workers=concurrency,
+            ack_policy=bus.MANUAL,
+        )(runner.handle)
+
+    app = FastStream(broker)
+
+    @app.on_startup
+    async def bind_outcome_store() -> None:
+        # Connect before the subscribers start, so no message meets an unbound store.
+        await broker.connect()
+        kv = await broker.key_value(subjects.OUTCOMES_BUCKET, declare=False)
+        for runner in runners:
+            runner.outcomes = OutcomeStore(kv)
+
+    return app

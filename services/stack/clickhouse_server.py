@@ -1,0 +1,397 @@
+"""A real ClickHouse HTTP server embedded from the PyPI package ``chdb-core``.
+
+Run in the foreground::
+
+    python -m toolgate.services.stack.clickhouse_server --data-dir DIR --port N [--host 127.0.0.1]
+
+or as a child process from Python::
+
+    with EmbeddedClickHouse(Path("state/ch")) as ch:
+        client = clickhouse_connect.get_client(host="127.0.0.1", port=ch.port)
+
+How it works (chdb-core 26.9.0):
+
+* ``chdb.connect()`` runs a cut-down engine that cannot listen ("Can't start servers
+  because start_servers_callback is not set").  ``chdb._chdb.query(sql, fmt, path=...)``
+  runs the full clickhouse-local program instead; it reads ``./config.xml`` from the
+  *current working directory* (listen_host / http_port) and honours
+  ``SYSTEM START LISTEN HTTP``.
+* The listener only lives while that call runs, so the same multi-statement call goes on
+  with a query that never ends (``HOLD_SQL`` below: ``sleepEachRow`` over the infinite
+  ``system.numbers``, one row per block, output ``FORMAT Null``).  We run that call in a
+  thread; the main thread waits for SIGTERM/SIGINT and then sends ``KILL QUERY ... SYNC``
+  over HTTP to our own port.  The call returns, clickhouse-local shuts down cleanly
+  (tables detached, ``DIR/data/status`` removed) and the process exits 0.
+* The output format given to ``_chdb.query`` becomes the default format of every HTTP
+  query, so it must be ``TabSeparated`` (with ``Null`` curl would get empty bodies);
+  the hold query carries its own ``FORMAT Null``.
+* One server per process (the engine is process global).  Data under ``path`` (DIR/data)
+  survives restarts, also after SIGKILL: the ``status`` file left behind is not a lock
+  (clickhouse only flocks it while running) and is overwritten on the next start.
+* The engine's own logger is essentially silent in this mode; its stdout/stderr and our
+  Python log go to ``DIR/clickhouse.log``.
+
+Measured on the dev VM (chdb-core 26.9.0, Python 3.11): child spawn -> ``/ping`` answers
+``Ok.`` in ~0.7-1.0 s (``import chdb`` ~0.5 s of it); RSS ~300 MB idle, ~350-450 MB
+after inserting some 100k rows.  clickhouse-connect inserts of 10k-row batches
+(JSON column included) run at roughly 100k-200k rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+__all__ = [
+    "EmbeddedClickHouse",
+    "ClickHouseServerError",
+    "free_port",
+    "main",
+    "serve",
+]
+
+log = logging.getLogger("toolgate.clickhouse_server")
+
+LOG_NAME = "clickhouse.log"
+RUN_DIR_NAME = "run"
+DATA_DIR_NAME = "data"
+
+# Marker used to find (and kill) the query that keeps the listener alive.
+HOLD_MARKER = "toolgate_hold_listener"
+HOLD_SQL = (
+    f"SELECT sleepEachRow(0.5) AS {HOLD_MARKER} FROM system.numbers "
+    "SETTINGS max_block_size = 1, max_execution_time = 0 FORMAT Null"
+)
+STARTUP_SQL = "SYSTEM START LISTEN HTTP; " + HOLD_SQL
+# The KILL query itself starts with "KILL", so the anchored LIKE never matches it.
+KILL_SQL = f"KILL QUERY WHERE query LIKE 'SELECT sleepEachRow(0.5) AS {HOLD_MARKER}%' SYNC"
+
+CONFIG_TEMPLATE = """<clickhouse>
+    <listen_host>{host}</listen_host>
+    <http_port>{port}</http_port>
+</clickhouse>
+"""
+
+
+class ClickHouseServerError(RuntimeError):
+    """The embedded server failed to start or stop."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port on ``host`` (ClickHouse itself cannot bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _http_base(host: str, port: int) -> str:
+    return f"http://{host}:{port}"
+
+
+def ping(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{_http_base(host, port)}/ping", timeout=timeout) as r:
+            return r.status == 200 and r.read().strip() == b"Ok."
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _post(host: str, port: int, sql: str, timeout: float) -> bytes:
+    req = urllib.request.Request(f"{_http_base(host, port)}/", data=sql.encode())
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        data = path.read_bytes()[-16384:]
+    except OSError:
+        return "(no log)"
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+# --------------------------------------------------------------------------------------
+# Foreground server (runs inside its own process)
+# --------------------------------------------------------------------------------------
+
+
+def _redirect_output(log_path: Path) -> int:
+    """Point fds 1 and 2 (the engine writes there too) at the log file.
+
+    Returns a dup of the original stderr for the one 'ready' line shown on a terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return saved
+
+
+def serve(
+    data_dir: Path,
+    port: int,
+    host: str = "127.0.0.1",
+    parent_pid: int | None = None,
+    quiet: bool = True,
+) -> int:
+    """Run the server until SIGTERM/SIGINT (or the parent dies). Returns an exit code."""
+    if not port:
+        raise ClickHouseServerError("port 0 is not supported by ClickHouse; pick one with free_port()")
+    data_dir = Path(data_dir).resolve()
+    run_dir = data_dir / RUN_DIR_NAME
+    db_dir = data_dir / DATA_DIR_NAME
+    log_path = data_dir / LOG_NAME
+    run_dir.mkdir(parents=True, exist_ok=True)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.xml").write_text(CONFIG_TEMPLATE.format(host=host, port=int(port)))
+
+    saved_stderr = _redirect_output(log_path) if quiet else os.dup(2)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s [toolgate.clickhouse pid=%(process)d] %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    log.info("starting: data=%s http=%s:%s", db_dir, host, port)
+
+    stop = threading.Event()
+    stop_reason: list[str] = []
+
+    def on_signal(signum, _frame):
+        if stop.is_set():
+            log.warning("second signal %s while stopping: forced exit", signum)
+            os._exit(128 + signum)
+        stop_reason.append(signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    t0 = time.monotonic()
+    # clickhouse-local reads ./config.xml, and `import chdb` itself already boots an
+    # in-memory engine once, so change directory before the import.
+    os.chdir(run_dir)
+    from chdb import _chdb  # noqa: PLC0415  (heavy import, only in the server process)
+
+    outcome: dict[str, object] = {}
+
+    def run_engine() -> None:
+        try:
+            res = _chdb.query(STARTUP_SQL, "TabSeparated", path=str(db_dir))
+            err = res.error_message() if hasattr(res, "has_error") and res.has_error() else ""
+            outcome["error"] = err
+        except BaseException as e:  # noqa: BLE001
+            outcome["error"] = f"{type(e).__name__}: {e}"
+
+    engine = threading.Thread(target=run_engine, name="clickhouse-engine", daemon=True)
+    engine.start()
+
+    ready = False
+    while engine.is_alive() and not stop.is_set():
+        if not ready and ping(host, port, timeout=0.5):
+            ready = True
+            msg = f"ready: http://{host}:{port} in {time.monotonic() - t0:.2f}s"
+            log.info(msg)
+            if os.isatty(saved_stderr):
+                os.write(saved_stderr, (msg + "\n").encode())
+        if parent_pid is not None and os.getppid() != parent_pid:
+            stop_reason.append("parent exited")
+            stop.set()
+            break
+        stop.wait(0.1 if not ready else 0.5)
+
+    if not stop.is_set():
+        # The engine call returned on its own: it failed (e.g. port busy) or was killed
+        # by someone else over HTTP.
+        err = str(outcome.get("error") or "engine stopped unexpectedly")
+        if "QUERY_WAS_CANCELLED" in err:
+            log.info("hold query was killed externally; exiting")
+            return 0
+        log.error("engine exited: %s", err)
+        return 1
+
+    log.info("stopping (%s)", ", ".join(stop_reason) or "requested")
+    deadline = time.monotonic() + 15
+    while engine.is_alive() and time.monotonic() < deadline:
+        try:
+            _post(host, port, KILL_SQL, timeout=5)
+        except (OSError, urllib.error.URLError) as e:
+            log.info("kill not delivered yet: %s", e)
+        engine.join(timeout=1.0)
+    if engine.is_alive():
+        log.error("engine did not stop within 15s; forcing exit")
+        logging.shutdown()
+        os._exit(1)
+    err = str(outcome.get("error") or "")
+    if err and "QUERY_WAS_CANCELLED" not in err:
+        log.warning("engine returned: %s", err)
+    log.info("stopped cleanly")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Embedded ClickHouse HTTP server (chdb-core).")
+    p.add_argument("--data-dir", required=True, type=Path)
+    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    p.add_argument("--verbose", action="store_true", help="do not redirect output to the log file")
+    a = p.parse_args(argv)
+    return serve(a.data_dir, a.port, a.host, parent_pid=a.parent_pid, quiet=not a.verbose)
+
+
+# --------------------------------------------------------------------------------------
+# Child-process handle
+# --------------------------------------------------------------------------------------
+
+
+class EmbeddedClickHouse:
+    """Runs the server above as a child process (own session, so Ctrl-C is ours to handle)."""
+
+    def __init__(self, data_dir: Path | str, port: int = 0, host: str = "127.0.0.1"):
+        self.data_dir = Path(data_dir).resolve()
+        self.host = host
+        self.port = port or free_port(host)
+        self.proc: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    # -- properties
+    @property
+    def url(self) -> str:
+        return _http_base(self.host, self.port)
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_NAME
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def rss_bytes(self) -> int | None:
+        if not self.running():
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
+
+    # -- lifecycle
+    def start(self, timeout: float = 60) -> EmbeddedClickHouse:
+        if self.running():
+            return self
+        if not _port_is_free(self.host, self.port):
+            raise ClickHouseServerError(f"port {self.host}:{self.port} is already in use")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "toolgate.services.stack.clickhouse_server",
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port),
+            "--host", self.host,
+            "--parent-pid", str(os.getpid()),
+        ]
+        t0 = time.monotonic()
+        with open(self.log_path, "ab") as logf:  # catches output before the child redirects
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = t0 + timeout
+        while True:
+            rc = self.proc.poll()
+            if rc is not None:
+                self.proc = None
+                raise ClickHouseServerError(
+                    f"embedded ClickHouse exited with code {rc} during start-up; "
+                    f"log {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            if ping(self.host, self.port, timeout=0.5):
+                break
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ClickHouseServerError(
+                    f"embedded ClickHouse did not answer {self.url}/ping within {timeout}s; "
+                    f"log {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            time.sleep(0.05)
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)  # child is the leader of its own session/group
+
+    def stop(self, timeout: float = 20) -> int | None:
+        """SIGTERM, wait up to ``timeout``, SIGKILL as a last resort. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("embedded ClickHouse pid %s ignored SIGTERM; killing", self.proc.pid)
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+        rc = self.proc.returncode
+        self.proc = None
+        return rc
+
+    def kill(self) -> int | None:
+        """SIGKILL (simulates a crash)."""
+        if self.proc is None:
+            return None
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+        rc = self.proc.returncode
+        self.proc = None
+        return rc
+
+    def __enter__(self) -> EmbeddedClickHouse:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid}" if self.running() else "stopped"
+        return f"EmbeddedClickHouse({str(self.data_dir)!r}, url={self.url!r}, {state})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

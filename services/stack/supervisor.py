@@ -1,0 +1,148 @@
+"""`toolgate up`: the whole gateway on one machine, each service its own process.
+
+Starts nats-server (unless given a URL), applies the topology, then runs
+each service with the same `toolgate serve NAME` command an SRE would run,
+restarting any that dies, and stops everything on SIGINT or SIGTERM:
+services first, then the servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolgate.contracts.authorization import ensure_keypair
+from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.services.stack.topology import apply_topology
+
+log = logging.getLogger("toolgate.up")
+
+SERVICES = ("validator", "policy", "executor", "attacher")
+
+
+def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
+                  extra: list[str] | None = None) -> list[str]:
+    command = [sys.executable, "-m", "toolgate.services.cli", "serve", name,
+               "--nats-url", nats_url, "--data-dir", str(data_dir)]
+    for directory in registry_dirs:
+        command += ["--registry", str(directory)]
+    return command + (extra or [])
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    command: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
+        self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=os.environ.copy())
+        log_file.close()
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class Stack:
+    data_dir: Path
+    nats_url: str | None = None
+    nats_port: int = 0
+    registry_dirs: list[Path] = field(default_factory=list)
+    executor_args: list[str] = field(default_factory=list)
+    nats: EmbeddedNats | None = None
+    services: list[ServiceProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        if self.nats_url:
+            return self.nats_url
+        assert self.nats is not None
+        return self.nats.url
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        ensure_keypair(self.data_dir / "keys")
+        if not self.nats_url:
+            self.nats = EmbeddedNats(self.data_dir / "nats", port=self.nats_port).start()
+        asyncio.run(apply_topology(self.url))
+        for name in SERVICES:
+            extra = self.executor_args if name == "executor" else []
+            service = ServiceProcess(
+                name, serve_command(name, self.url, self.data_dir, self.registry_dirs, extra),
+                self.data_dir / "logs" / f"{name}.log")
+            service.start()
+            self.services.append(service)
+
+    def restart_dead(self) -> None:
+        for service in self.services:
+            if not service.alive():
+                code = service.process.returncode if service.process else None
+                # Back off a service that dies at once, so a broken one does not spin.
+                if time.monotonic() - service.started_at < 5 and service.restarts >= 3:
+                    continue
+                log.warning("%s exited with %s; restarting", service.name, code)
+                service.restarts += 1
+                service.start()
+
+    def stop(self) -> None:
+        for service in reversed(self.services):
+            service.stop()
+        if self.nats is not None:
+            self.nats.stop()
+
+
+def run_until_signalled(stack: Stack) -> int:
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        stack.start()
+        print(f"toolgate is up\n  NATS: {stack.url}\n  data: {stack.data_dir.resolve()}\n"
+              f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
+              f"  try:  toolgate call search_sources "
+              f"'{{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}}' "
+              f"--nats-url {stack.url}\nPress Ctrl-C to stop.", flush=True)
+        while not stopping:
+            time.sleep(0.5)
+            stack.restart_dead()
+    finally:
+        print("stopping toolgate...", flush=True)
+        stack.stop()
+    return 0

@@ -1,0 +1,73 @@
+"""The streams and buckets toolgate runs on, declared as data and applied idempotently.
+
+`toolgate up` applies them; so does every `toolgate serve NAME` before it
+subscribes, so an SRE can start any service first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nats
+from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+
+from toolgate.contracts import subjects
+
+DAY_S = 24 * 3600.0
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Topology:
+    retention_s: float = 7 * DAY_S
+    duplicate_window_s: float = 120.0
+    replicas: int = 1
+
+    def streams(self) -> list[StreamConfig]:
+        common = dict(
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            max_age=self.retention_s,
+            duplicate_window=self.duplicate_window_s,
+            max_msg_size=MAX_MESSAGE_BYTES,
+        )
+        return [
+            StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS], **common),
+            StreamConfig(name=subjects.EVENTS_STREAM,
+                         subjects=[f"{subjects.EVENTS_PREFIX}.>"], **common),
+            # One message per subject: the latest result of a call is its result.
+            StreamConfig(name=subjects.RESULTS_STREAM,
+                         subjects=[f"{subjects.RESULTS_PREFIX}.>"],
+                         max_msgs_per_subject=1, **common),
+        ]
+
+    def buckets(self) -> list[KeyValueConfig]:
+        # Outcomes live as long as calls do, so a duplicate call_id within the
+        # retention always replays instead of running again.
+        return [
+            KeyValueConfig(bucket=subjects.OUTCOMES_BUCKET, history=1,
+                           ttl=self.retention_s, storage=StorageType.FILE,
+                           replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+        ]
+
+
+async def apply_topology(nats_url: str, topology: Topology | None = None) -> None:
+    topology = topology or Topology()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        for config in topology.streams():
+            try:
+                await js.stream_info(config.name)
+                await js.update_stream(config)
+            except NotFoundError:
+                await js.add_stream(config)
+        for bucket in topology.buckets():
+            try:
+                await js.key_value(bucket.bucket)
+            except (NotFoundError, BadRequestError):
+                await js.create_key_value(bucket)
+    finally:
+        await nc.close()
