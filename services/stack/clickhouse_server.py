@@ -77,9 +77,20 @@ STARTUP_SQL = "SYSTEM START LISTEN HTTP; " + HOLD_SQL
 # The KILL query itself starts with "KILL", so the anchored LIKE never matches it.
 KILL_SQL = f"KILL QUERY WHERE query LIKE 'SELECT sleepEachRow(0.5) AS {HOLD_MARKER}%' SYNC"
 
+# On shutdown clickhouse-local stops the HTTP server and waits up to
+# `shutdown_wait_unfinished` seconds for open connections; an idle keep-alive connection
+# only ends after `keep_alive_timeout` (default 30 s here), and if any connection is still
+# open when the wait ends the engine exits forcefully with code 1 (status file left, like
+# a crash).  A short keep-alive (the old ClickHouse default of 3 s; clickhouse-connect
+# retries a request on a connection the server closed) keeps SIGTERM shutdowns clean.
+KEEP_ALIVE_TIMEOUT = 3
+SHUTDOWN_WAIT = 10
+
 CONFIG_TEMPLATE = """<clickhouse>
     <listen_host>{host}</listen_host>
     <http_port>{port}</http_port>
+    <keep_alive_timeout>{keep_alive}</keep_alive_timeout>
+    <shutdown_wait_unfinished>{shutdown_wait}</shutdown_wait_unfinished>
 </clickhouse>
 """
 
@@ -166,7 +177,9 @@ def serve(
     log_path = data_dir / LOG_NAME
     run_dir.mkdir(parents=True, exist_ok=True)
     db_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.xml").write_text(CONFIG_TEMPLATE.format(host=host, port=int(port)))
+    (run_dir / "config.xml").write_text(CONFIG_TEMPLATE.format(
+            host=host, port=int(port), keep_alive=KEEP_ALIVE_TIMEOUT, shutdown_wait=SHUTDOWN_WAIT
+        ))
 
     saved_stderr = _redirect_output(log_path) if quiet else os.dup(2)
     logging.basicConfig(
@@ -196,6 +209,18 @@ def serve(
     os.chdir(run_dir)
     from chdb import _chdb  # noqa: PLC0415  (heavy import, only in the server process)
 
+    # The engine installs its own SIGTERM/SIGINT handlers; with them a SIGTERM makes
+    # clickhouse-local exit(1) a few seconds later, skipping the clean shutdown.  Keep
+    # the signals ours: disable chdb's handler installation and (re)install Python's.
+    if hasattr(_chdb, "set_signal_handlers_enabled"):
+        _chdb.set_signal_handlers_enabled(0)
+
+    def install_handlers() -> None:
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    install_handlers()
+
     outcome: dict[str, object] = {}
 
     def run_engine() -> None:
@@ -213,6 +238,7 @@ def serve(
     while engine.is_alive() and not stop.is_set():
         if not ready and ping(host, port, timeout=0.5):
             ready = True
+            install_handlers()
             msg = f"ready: http://{host}:{port} in {time.monotonic() - t0:.2f}s"
             log.info(msg)
             if os.isatty(saved_stderr):

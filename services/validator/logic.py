@@ -19,6 +19,7 @@ from toolgate.contracts.calls import (
 from toolgate.contracts.registry import Registry
 
 MAX_DETAILS = 50
+CALL_ID_RULE = "a subject-safe token (letters, digits, '-', '_'; 1 to 128 characters)"
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,7 @@ class CallChecker:
         except msgspec.DecodeError as exc:
             return self._malformed(raw, str(exc))
         if not is_valid_call_id(call.call_id):
-            return Undeliverable(
-                "call_id is not a subject-safe token (letters, digits, '-', '_', "
-                f"1 to 128 characters): {call.call_id[:140]!r}"
-            )
+            return Undeliverable(f"call_id {call.call_id[:140]!r} is not {CALL_ID_RULE}")
         spec = self.registry.get(call.tool)
         if spec is None:
             return Rejected(call.call_id, "unknown_tool", ToolError(
@@ -109,15 +107,17 @@ class CallChecker:
         call_id = _read_call_id(raw)
         reason = f"call is {len(raw)} bytes; the limit is {self.max_call_bytes}"
         if not is_valid_call_id(call_id):
-            return Undeliverable(reason + ", and no usable call_id")
+            return Undeliverable(f"{reason}; and it has no call_id that is {CALL_ID_RULE}")
         return Rejected(call_id, "invalid_arguments", ToolError(
             code=ErrorCode.PAYLOAD_TOO_LARGE, message=reason, retryable=False))
 
     def _malformed(self, raw: bytes, problem: str) -> CheckOutcome:
         call_id = _read_call_id(raw)
         reason = f"malformed ToolCall: {problem}"
-        if not is_valid_call_id(call_id):
-            return Undeliverable(reason)
+        if call_id is not None and not is_valid_call_id(call_id):
+            return Undeliverable(f"{reason}; and its call_id is not {CALL_ID_RULE}")
+        if call_id is None:
+            return Undeliverable(f"{reason}; and it has no call_id to answer to")
         return Rejected(call_id, "invalid_arguments", ToolError(
             code=ErrorCode.MALFORMED_CALL, message=reason, retryable=False),
             dead_letter_reason=reason)

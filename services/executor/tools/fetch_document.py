@@ -54,8 +54,8 @@ def fetch_document(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any
     ) as client:
         # The first request plus at most MAX_REDIRECTS redirects, each checked.
         for _hop in range(MAX_REDIRECTS + 1):
-            address = _check_url(url, allowed_hosts, allow_private)
-            outcome = _get(client, url, address, max_bytes)
+            addresses = _check_url(url, allowed_hosts, allow_private)
+            outcome = _get_from_first_reachable(client, url, addresses, max_bytes)
             if isinstance(outcome, _Fetched):
                 break
             url = outcome
@@ -112,8 +112,8 @@ def address_is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool
     )
 
 
-def _check_url(url: httpx.URL, allowed_hosts: list[str], allow_private: bool) -> str:
-    """Refuse a URL the rules forbid; return the checked address to connect to."""
+def _check_url(url: httpx.URL, allowed_hosts: list[str], allow_private: bool) -> list[str]:
+    """Refuse a URL the rules forbid; return the checked addresses to connect to."""
     if url.scheme not in ("http", "https"):
         raise ToolRefused(f"scheme {url.scheme!r} is not allowed (http or https only)")
     host = url.host
@@ -137,10 +137,11 @@ def _check_url(url: httpx.URL, allowed_hosts: list[str], allow_private: bool) ->
         # Every address must pass, not just the first: the client could use any.
         if not allow_private and not address_is_public(ip):
             raise ToolRefused(f"host {host!r} resolves to a non-public address ({ip})")
-        addresses.append(str(ip))
+        if str(ip) not in addresses:
+            addresses.append(str(ip))
     if not addresses:
         raise ToolUnavailable(f"host {host!r} has no address")
-    return addresses[0]
+    return addresses
 
 
 @dataclass
@@ -152,10 +153,30 @@ class _Fetched:
     encoding: str
 
 
+def _get_from_first_reachable(
+    client: httpx.Client, url: httpx.URL, addresses: list[str], max_bytes: int
+) -> _Fetched | httpx.URL:
+    """Try the checked addresses in resolver order, as a normal client would.
+
+    Only a failure to connect moves on to the next address (an IPv6 address
+    on a host without IPv6, say); any other outcome is the answer.
+    """
+    error: httpx.ConnectError | None = None
+    for address in addresses:
+        try:
+            return _get(client, url, address, max_bytes)
+        except httpx.ConnectError as exc:
+            error = exc
+    raise ToolUnavailable(f"could not connect to {url.host}: {error!r}") from error
+
+
 def _get(
     client: httpx.Client, url: httpx.URL, address: str, max_bytes: int
 ) -> _Fetched | httpx.URL:
-    """GET `url` from the checked `address`: the document, or the URL a redirect points to."""
+    """GET `url` from the checked `address`: the document, or the URL a redirect points to.
+
+    Raises httpx.ConnectError as is, so the caller can try another address.
+    """
     # See the module docstring: connect to the checked IP, name the real host.
     request = client.build_request(
         "GET",
@@ -187,6 +208,8 @@ def _get(
             )
         finally:
             response.close()
+    except httpx.ConnectError:
+        raise
     except httpx.DecodingError as exc:
         raise ToolRefused(f"could not decode the body of {url}: {exc}") from exc
     except httpx.TimeoutException as exc:
@@ -248,7 +271,8 @@ class _TextExtractor(HTMLParser):
         self.in_title = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "title":
+        # The document's title, not an <svg>'s <title> further down.
+        if tag == "title" and self.skip_depth == 0 and not self.title_parts:
             self.in_title = True
         elif tag in SKIPPED_TAGS:
             self.skip_depth += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sqlite3
+import time
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,10 +119,28 @@ def _connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        # WAL is a property of the file: set once, it stays. Setting it again is a no-op.
-        conn.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(conn)
         conn.execute(SCHEMA)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (a property of the file: once set, it stays).
+
+    Switching needs an exclusive lock, and SQLite answers "database is
+    locked" at once instead of waiting through the busy timeout. That
+    happens only while several writers race to create a task's file, so a
+    short retry loop, bounded by the same budget, is enough.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)

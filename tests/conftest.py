@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Gateway, make_test_registry
+from toolgate.services.stack.nats_server import EmbeddedNats
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+DOCUMENT = (b"<html><head><title>Agents SDK sessions</title><script>evil()</script></head>"
+            b"<body><h1>Sessions</h1><p>A session stores conversation state.</p></body></html>")
+
+
+class _DocumentHandler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(DOCUMENT)))
+        self.end_headers()
+        self.wfile.write(DOCUMENT)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def document_server() -> Iterator[str]:
+    """A real HTTP server on loopback that fetch_document may read."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DocumentHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def start_gateway(base: Path) -> Gateway:
+    registry = make_test_registry(base / "registry")
+    return Gateway(data_dir=base / "data", registry_dir=registry).start()
+
+
+@pytest.fixture(scope="module")
+def shared_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """One gateway for the tests that do not break anything."""
+    gateway = start_gateway(tmp_path_factory.mktemp("gateway"))
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[Gateway]:
+    """A gateway of the test's own, for tests that kill parts of it."""
+    gateway = start_gateway(tmp_path)
+    yield gateway
+    gateway.stop()

@@ -1,0 +1,146 @@
+"""Real servers and whole gateways for tests: nothing here is a mock.
+
+Each test gets its own data directory and its own nats-server on a free
+loopback port, so stream names never collide between tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import yaml
+from nats.js.errors import NotFoundError
+
+from toolgate.contracts import subjects
+from toolgate.contracts.events import CallAuthorized, Event, decode_event
+from toolgate.contracts.events import TERMINAL_EVENTS
+from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
+from toolgate.services.client.gateway_client import GatewayClient
+from toolgate.services.stack.supervisor import SERVICES, ServiceProcess, Stack
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEST_TOOLS_DIR = REPO_ROOT / "tests" / "tools" / "registry"
+
+
+def make_test_registry(target: Path, fetch_allowed_hosts: list[str] | None = None) -> Path:
+    """The built-in tools plus the faulty test tools; fetch_document may reach loopback."""
+    target.mkdir(parents=True, exist_ok=True)
+    for source in [*BUILTIN_TOOLS_DIR.glob("*.yaml"), *TEST_TOOLS_DIR.glob("*.yaml")]:
+        shutil.copy(source, target / source.name)
+    fetch = target / "fetch_document.yaml"
+    spec = yaml.safe_load(fetch.read_text())
+    spec["settings"]["allowed_hosts"] = fetch_allowed_hosts or ["127.0.0.1"]
+    spec["settings"]["allow_private_addresses"] = True
+    fetch.write_text(yaml.safe_dump(spec))
+    return target
+
+
+def durables(tool_names: list[str]) -> list[tuple[str, str]]:
+    found = [(subjects.CALLS_STREAM, "validator"), (subjects.EVENTS_STREAM, "policy")]
+    found += [(subjects.EVENTS_STREAM, f"executor-{name}") for name in tool_names]
+    found += [(subjects.EVENTS_STREAM, f"attacher-{t.__name__}")
+              for t in TERMINAL_EVENTS]
+    return found
+
+
+@dataclass
+class Gateway:
+    """A whole gateway, every service its own process, as `toolgate up` runs it."""
+
+    data_dir: Path
+    registry_dir: Path
+    stack: Stack = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Service processes import the test tools from tests/.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+        self.stack = Stack(data_dir=self.data_dir, registry_dirs=[self.registry_dir],
+                           executor_args=["--concurrency", "16"])
+
+    @property
+    def url(self) -> str:
+        return self.stack.url
+
+    def start(self, timeout: float = 60.0) -> Gateway:
+        self.stack.start()
+        asyncio.run(self.wait_ready(timeout))
+        return self
+
+    def stop(self) -> None:
+        self.stack.stop()
+
+    def service(self, name: str) -> ServiceProcess:
+        return next(s for s in self.stack.services if s.name == name)
+
+    def tool_names(self) -> list[str]:
+        return sorted(p.stem for p in self.registry_dir.glob("*.yaml"))
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Ready when every service's durable consumer exists on the server."""
+        deadline = time.monotonic() + timeout
+        nc = await nats.connect(self.url)
+        try:
+            jsm = nc.jsm()
+            for stream, durable in durables(self.tool_names()):
+                while True:
+                    try:
+                        await jsm.consumer_info(stream, durable)
+                        break
+                    except NotFoundError:
+                        self._check_services_alive()
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"consumer {durable} never appeared") from None
+                        await asyncio.sleep(0.1)
+        finally:
+            await nc.close()
+
+    def _check_services_alive(self) -> None:
+        for service in self.stack.services:
+            if not service.alive():
+                raise RuntimeError(f"{service.name} died: {service.log_path.read_text()[-3000:]}")
+
+    async def client(self) -> GatewayClient:
+        return await GatewayClient.connect(self.url)
+
+    def all_alive(self) -> bool:
+        return all(s.alive() for s in self.stack.services if s.name in SERVICES)
+
+
+async def read_events(nats_url: str) -> list[Event]:
+    """Every event in the events stream, in stream order."""
+    nc = await nats.connect(nats_url)
+    try:
+        jsm = nc.jsm()
+        info = await jsm.stream_info(subjects.EVENTS_STREAM)
+        events = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            try:
+                msg = await jsm.get_msg(subjects.EVENTS_STREAM, seq)
+            except NotFoundError:
+                continue
+            assert msg.data is not None
+            events.append(decode_event(msg.data))
+        return events
+    finally:
+        await nc.close()
+
+
+def events_of(events: list[Event], call_id: str) -> list[Event]:
+    return [e for e in events if e.call_id == call_id]
+
+
+def count_types(events: list[Event]) -> Counter[str]:
+    """Distinct events by type, deduplicated by event_id as the audit reads them."""
+    unique = {e.event_id: e for e in events}
+    return Counter(type(e).__name__ for e in unique.values())
+
+
+__all__ = ["CallAuthorized", "Gateway", "make_test_registry", "read_events", "events_of"]

@@ -1,0 +1,122 @@
+"""The seed article's case, end to end, every service its own process."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness import Gateway, count_types, events_of, read_events
+from toolgate.contracts.calls import Principal
+from toolgate.services.client.gateway_client import new_call_id
+
+pytestmark = pytest.mark.system
+
+ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+
+
+async def test_search_fetch_save_evidence_succeed(shared_gateway: Gateway,
+                                                  document_server: str) -> None:
+    async with await shared_gateway.client() as client:
+        found = await client.call("search_sources", {
+            "query": "OpenAI Agents SDK state management", "source_type": "official",
+            "limit": 3}, principal=ALICE, task_id="task_c04")
+        assert found.ok and found.status == "ok", found
+        assert 1 <= len(found.data["items"]) <= 3
+        assert all(item["source_type"] == "official" for item in found.data["items"])
+
+        fetched = await client.call("fetch_document", {"url": f"{document_server}/sessions"},
+                                    principal=ALICE, task_id="task_c04")
+        assert fetched.ok, fetched
+        assert fetched.data["title"] == "Agents SDK sessions"
+        assert "A session stores conversation state." in fetched.data["text"]
+        assert "evil()" not in fetched.data["text"]
+
+        saved = await client.call("save_evidence", {
+            "task_id": "task_c04", "claim": "Sessions store conversation state.",
+            "source_url": f"{document_server}/sessions"}, principal=ALICE, task_id="task_c04")
+        assert saved.ok, saved
+        assert saved.data["stored"] is True and saved.data["duplicate"] is False
+
+
+async def test_limit_over_maximum_is_invalid_arguments_and_never_runs(
+        shared_gateway: Gateway) -> None:
+    call_id = new_call_id()
+    async with await shared_gateway.client() as client:
+        result = await client.call("search_sources", {
+            "query": "OpenAI Agents SDK state management", "source_type": "official",
+            "limit": 50}, principal=ALICE, task_id="task_c04", call_id=call_id)
+    assert result.status == "invalid_arguments" and not result.ok
+    assert result.error is not None and result.error.code == "SCHEMA_VALIDATION_FAILED"
+    assert result.error.retryable is False
+    assert [(d.path, d.message) for d in result.error.details] == [
+        ("/limit", "50 is greater than the maximum of 10")]
+    types = count_types(events_of(await read_events(shared_gateway.url), call_id))
+    assert types["ArgumentsRejected"] == 1
+    assert types["ExecutionStarted"] == 0 and types["CallAuthorized"] == 0
+
+
+async def test_backend_that_times_out_is_a_retryable_timeout(shared_gateway: Gateway) -> None:
+    async with await shared_gateway.client() as client:
+        result = await client.call("slow_backend", {"sleep_s": 5}, principal=ALICE)
+    assert result.status == "timeout" and not result.ok
+    assert result.error is not None and result.error.code == "TOOL_TIMEOUT"
+    assert result.error.retryable is True
+
+
+async def test_search_with_no_match_is_ok_with_empty_items(shared_gateway: Gateway) -> None:
+    async with await shared_gateway.client() as client:
+        result = await client.call("search_sources", {
+            "query": "zzqxv nonexistent quokka", "source_type": "any", "limit": 5},
+            principal=ALICE)
+    assert result.ok and result.status == "ok"
+    assert result.data == {"items": []}
+    assert result.error is None
+
+
+async def test_output_breaking_its_schema_is_withheld(shared_gateway: Gateway) -> None:
+    async with await shared_gateway.client() as client:
+        result = await client.call("broken_output", {}, principal=ALICE)
+    assert result.status == "invalid_tool_result" and not result.ok
+    assert result.data is None  # the malformed data never reaches the agent
+    assert result.error is not None and result.error.code == "OUTPUT_SCHEMA_VIOLATION"
+    assert "/items" in [d.path for d in result.error.details]
+
+
+async def test_unknown_tool_is_unknown_tool(shared_gateway: Gateway) -> None:
+    async with await shared_gateway.client() as client:
+        result = await client.call("do_research", {"topic": "anything"}, principal=ALICE)
+    assert result.status == "unknown_tool"
+    assert result.error is not None and result.error.code == "TOOL_NOT_FOUND"
+
+
+async def test_save_evidence_into_another_task_is_denied(shared_gateway: Gateway) -> None:
+    call_id = new_call_id()
+    async with await shared_gateway.client() as client:
+        result = await client.call("save_evidence", {
+            "task_id": "task_someone_else", "claim": "x", "source_url": "https://example.org"},
+            principal=ALICE, task_id="task_c04", call_id=call_id)
+    assert result.status == "denied"
+    assert result.error is not None and result.error.code == "TASK_SCOPE_VIOLATION"
+    types = count_types(events_of(await read_events(shared_gateway.url), call_id))
+    assert types["CallDenied"] == 1 and types["ExecutionStarted"] == 0
+
+
+async def test_agent_not_allowed_for_tool_is_denied(shared_gateway: Gateway) -> None:
+    intruder = Principal(tenant="acme", user="u-alice", agent="browser-bot", session="s-1")
+    async with await shared_gateway.client() as client:
+        result = await client.call("save_evidence", {
+            "task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
+            principal=intruder, task_id="task_c04")
+    assert result.status == "denied"
+    assert result.error is not None and result.error.code == "TOOL_NOT_ALLOWED"
+
+
+async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) -> None:
+    call_id = new_call_id()
+    async with await shared_gateway.client() as client:
+        await client.call("echo", {"payload": [1, 2]}, principal=ALICE, call_id=call_id)
+    events = events_of(await read_events(shared_gateway.url), call_id)
+    assert [type(e).__name__ for e in events] == [
+        "ArgumentsValidated", "CallAuthorized", "ExecutionStarted", "ExecutionSucceeded",
+        "ResultAttached"]
+    assert len({e.event_id for e in events}) == len(events)
+    assert all(e.principal == ALICE and e.tool == "echo" for e in events)
