@@ -85,6 +85,42 @@ class CallDenied(Event, frozen=True, kw_only=True):
     policy_ids: list[str] = []
 
 
+class ApprovalRequested(Event, frozen=True, kw_only=True):
+    """The policy allows this call only with human approval, bound to these exact arguments."""
+
+    call: ToolCall
+    policy_version: str
+    policy_ids: list[str] = []
+    risk: str
+    required_approvals: int = 1
+    expires_at: datetime
+    reason: str = ""
+
+
+class ApprovalGranted(Event, frozen=True, kw_only=True):
+    """One approver said yes. `quorum_reached` is set on the vote that completes the quorum."""
+
+    call: ToolCall
+    policy_version: str
+    approver: str
+    reason: str = ""
+    approvers: list[str] = []
+    required_approvals: int = 1
+    quorum_reached: bool = False
+
+
+class ApprovalDenied(Event, frozen=True, kw_only=True):
+    approver: str
+    reason: str = ""
+    status: Status = "approval_denied"
+    error: ToolError
+
+
+class ApprovalExpired(Event, frozen=True, kw_only=True):
+    status: Status = "approval_expired"
+    error: ToolError
+
+
 class ExecutionStarted(Event, frozen=True, kw_only=True):
     attempt: int
     worker: str
@@ -131,6 +167,10 @@ AnyEvent = (
     | ArgumentsRejected
     | CallAuthorized
     | CallDenied
+    | ApprovalRequested
+    | ApprovalGranted
+    | ApprovalDenied
+    | ApprovalExpired
     | ExecutionStarted
     | ExecutionSucceeded
     | ExecutionFailed
@@ -142,6 +182,8 @@ AnyEvent = (
 TERMINAL_EVENTS: tuple[type[Event], ...] = (
     ArgumentsRejected,
     CallDenied,
+    ApprovalDenied,
+    ApprovalExpired,
     ExecutionSucceeded,
     ExecutionFailed,
 )

@@ -19,8 +19,7 @@ import yaml
 from nats.js.errors import NotFoundError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.events import CallAuthorized, Event, decode_event
-from toolgate.contracts.events import TERMINAL_EVENTS
+from toolgate.contracts.events import TERMINAL_EVENTS, CallAuthorized, Event, decode_event
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
 from toolgate.services.client.gateway_client import GatewayClient
 from toolgate.services.stack.supervisor import SERVICES, ServiceProcess, Stack

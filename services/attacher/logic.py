@@ -18,6 +18,8 @@ from toolgate.contracts.calls import (
     success,
 )
 from toolgate.contracts.events import (
+    ApprovalDenied,
+    ApprovalExpired,
     ArgumentsRejected,
     CallDenied,
     Event,
@@ -37,7 +39,8 @@ class ResultBuilder:
     def result_for(self, event: Event) -> ToolResult:
         if isinstance(event, ExecutionSucceeded):
             return self._checked_output(event)
-        if isinstance(event, ArgumentsRejected | CallDenied | ExecutionFailed):
+        if isinstance(event, ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired
+                      | ExecutionFailed):
             return failure(event.call_id, event.status, event.error)
         raise TypeError(f"{type(event).__name__} is not a terminal event")
 

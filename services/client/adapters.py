@@ -120,7 +120,9 @@ class AdaptedCalls(list[ToolCall | ToolResult]):
     provider_ids: dict[str, str]
 
     def __init__(
-        self, items: Iterable[ToolCall | ToolResult] = (), provider_ids: Mapping[str, str] | None = None
+        self,
+        items: Iterable[ToolCall | ToolResult] = (),
+        provider_ids: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(items)
         self.provider_ids = dict(provider_ids or {})
@@ -168,7 +170,9 @@ def parse_arguments(call_id: str, raw: object) -> dict[str, Any]:
         except UnicodeDecodeError as exc:
             raise InvalidToolCallArguments(call_id, f"arguments are not UTF-8: {exc}") from None
     if not isinstance(raw, str):
-        raise InvalidToolCallArguments(call_id, f"arguments must be a JSON object string, got {type(raw).__name__}")
+        raise InvalidToolCallArguments(
+            call_id, f"arguments must be a JSON object string, got {type(raw).__name__}"
+        )
     if not raw.strip():
         return {}
     try:
@@ -176,7 +180,9 @@ def parse_arguments(call_id: str, raw: object) -> dict[str, Any]:
     except msgspec.DecodeError as exc:
         raise InvalidToolCallArguments(call_id, f"arguments are not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidToolCallArguments(call_id, f"arguments must be a JSON object, got {_json_type(value)}")
+        raise InvalidToolCallArguments(
+            call_id, f"arguments must be a JSON object, got {_json_type(value)}"
+        )
     return value
 
 
@@ -263,7 +269,9 @@ class _Builder:
         self.out.provider_ids[call_id] = provider_call_id
         self.out.append(_malformed(call_id, message))
 
-    def _call(self, call_id: str, provider_call_id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
+    def _call(
+        self, call_id: str, provider_call_id: str, name: str, arguments: dict[str, Any]
+    ) -> ToolCall:
         context = dict(self.context)
         if call_id != provider_call_id:
             context[PROVIDER_CALL_ID_KEY] = provider_call_id
@@ -314,7 +322,10 @@ def from_openai_chat(
         provider_call_id = _provider_id(tool_call, "id", "chat tool call")
         kind = _get(tool_call, "type", "function")
         if kind != "function":
-            builder.reject(provider_call_id, f"unsupported tool call type {kind!r}: toolgate tools are functions")
+            builder.reject(
+                provider_call_id,
+                f"unsupported tool call type {kind!r}: toolgate tools are functions",
+            )
             continue
         function = _get(tool_call, "function")
         if function is None:
@@ -363,7 +374,9 @@ def from_openai_responses(
     return builder.out
 
 
-def to_openai_responses(result: ToolResult, *, provider_call_id: str | None = None) -> dict[str, Any]:
+def to_openai_responses(
+    result: ToolResult, *, provider_call_id: str | None = None
+) -> dict[str, Any]:
     """A `function_call_output` input item answering the call with `result`."""
     return {
         "type": "function_call_output",
@@ -400,7 +413,10 @@ def from_anthropic(
         provider_call_id = _provider_id(block, "id", "tool_use block")
         raw_input = _get(block, "input")
         if not isinstance(raw_input, Mapping):
-            builder.reject(provider_call_id, f"tool_use input must be an object, got {type(raw_input).__name__}")
+            builder.reject(
+                provider_call_id,
+                f"tool_use input must be an object, got {type(raw_input).__name__}",
+            )
             continue
         builder.add(provider_call_id, _get(block, "name"), raw_input)
     return builder.out

@@ -20,7 +20,6 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
-
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage

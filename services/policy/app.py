@@ -21,7 +21,6 @@ from toolgate.contracts.events import (
     CallAuthorized,
     CallDenied,
     Event,
-    MessageDeadLettered,
     carried_fields,
     decode_event,
     derive_event_id,

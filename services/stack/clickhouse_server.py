@@ -224,10 +224,13 @@ def serve(
     outcome: dict[str, object] = {}
 
     def run_engine() -> None:
+        # Engine errors (port busy, "Cannot lock file .../status. Another server instance
+        # in same directory is already running", ...) are printed to stderr, i.e. the log;
+        # the result object usually does not carry them.
         try:
             res = _chdb.query(STARTUP_SQL, "TabSeparated", path=str(db_dir))
-            err = res.error_message() if hasattr(res, "has_error") and res.has_error() else ""
-            outcome["error"] = err
+            if res.has_error():
+                outcome["error"] = res.error_message()
         except BaseException as e:  # noqa: BLE001
             outcome["error"] = f"{type(e).__name__}: {e}"
 
@@ -252,23 +255,30 @@ def serve(
     if not stop.is_set():
         # The engine call returned on its own: it failed (e.g. port busy) or was killed
         # by someone else over HTTP.
-        err = str(outcome.get("error") or "engine stopped unexpectedly")
-        if "QUERY_WAS_CANCELLED" in err:
-            log.info("hold query was killed externally; exiting")
-            return 0
-        log.error("engine exited: %s", err)
+        log.error(
+            "engine call returned without a stop request (%s): %s",
+            "after start-up" if ready else "during start-up",
+            outcome.get("error") or "see the engine error above, or the hold query was killed",
+        )
         return 1
 
     log.info("stopping (%s)", ", ".join(stop_reason) or "requested")
-    deadline = time.monotonic() + 15
+    # The engine itself force-exits SHUTDOWN_WAIT s after the listener stops if
+    # connections remain; give it that plus a margin before we give up.
+    grace = SHUTDOWN_WAIT + 10
+    deadline = time.monotonic() + grace
+    killed = False
     while engine.is_alive() and time.monotonic() < deadline:
-        try:
-            _post(host, port, KILL_SQL, timeout=5)
-        except (OSError, urllib.error.URLError) as e:
-            log.info("kill not delivered yet: %s", e)
-        engine.join(timeout=1.0)
+        if not killed:
+            try:
+                # KILL ... SYNC answers one row per killed query, nothing if none matched
+                # (e.g. a signal that came before the hold query started): retry then.
+                killed = bool(_post(host, port, KILL_SQL, timeout=5).strip())
+            except (OSError, urllib.error.URLError) as e:
+                log.info("kill not delivered yet: %s", e)
+        engine.join(timeout=0.2 if killed else 0.5)
     if engine.is_alive():
-        log.error("engine did not stop within 15s; forcing exit")
+        log.error("engine did not stop within %ss; forcing exit", grace)
         logging.shutdown()
         os._exit(1)
     err = str(outcome.get("error") or "")

@@ -69,7 +69,7 @@ async def test_republish_outside_the_dedupe_window_replays_instead_of_running(
     assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
     outcomes = [e for e in events_of(await read_events(shared_gateway.url), call.call_id)
                 if type(e).__name__ == "ExecutionSucceeded"]
-    assert [getattr(e, "replayed") for e in outcomes] == [False, True]
+    assert [e.replayed for e in outcomes] == [False, True]
 
 
 async def test_executor_killed_mid_run_every_call_one_result_evidence_once(

@@ -67,7 +67,9 @@ PRINCIPAL = Principal(tenant="acme", user="u-1", agent="researcher", session="s-
 
 
 def chat_message(*tool_calls: Any, content: str | None = None) -> ChatCompletionMessage:
-    return ChatCompletionMessage(role="assistant", content=content, tool_calls=list(tool_calls) or None)
+    return ChatCompletionMessage(
+        role="assistant", content=content, tool_calls=list(tool_calls) or None
+    )
 
 
 def chat_call(call_id: str, name: str, arguments: str) -> ChatCompletionMessageFunctionToolCall:
@@ -78,7 +80,12 @@ def chat_call(call_id: str, name: str, arguments: str) -> ChatCompletionMessageF
 
 def responses_call(call_id: str, name: str, arguments: str) -> ResponseFunctionToolCall:
     return ResponseFunctionToolCall(
-        type="function_call", call_id=call_id, name=name, arguments=arguments, id=f"fc_{call_id}", status="completed"
+        type="function_call",
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        id=f"fc_{call_id}",
+        status="completed",
     )
 
 
@@ -145,7 +152,9 @@ def test_chat_message_with_several_tool_calls_maps_to_one_tool_call_each_in_orde
         content="Let me look that up.",
     )
 
-    calls = only_calls(from_openai_chat(message, principal=PRINCIPAL, task_id="t-9", context={"trace": "tr-1"}))
+    calls = only_calls(
+        from_openai_chat(message, principal=PRINCIPAL, task_id="t-9", context={"trace": "tr-1"})
+    )
 
     assert [c.call_id for c in calls] == ["call_abc123", "call_def456"]
     assert [c.tool for c in calls] == ["search_sources", "fetch_document"]
@@ -164,7 +173,9 @@ def test_chat_tool_calls_list_and_plain_dicts_are_accepted_like_the_message():
     from_dict_list = from_openai_chat(message.model_dump()["tool_calls"], principal=PRINCIPAL)
 
     assert from_message == from_list == from_dict == from_dict_list
-    assert from_message[0] == ToolCall(call_id="call_1", tool="echo", arguments={"text": "hi"}, principal=PRINCIPAL)
+    assert from_message[0] == ToolCall(
+        call_id="call_1", tool="echo", arguments={"text": "hi"}, principal=PRINCIPAL
+    )
 
 
 def test_chat_message_without_tool_calls_maps_to_nothing():
@@ -182,7 +193,9 @@ def test_chat_message_without_tool_calls_maps_to_nothing():
         ('{"x": NaN}', "not valid JSON"),
     ],
 )
-def test_chat_call_with_malformed_arguments_becomes_immediate_invalid_arguments_result(arguments, reason):
+def test_chat_call_with_malformed_arguments_becomes_immediate_invalid_arguments_result(
+    arguments, reason
+):
     message = chat_message(
         chat_call("call_good", "echo", '{"text": "hi"}'),
         chat_call("call_bad", "search_sources", arguments),
@@ -210,7 +223,9 @@ def test_chat_rejection_is_answered_to_the_model_under_the_same_tool_call_id():
 
 
 def test_chat_call_with_empty_arguments_string_means_no_arguments():
-    [call] = from_openai_chat(chat_message(chat_call("call_1", "list_things", "")), principal=PRINCIPAL)
+    [call] = from_openai_chat(
+        chat_message(chat_call("call_1", "list_things", "")), principal=PRINCIPAL
+    )
 
     assert isinstance(call, ToolCall) and call.arguments == {}
 
@@ -230,7 +245,10 @@ def test_chat_custom_tool_call_is_rejected_immediately_rather_than_dropped():
 
 def test_chat_tool_call_without_id_is_an_adapter_error_not_a_rejection():
     with pytest.raises(AdapterError):
-        from_openai_chat([{"type": "function", "function": {"name": "echo", "arguments": "{}"}}], principal=PRINCIPAL)
+        from_openai_chat(
+            [{"type": "function", "function": {"name": "echo", "arguments": "{}"}}],
+            principal=PRINCIPAL,
+        )
 
 
 def test_to_openai_chat_builds_a_valid_tool_message_carrying_the_whole_result():
@@ -289,7 +307,10 @@ def test_responses_output_function_calls_map_in_order_and_other_items_are_skippe
     ]
     assert all(c.task_id == "t-1" for c in calls)
     assert from_openai_responses(resp, principal=PRINCIPAL, task_id="t-1") == calls
-    assert from_openai_responses(resp.model_dump()["output"], principal=PRINCIPAL, task_id="t-1") == calls
+    assert (
+        from_openai_responses(resp.model_dump()["output"], principal=PRINCIPAL, task_id="t-1")
+        == calls
+    )
 
 
 def test_responses_call_id_not_item_id_becomes_the_toolgate_call_id():
@@ -300,7 +321,10 @@ def test_responses_call_id_not_item_id_becomes_the_toolgate_call_id():
 
 def test_responses_malformed_arguments_become_immediate_invalid_arguments_result():
     good, bad = from_openai_responses(
-        [responses_call("call_ok", "echo", '{"text": "x"}'), responses_call("call_bad", "echo", "[1, 2")],
+        [
+            responses_call("call_ok", "echo", '{"text": "x"}'),
+            responses_call("call_bad", "echo", "[1, 2"),
+        ],
         principal=PRINCIPAL,
     )
 
@@ -342,16 +366,21 @@ def test_anthropic_tool_use_blocks_map_to_tool_calls_and_text_blocks_are_skipped
     ]
     assert all(c.context == {"trace": "tr"} for c in calls)
     assert from_anthropic(message.content, principal=PRINCIPAL, context={"trace": "tr"}) == calls
-    assert from_anthropic(message.model_dump(), principal=PRINCIPAL, context={"trace": "tr"}) == calls
+    assert (
+        from_anthropic(message.model_dump(), principal=PRINCIPAL, context={"trace": "tr"}) == calls
+    )
 
 
 def test_anthropic_tool_use_with_non_object_input_becomes_immediate_rejection():
     [rejection] = from_anthropic(
-        [{"type": "tool_use", "id": "toolu_1", "name": "echo", "input": '{"text": "x"}'}], principal=PRINCIPAL
+        [{"type": "tool_use", "id": "toolu_1", "name": "echo", "input": '{"text": "x"}'}],
+        principal=PRINCIPAL,
     )
 
     assert isinstance(rejection, ToolResult) and rejection.call_id == "toolu_1"
-    assert rejection.status == "invalid_arguments" and rejection.error.code == ErrorCode.MALFORMED_CALL
+    assert (
+        rejection.status == "invalid_arguments" and rejection.error.code == ErrorCode.MALFORMED_CALL
+    )
 
 
 def test_to_anthropic_builds_a_valid_tool_result_block_flagging_errors():
@@ -380,10 +409,19 @@ def test_anthropic_round_trip_yields_a_user_turn_the_sdk_accepts():
         tool_use("toolu_2", "echo", {"text": "b"}),
     )
     calls = only_calls(from_anthropic(assistant, principal=PRINCIPAL))
-    user_turn = {"role": "user", "content": [to_anthropic(success(c.call_id, c.arguments)) for c in calls]}
+    user_turn = {
+        "role": "user",
+        "content": [to_anthropic(success(c.call_id, c.arguments)) for c in calls],
+    }
 
     TypeAdapter(list[MessageParam]).validate_python(
-        [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in assistant.content]}, user_turn]
+        [
+            {
+                "role": "assistant",
+                "content": [b.model_dump(exclude_none=True) for b in assistant.content],
+            },
+            user_turn,
+        ]
     )
     # MessageParam.content is an Iterable, which pydantic does not look inside: check each block.
     for block in user_turn["content"]:
@@ -411,7 +449,9 @@ def test_distinct_unsafe_provider_ids_map_to_distinct_call_ids():
     assert len({safe_call_id(p) for p in UNSAFE_IDS}) == len(UNSAFE_IDS)
 
 
-@pytest.mark.parametrize("provider_id", ["call_abc123", "toolu_01A09q90qw90lq917835lq9", "a" * 128, "x-1"])
+@pytest.mark.parametrize(
+    "provider_id", ["call_abc123", "toolu_01A09q90qw90lq917835lq9", "a" * 128, "x-1"]
+)
 def test_safe_provider_id_is_used_unchanged_and_not_recorded(provider_id):
     [call] = from_openai_chat([chat_call(provider_id, "echo", "{}")], principal=PRINCIPAL)
 
@@ -421,7 +461,9 @@ def test_safe_provider_id_is_used_unchanged_and_not_recorded(provider_id):
 
 def test_unsafe_chat_id_is_mapped_kept_in_context_and_restored_in_the_reply():
     provider_id = "chatcmpl.tool.0"
-    [call] = from_openai_chat(chat_message(chat_call(provider_id, "echo", '{"text": "x"}')), principal=PRINCIPAL)
+    [call] = from_openai_chat(
+        chat_message(chat_call(provider_id, "echo", '{"text": "x"}')), principal=PRINCIPAL
+    )
 
     assert is_valid_call_id(call.call_id)
     assert call.context[PROVIDER_CALL_ID_KEY] == provider_id
@@ -440,7 +482,9 @@ def test_unsafe_responses_and_anthropic_ids_are_restored_in_their_replies():
     r_reply = to_openai_responses(
         success(r_call.call_id, None), provider_call_id=provider_id_map([r_call])[r_call.call_id]
     )
-    a_reply = to_anthropic(success(a_call.call_id, None), provider_call_id=provider_id_map([a_call])[a_call.call_id])
+    a_reply = to_anthropic(
+        success(a_call.call_id, None), provider_call_id=provider_id_map([a_call])[a_call.call_id]
+    )
 
     assert r_reply["call_id"] == "fc/1"
     assert a_reply["tool_use_id"] == "toolu:1"
@@ -461,14 +505,18 @@ def test_provider_id_map_covers_calls_and_rejections_of_a_from_result():
     assert isinstance(items[2], ToolResult)
     assert sorted(ids.values()) == ["call_safe", "unsafe.bad", "unsafe.ok"]
     replies = [
-        to_openai_chat(item, provider_call_id=ids[item.call_id]) for item in items if isinstance(item, ToolResult)
+        to_openai_chat(item, provider_call_id=ids[item.call_id])
+        for item in items
+        if isinstance(item, ToolResult)
     ]
     assert [r["tool_call_id"] for r in replies] == ["unsafe.bad"]
 
 
 def test_provider_id_map_of_a_rebuilt_call_list_reads_context():
     [call] = from_anthropic([tool_use("toolu.9", "echo", {})], principal=PRINCIPAL)
-    rebuilt = msgspec.json.decode(msgspec.json.encode(call), type=ToolCall)  # e.g. after a hop over the wire
+    rebuilt = msgspec.json.decode(
+        msgspec.json.encode(call), type=ToolCall
+    )  # e.g. after a hop over the wire
 
     assert provider_id_map([rebuilt]) == {call.call_id: "toolu.9"}
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema_rs
 import pytest
+
 from toolgate.contracts.calls import Principal
 from toolgate.contracts.registry import load_registry
 from toolgate.contracts.tooling import ToolContext, ToolRefused

@@ -22,6 +22,7 @@ from html.parser import HTMLParser
 from typing import Any
 
 import httpx
+
 from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable
 
 MAX_REDIRECTS = 3
