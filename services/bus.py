@@ -55,6 +55,9 @@ def make_broker(nats_url: str, name: str) -> NatsBroker:
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         logger=log,
+        # Per-message "Received/Processed" lines only at DEBUG: the events
+        # stream and the audit table are the record, not the service log.
+        log_level=logging.DEBUG,
     )
 
 

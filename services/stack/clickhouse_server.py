@@ -29,7 +29,7 @@ How it works (chdb-core 26.9.0):
   survives restarts, also after SIGKILL: the ``status`` file left behind is not a lock
   (clickhouse only flocks it while running) and is overwritten on the next start.  A
   second server on the same data dir fails with "Cannot lock file .../status".
-* chdb installs its own SIGTERM/SIGINT handlers; we disable that so signals stay ours.
+* chdb installs its own signal handlers; we keep SIGTERM/SIGINT ours (see serve()).
 * Idle keep-alive connections hold up the engine's shutdown; see KEEP_ALIVE_TIMEOUT.
 * The engine's own logger is essentially silent in this mode; its stdout/stderr and our
   Python log go to ``DIR/clickhouse.log``.
@@ -175,16 +175,19 @@ def serve(
 ) -> int:
     """Run the server until SIGTERM/SIGINT (or the parent dies). Returns an exit code."""
     if not port:
-        raise ClickHouseServerError("port 0 is not supported by ClickHouse; pick one with free_port()")
+        raise ClickHouseServerError(
+            "port 0 is not supported by ClickHouse; pick one with free_port()"
+        )
     data_dir = Path(data_dir).resolve()
     run_dir = data_dir / RUN_DIR_NAME
     db_dir = data_dir / DATA_DIR_NAME
     log_path = data_dir / LOG_NAME
     run_dir.mkdir(parents=True, exist_ok=True)
     db_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.xml").write_text(CONFIG_TEMPLATE.format(
-            host=host, port=int(port), keep_alive=KEEP_ALIVE_TIMEOUT, shutdown_wait=SHUTDOWN_WAIT
-        ))
+    config = CONFIG_TEMPLATE.format(
+        host=host, port=int(port), keep_alive=KEEP_ALIVE_TIMEOUT, shutdown_wait=SHUTDOWN_WAIT
+    )
+    (run_dir / "config.xml").write_text(config)
 
     saved_stderr = _redirect_output(log_path) if quiet else os.dup(2)
     logging.basicConfig(
@@ -214,9 +217,9 @@ def serve(
     os.chdir(run_dir)
     from chdb import _chdb  # noqa: PLC0415  (heavy import, only in the server process)
 
-    # The engine installs its own SIGTERM/SIGINT handlers; with them a SIGTERM makes
-    # clickhouse-local exit(1) a few seconds later, skipping the clean shutdown.  Keep
-    # the signals ours: disable chdb's handler installation and (re)install Python's.
+    # chdb installs process-wide handlers (SIGTERM, SIGINT, SIGSEGV, ...) when an engine
+    # starts.  Keep SIGTERM/SIGINT ours so a stop always goes through KILL QUERY:
+    # disable chdb's installation and (re)install Python's once the engine is up.
     if hasattr(_chdb, "set_signal_handlers_enabled"):
         _chdb.set_signal_handlers_enabled(0)
 
@@ -354,11 +357,17 @@ class EmbeddedClickHouse:
             raise ClickHouseServerError(f"port {self.host}:{self.port} is already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
-            sys.executable, "-m", "toolgate.services.stack.clickhouse_server",
-            "--data-dir", str(self.data_dir),
-            "--port", str(self.port),
-            "--host", self.host,
-            "--parent-pid", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "toolgate.services.stack.clickhouse_server",
+            "--data-dir",
+            str(self.data_dir),
+            "--port",
+            str(self.port),
+            "--host",
+            self.host,
+            "--parent-pid",
+            str(os.getpid()),
         ]
         t0 = time.monotonic()
         with open(self.log_path, "ab") as logf:  # catches output before the child redirects

@@ -88,7 +88,9 @@ def _write_rows(ch: EmbeddedClickHouse, start: int, n: int) -> None:
     client.command(
         "CREATE TABLE IF NOT EXISTS kept (id UInt64, body JSON) ENGINE = MergeTree ORDER BY id"
     )
-    client.insert("kept", [(i, {"i": i}) for i in range(start, start + n)], column_names=["id", "body"])
+    client.insert(
+        "kept", [(i, {"i": i}) for i in range(start, start + n)], column_names=["id", "body"]
+    )
     client.close()
 
 
