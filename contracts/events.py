@@ -204,6 +204,15 @@ def event_type(cls: type[Event]) -> str:
     return cls.__name__
 
 
+def traceparent_of(call: ToolCall) -> str:
+    """The W3C trace context: the platform's, if it sent one, else one derived from call_id."""
+    given = call.context.get("traceparent")
+    if isinstance(given, str) and len(given) == 55 and given.count("-") == 3:
+        return given
+    digest = hashlib.sha256(call.call_id.encode()).hexdigest()
+    return f"00-{digest[:32]}-{digest[32:48]}-01"
+
+
 def call_fields(call: ToolCall) -> dict[str, Any]:
     """The call columns every event of this call carries."""
     return {
@@ -211,6 +220,7 @@ def call_fields(call: ToolCall) -> dict[str, Any]:
         "tool": call.tool,
         "principal": call.principal,
         "task_id": call.task_id,
+        "traceparent": traceparent_of(call),
     }
 
 

@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="start the gateway on its embedded default")
-    up.add_argument("--nats-url", dest="nats_url_given", default=None,
-                    help="use this NATS instead of starting one")
+    up.add_argument("--nats-url", dest="nats_url_given", default=env.env_nats_url_or_none(),
+                    help="use this NATS instead of starting one (default: $TOOLGATE_NATS_URL, "
+                         "else start the embedded nats-server)")
     up.add_argument("--nats-port", type=int, default=0, help="port of the embedded NATS (0: any)")
     up.add_argument("--concurrency", type=int, default=8, help="executor calls in flight per tool")
     _add_runtime(up)
@@ -196,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure the pipeline against a pass-through floor")
     bench.add_argument("-n", "--calls", type=int, default=500)
     bench.add_argument("--burst", type=int, default=1000)
-    bench.add_argument("--nats-url", default=None,
-                       help="a running gateway (default: start a private one in a temp dir)")
+    bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),
+                       help="a running gateway (default: $TOOLGATE_NATS_URL, else start a "
+                            "private one in a temp dir)")
     bench.set_defaults(func=cmd_bench)
     return parser
 

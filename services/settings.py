@@ -16,6 +16,10 @@ def env_nats_url() -> str:
     return os.environ.get("TOOLGATE_NATS_URL", DEFAULT_NATS_URL)
 
 
+def env_nats_url_or_none() -> str | None:
+    return os.environ.get("TOOLGATE_NATS_URL") or None
+
+
 def env_data_dir() -> Path:
     return Path(os.environ.get("TOOLGATE_DATA_DIR", ".toolgate"))
 

@@ -120,3 +120,35 @@ async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) 
         "ResultAttached"]
     assert len({e.event_id for e in events}) == len(events)
     assert all(e.principal == ALICE and e.tool == "echo" for e in events)
+
+
+async def test_call_many_matches_each_result_to_its_call(shared_gateway: Gateway) -> None:
+    from toolgate.contracts.calls import ToolCall
+
+    calls = [ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": i},
+                      principal=ALICE) for i in range(5)]
+    calls.append(ToolCall(call_id=new_call_id(), tool="nope", arguments={}, principal=ALICE))
+    async with await shared_gateway.client() as client:
+        results = await client.call_many(calls)
+    assert [r.call_id for r in results] == [c.call_id for c in calls]
+    assert [r.data for r in results[:5]] == [{"payload": i} for i in range(5)]
+    assert results[5].status == "unknown_tool"
+
+
+async def test_result_can_be_fetched_again_after_reconnect(shared_gateway: Gateway) -> None:
+    call_id = new_call_id()
+    async with await shared_gateway.client() as client:
+        first = await client.call("echo", {"payload": "x"}, principal=ALICE, call_id=call_id)
+    async with await shared_gateway.client() as reconnected:
+        assert await reconnected.result(call_id) == first
+        assert await reconnected.result("call_never_made") is None
+
+
+async def test_platform_trace_context_is_carried_on_every_event(shared_gateway: Gateway) -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    call_id = new_call_id()
+    async with await shared_gateway.client() as client:
+        await client.call("echo", {}, principal=ALICE, call_id=call_id,
+                          context={"traceparent": traceparent})
+    events = events_of(await read_events(shared_gateway.url), call_id)
+    assert events and all(e.traceparent == traceparent for e in events)
