@@ -103,4 +103,4 @@ class GatewayClient:
                                               subjects.results_subject(call_id))
         except NotFoundError:
             return None
-        return _result_decoder.decode(msg.data)
+        return _result_decoder.decode(msg.data or b"")

@@ -36,7 +36,7 @@ class OutcomeStore:
             return None
         if entry.value is None:
             return None
-        return msgspec.msgpack.decode(entry.value, type=OutcomeRecord), entry.revision
+        return msgspec.msgpack.decode(entry.value, type=OutcomeRecord), entry.revision or 0
 
     async def claim(self, call_id: str, record: OutcomeRecord) -> bool:
         """Create the `started` record; False if a record already exists."""

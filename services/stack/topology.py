@@ -7,6 +7,7 @@ subscribes, so an SRE can start any service first.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import nats
 from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
@@ -25,7 +26,7 @@ class Topology:
     replicas: int = 1
 
     def streams(self) -> list[StreamConfig]:
-        common = dict(
+        common: dict[str, Any] = dict(
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             num_replicas=self.replicas,
@@ -60,7 +61,7 @@ async def apply_topology(nats_url: str, topology: Topology | None = None) -> Non
         js = nc.jetstream()
         for config in topology.streams():
             try:
-                await js.stream_info(config.name)
+                await js.stream_info(config.name or "")
                 await js.update_stream(config)
             except NotFoundError:
                 await js.add_stream(config)
