@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -49,9 +50,14 @@ def worker_name(service: str) -> str:
 
 def make_broker(nats_url: str, name: str) -> NatsBroker:
     # Reconnect forever: a restarted NATS server must not need restarted services.
+    # apply_types=False: handlers take the raw message and decode it themselves
+    # with msgspec. FastDepends' per-message injection ran sync resolvers in a
+    # thread pool and cost 4x in latency and throughput (measured: one hop
+    # 6.7 ms -> 1.7 ms p50, 334 -> 1185 msgs/s).
     return NatsBroker(
         nats_url,
         name=name,
+        apply_types=False,
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         logger=log,
@@ -68,6 +74,37 @@ def stream(name: str) -> JStream:
 
 def pull(batch_size: int = 16) -> PullSub:
     return PullSub(batch_size=batch_size, timeout=1.0)
+
+
+async def _message_itself(msg: NatsMessage) -> NatsMessage:
+    """A decoder that hands the handler the message, undecoded."""
+    return msg
+
+
+Handler = Callable[[NatsMessage], Awaitable[None]]
+
+
+def durable_subscriber(broker: NatsBroker, subject: str, stream_name: str, durable: str, *,
+                       batch_size: int = 16, max_workers: int | None = None,
+                       max_ack_pending: int = 1000) -> Callable[[Handler], object]:
+    """A durable pull consumer with manual acks whose handler gets the raw NatsMessage.
+
+    Every toolgate stage subscribes through this, so they all share one
+    consumer shape: explicit acks, unlimited redelivery, our own give-up rule.
+    """
+    options: dict[str, object] = {}
+    if max_workers is not None:
+        options["max_workers"] = max_workers
+    return broker.subscriber(  # type: ignore[call-overload, no-any-return]
+        subject,
+        stream=stream(stream_name),
+        durable=durable,
+        config=consumer_config(durable, subject, max_ack_pending=max_ack_pending),
+        pull_sub=pull(batch_size),
+        ack_policy=MANUAL,
+        decoder=_message_itself,
+        **options,
+    )
 
 
 def consumer_config(durable: str, filter_subject: str, ack_wait_s: float = ACK_WAIT_S,

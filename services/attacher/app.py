@@ -9,7 +9,7 @@ message per subject) and `ResultAttached` for the audit.
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats.annotations import NatsMessage
+from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.events import (
@@ -53,14 +53,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
     for event_type in TERMINAL_EVENTS:
         durable = f"{SERVICE}-{event_type.__name__}"
         source = subjects.event_filter(event_type)
-        subscriber = broker.subscriber(
-            source,
-            stream=bus.stream(subjects.EVENTS_STREAM),
-            durable=durable,
-            config=bus.consumer_config(durable, source),
-            pull_sub=bus.pull(),
-            ack_policy=bus.MANUAL,
-        )
+        subscriber = bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable)
 
         # A distinct function per subscriber: FastStream wraps each one it is given.
         async def handler(msg: NatsMessage) -> None:

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 
 from faststream import FastStream
-from faststream.nats.annotations import NatsMessage
+from faststream.nats.message import NatsMessage
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from toolgate.services import bus
@@ -40,9 +40,7 @@ def build_hop(nats_url: str, index: int, last: bool) -> FastStream:
     durable = f"bench-hop{index}"
     source = hop_subject(index)
 
-    @broker.subscriber(source, stream=bus.stream(STREAM), durable=durable,
-                       config=bus.consumer_config(durable, source), pull_sub=bus.pull(),
-                       ack_policy=bus.MANUAL)
+    @bus.durable_subscriber(broker, source, STREAM, durable)
     async def forward(msg: NatsMessage) -> None:
         call_id = (msg.raw_message.headers or {}).get(CALL_HEADER, "")
         target = out_subject(call_id) if last else hop_subject(index + 1)

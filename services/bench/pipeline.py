@@ -105,9 +105,7 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str) -> Figures:
         await js.publish(floor.hop_subject(0), body, stream=floor.STREAM,
                          headers={"Nats-Msg-Id": call_id, floor.CALL_HEADER: call_id})
 
-    hops = [subprocess.Popen([  # noqa: ASYNC220 (started once, before measuring)sys.executable, "-m", "toolgate.services.bench.floor",
-                              "--nats-url", nats_url, "--hop", str(i), "--hops", str(HOPS)])
-            for i in range(HOPS)]
+    hops = [_start_hop(nats_url, i) for i in range(HOPS)]
     try:
         return await _measure(nc, send, floor.out_subject("*"),
                               lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
@@ -118,6 +116,12 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str) -> Figures:
         for hop in hops:
             hop.wait()
         await nc.close()
+
+
+def _start_hop(nats_url: str, index: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "toolgate.services.bench.floor",
+                             "--nats-url", nats_url, "--hop", str(index), "--hops", str(HOPS)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _print(name: str, figures: Figures) -> None:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 from faststream import FastStream
 from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
+from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import load_public_key
@@ -221,16 +221,9 @@ def build_app(settings: GatewaySettings, tools: list[str] | None = None,
         runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
         runners.append(runner)
         source = subjects.event_filter(CallAuthorized, name)
-        broker.subscriber(
-            source,
-            stream=bus.stream(subjects.EVENTS_STREAM),
-            durable=durable_for(name),
-            config=bus.consumer_config(durable_for(name), source,
-                                       max_ack_pending=max(concurrency * 4, 64)),
-            pull_sub=bus.pull(batch_size=1),
-            max_workers=concurrency,
-            ack_policy=bus.MANUAL,
-        )(runner.handle)
+        bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable_for(name),
+                               batch_size=1, max_workers=concurrency,
+                               max_ack_pending=max(concurrency * 4, 64))(runner.handle)
 
     app = FastStream(broker)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from faststream import FastStream
-from faststream.nats.annotations import NatsMessage
+from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import ensure_keypair, load_private_key, sign
@@ -73,14 +73,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             service=SERVICE, call=event.call, policy_version=decision.policy_version,
             policy_ids=decision.policy_ids, authorization=authorization, **fields)
 
-    @broker.subscriber(
-        source,
-        stream=bus.stream(subjects.EVENTS_STREAM),
-        durable=SERVICE,
-        config=bus.consumer_config(SERVICE, source),
-        pull_sub=bus.pull(),
-        ack_policy=bus.MANUAL,
-    )
+    @bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, SERVICE)
     async def on_validated(msg: NatsMessage) -> None:
         delivery = bus.delivery_of(msg)
 

@@ -9,7 +9,7 @@ unknown tool, malformed call, bad arguments, oversized call), and
 from __future__ import annotations
 
 from faststream import FastStream
-from faststream.nats.annotations import NatsMessage
+from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -62,14 +62,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
     publisher = bus.Publisher(broker)
 
-    @broker.subscriber(
-        subjects.CALLS,
-        stream=bus.stream(subjects.CALLS_STREAM),
-        durable=SERVICE,
-        config=bus.consumer_config(SERVICE, subjects.CALLS),
-        pull_sub=bus.pull(),
-        ack_policy=bus.MANUAL,
-    )
+    @bus.durable_subscriber(broker, subjects.CALLS, subjects.CALLS_STREAM, SERVICE)
     async def on_call(msg: NatsMessage) -> None:
         delivery = bus.delivery_of(msg)
         raw: bytes = msg.body
