@@ -103,8 +103,13 @@ class ToolRunner:
                 service=SERVICE, reason=reason, **carried_fields(event)))
             return
         sha = event.authorization.arguments_sha256
-        found = await self.outcomes.get(event.call_id)
-        if found is not None:
+        # The common case first: nobody has seen this call, claim it in one round trip.
+        attempt = 1
+        claimed = await self.outcomes.claim(event.call_id, self._started(sha, attempt))
+        if not claimed:
+            found = await self.outcomes.get(event.call_id)
+            if found is None:
+                raise RuntimeError("outcome record vanished between claim and read; retrying")
             record, revision = found
             if record.arguments_sha256 != sha:
                 await self.publisher.emit(ExecutionRefused(
@@ -128,9 +133,6 @@ class ToolRunner:
             attempt = record.attempt + 1
             claimed = await self.outcomes.reclaim(event.call_id, self._started(sha, attempt),
                                                   revision)
-        else:
-            attempt = 1
-            claimed = await self.outcomes.claim(event.call_id, self._started(sha, attempt))
         if not claimed:
             raise RuntimeError("another worker changed this call's record; retrying")
         if is_expired(event, utc_now()):
