@@ -25,6 +25,7 @@ EVENTS_STREAM: Final = "TOOLGATE_EVENTS"
 RESULTS_STREAM: Final = "TOOLGATE_RESULTS"
 OUTCOMES_BUCKET: Final = "toolgate_outcomes"
 EVIDENCE_BUCKET: Final = "toolgate_evidence"
+APPROVALS_BUCKET: Final = "toolgate_approvals"
 
 
 def results_subject(call_id: str) -> str:

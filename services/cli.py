@@ -23,7 +23,7 @@ from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.services import settings as env
 
-SERVICE_NAMES = ("validator", "policy", "executor", "attacher")
+SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals")
 
 
 def _add_nats(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +73,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from toolgate.services.executor.app import build_app as build_executor
         tools = [t for t in (args.tools or "").split(",") if t]
         app = build_executor(settings, tools=tools or None, concurrency=args.concurrency)
+    elif args.name == "approvals":
+        from toolgate.services.approvals.app import build_app as build_approvals
+        app = build_approvals(settings)
     else:
         from toolgate.services.attacher.app import build_app as build_attacher
         app = build_attacher(settings)
@@ -172,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_nats(serve)
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
+
+    from toolgate.services.approvals.cli import register as register_approvals
+    register_approvals(commands)
 
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
     call.add_argument("tool")

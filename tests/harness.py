@@ -22,7 +22,7 @@ from toolgate.contracts import subjects
 from toolgate.contracts.events import TERMINAL_EVENTS, CallAuthorized, Event, decode_event
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
 from toolgate.services.client.gateway_client import GatewayClient
-from toolgate.services.stack.supervisor import SERVICES, ServiceProcess, Stack
+from toolgate.services.stack.supervisor import AUDIT_SERVICE, SERVICES, ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_TOOLS_DIR = REPO_ROOT / "tests" / "tools" / "registry"
@@ -42,7 +42,8 @@ def make_test_registry(target: Path, fetch_allowed_hosts: list[str] | None = Non
 
 
 def durables(tool_names: list[str]) -> list[tuple[str, str]]:
-    found = [(subjects.CALLS_STREAM, "validator"), (subjects.EVENTS_STREAM, "policy")]
+    found = [(subjects.CALLS_STREAM, "validator"), (subjects.EVENTS_STREAM, "policy"),
+             (subjects.EVENTS_STREAM, "approvals")]
     found += [(subjects.EVENTS_STREAM, f"executor-{name}") for name in tool_names]
     found += [(subjects.EVENTS_STREAM, f"attacher-{t.__name__}")
               for t in TERMINAL_EVENTS]
@@ -55,6 +56,8 @@ class Gateway:
 
     data_dir: Path
     registry_dir: Path
+    # The audit (embedded ClickHouse + audit sink): off unless a test asks for it.
+    with_audit: bool = False
     stack: Stack = field(init=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +65,7 @@ class Gateway:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         self.stack = Stack(data_dir=self.data_dir, registry_dirs=[self.registry_dir],
-                           executor_args=["--concurrency", "16"])
+                           executor_args=["--concurrency", "16"], with_audit=self.with_audit)
 
     @property
     def url(self) -> str:
@@ -88,7 +91,9 @@ class Gateway:
         nc = await nats.connect(self.url)
         try:
             jsm = nc.jsm()
-            for stream, durable in durables(self.tool_names()):
+            audit = [(subjects.CALLS_STREAM, AUDIT_SERVICE),
+                     (subjects.EVENTS_STREAM, AUDIT_SERVICE)] if self.with_audit else []
+            for stream, durable in durables(self.tool_names()) + audit:
                 while True:
                     try:
                         await jsm.consumer_info(stream, durable)
@@ -108,6 +113,12 @@ class Gateway:
 
     async def client(self) -> GatewayClient:
         return await GatewayClient.connect(self.url)
+
+    def audit_client(self):  # type: ignore[no-untyped-def]
+        """A clickhouse-connect client on the gateway's audit database."""
+        from toolgate.services.audit.connection import connect
+
+        return connect(self.stack.audit_url)
 
     def all_alive(self) -> bool:
         return all(s.alive() for s in self.stack.services if s.name in SERVICES)

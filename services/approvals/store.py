@@ -8,7 +8,7 @@ the new state and applies its change again (or finds nothing left to do).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime
 from typing import Final
 
@@ -119,7 +119,9 @@ class ApprovalStore:
 
     async def snapshot(self, timeout: float = 10.0) -> list[tuple[ApprovalState, int]]:
         """Every stored state (latest revision of each key), in one pass over the bucket."""
-        watcher = await self._kv.watchall(ignore_deletes=True)
+        # A short inactive threshold: the server drops this watcher's consumer soon
+        # after we stop it, so frequent sweeps do not pile up idle consumers.
+        watcher = await self._kv.watchall(ignore_deletes=True, inactive_threshold=10.0)
         states: list[tuple[ApprovalState, int]] = []
         try:
             while True:
@@ -141,5 +143,3 @@ class ApprovalStore:
             states = [s for s in states if now < s.expires_at]
         return sorted(states, key=lambda s: (s.expires_at, s.call_id))
 
-
-Step = Callable[[ApprovalState], Awaitable[None]]

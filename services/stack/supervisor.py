@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolgate.contracts.authorization import ensure_keypair
+from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.topology import apply_topology
 
 log = logging.getLogger("toolgate.up")
 
-SERVICES = ("validator", "policy", "executor", "attacher")
+SERVICES = ("validator", "policy", "executor", "attacher", "approvals")
+# The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
+AUDIT_SERVICE = "audit"
 
 
 def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
@@ -34,6 +37,16 @@ def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[
     for directory in registry_dirs:
         command += ["--registry", str(directory)]
     return command + (extra or [])
+
+
+def audit_command(nats_url: str, clickhouse_url: str, data_dir: Path,
+                  registry_dirs: list[Path]) -> list[str]:
+    """`toolgate serve audit`, run through the audit package's own entry point."""
+    command = [sys.executable, "-m", "toolgate.services.audit", "--nats-url", nats_url,
+               "--clickhouse-url", clickhouse_url, "--data-dir", str(data_dir)]
+    for directory in registry_dirs:
+        command += ["--registry", str(directory)]
+    return command
 
 
 @dataclass
@@ -83,6 +96,19 @@ class Stack:
     executor_args: list[str] = field(default_factory=list)
     nats: EmbeddedNats | None = None
     services: list[ServiceProcess] = field(default_factory=list)
+    # The audit: an embedded ClickHouse (unless given a URL) and the audit sink.
+    clickhouse_url: str | None = None
+    clickhouse_port: int = 0
+    with_audit: bool = True
+    clickhouse: EmbeddedClickHouse | None = None
+
+    @property
+    def audit_url(self) -> str:
+        """The ClickHouse URL (database as the path) the audit writes to."""
+        if self.clickhouse_url:
+            return self.clickhouse_url
+        assert self.clickhouse is not None
+        return f"{self.clickhouse.url}/toolgate"
 
     @property
     def url(self) -> str:
@@ -104,6 +130,19 @@ class Stack:
                 self.data_dir / "logs" / f"{name}.log")
             service.start()
             self.services.append(service)
+        if self.with_audit:
+            self.start_audit()
+
+    def start_audit(self) -> None:
+        if not self.clickhouse_url:
+            self.clickhouse = EmbeddedClickHouse(self.data_dir / "clickhouse",
+                                                 port=self.clickhouse_port).start()
+        service = ServiceProcess(
+            AUDIT_SERVICE,
+            audit_command(self.url, self.audit_url, self.data_dir, self.registry_dirs),
+            self.data_dir / "logs" / f"{AUDIT_SERVICE}.log")
+        service.start()
+        self.services.append(service)
 
     def restart_dead(self) -> None:
         for service in self.services:
@@ -119,6 +158,8 @@ class Stack:
     def stop(self) -> None:
         for service in reversed(self.services):
             service.stop()
+        if self.clickhouse is not None:
+            self.clickhouse.stop()
         if self.nats is not None:
             self.nats.stop()
 
@@ -134,7 +175,8 @@ def run_until_signalled(stack: Stack) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     try:
         stack.start()
-        print(f"toolgate is up\n  NATS: {stack.url}\n  data: {stack.data_dir.resolve()}\n"
+        audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
+        print(f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
               f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
               f"  try:  toolgate call search_sources "
               f"'{{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}}' "

@@ -51,6 +51,10 @@ class Topology:
             KeyValueConfig(bucket=subjects.OUTCOMES_BUCKET, history=1,
                            ttl=self.retention_s, storage=StorageType.FILE,
                            replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+            # Approval states outlive their decision (single use: a late vote is refused).
+            KeyValueConfig(bucket=subjects.APPROVALS_BUCKET, history=1,
+                           ttl=self.retention_s, storage=StorageType.FILE,
+                           replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
         ]
 
 

@@ -1,0 +1,453 @@
+"""The web inbox: approvers see pending calls and approve or deny them.
+
+A small server-rendered site on the standard library's http.server (no web
+framework to install). An approver logs in with their token (form POST; the
+server keeps the session and gives the browser only a random, HttpOnly,
+SameSite=Strict cookie) or sends `Authorization: Bearer <token>` on each
+request. Votes go through the same client as the CLI; the approvals service
+authenticates the token again and applies the rules.
+
+Arguments come from a model: every value is HTML-escaped and invisible
+characters are made visible; a Content-Security-Policy that allows no script
+at all backs that up. Forms carry a per-session CSRF token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from html import escape
+from http.cookies import CookieError, SimpleCookie
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import msgspec
+
+from toolgate.contracts.events import utc_now
+from toolgate.services.approvals.approvers import ApproverBook
+from toolgate.services.approvals.client import ApprovalsClient, ServiceUnavailable
+from toolgate.services.approvals.logic import (
+    MAX_REASON_CHARS,
+    ApprovalState,
+    Approver,
+    same_person,
+)
+from toolgate.services.approvals.render import pretty_arguments, time_left, visible, votes_line
+
+log = logging.getLogger("toolgate.approvals.inbox")
+
+COOKIE = "toolgate_inbox"
+SESSION_IDLE_S = 8 * 3600.0
+MAX_FORM_BYTES = 16 * 1024
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:60rem;padding:0 1rem;color:#222}
+header{display:flex;justify-content:space-between;align-items:center}
+article{border:1px solid #ccc;border-radius:6px;padding:1rem;margin:1rem 0}
+pre{background:#f6f6f6;padding:.75rem;overflow:auto;white-space:pre-wrap;word-break:break-all}
+dl{display:grid;grid-template-columns:10rem 1fr;gap:.25rem .75rem}dt{color:#666}dd{margin:0}
+.risk{padding:.1rem .5rem;border-radius:4px;background:#eee;font-size:.9rem}
+.risk-high,.risk-critical{background:#fdd}
+.flash{padding:.75rem;border-radius:6px;background:#eef}.flash.refused{background:#fee}
+textarea{width:100%;min-height:3rem}code{word-break:break-all}
+"""
+
+
+def h(value: object) -> str:
+    """HTML-escape anything shown; invisible characters made visible first."""
+    return escape(visible(str(value)), quote=True)
+
+
+@dataclass
+class Session:
+    approver: Approver
+    token: str
+    csrf: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    flash: tuple[str, bool] | None = None  # (message, refused)
+    seen: float = field(default_factory=time.monotonic)
+
+
+class Inbox:
+    """The inbox server: HTTP in threads, NATS in one asyncio loop of its own."""
+
+    def __init__(self, nats_url: str, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
+                 connect_options: dict[str, Any] | None = None) -> None:
+        self.nats_url = nats_url
+        self.book = ApproverBook(data_dir)
+        self.host = host
+        self.port = port
+        self.connect_options = connect_options or {}
+        self.sessions: dict[str, Session] = {}
+        self._sessions_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                             name="inbox-nats")
+        self._client: ApprovalsClient | None = None
+        self._server: ThreadingHTTPServer | None = None
+        self._http_thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> Inbox:
+        self._loop_thread.start()
+        self._client = self.run(ApprovalsClient.connect(self.nats_url, **self.connect_options))
+        inbox = self
+
+        class Handler(_Handler):
+            owner = inbox
+
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._http_thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                             name="inbox-http")
+        self._http_thread.start()
+        log.info("approvals inbox on %s", self.url)
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._client is not None:
+            try:
+                self.run(self._client.close(), timeout=5)
+            except Exception:  # closing on the way out: nothing to save
+                pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(5)
+
+    def run(self, coroutine: Any, timeout: float = 30.0) -> Any:
+        """Run a coroutine on the NATS loop from an HTTP thread and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    @property
+    def client(self) -> ApprovalsClient:
+        assert self._client is not None
+        return self._client
+
+    # ------------------------------------------------------------ sessions
+
+    def login(self, token: str) -> tuple[str, Session] | None:
+        approver = self.book.authenticate(token.strip())
+        if approver is None:
+            return None
+        sid = secrets.token_urlsafe(32)
+        session = Session(approver=approver, token=token.strip())
+        with self._sessions_lock:
+            self.sessions[sid] = session
+        return sid, session
+
+    def session(self, sid: str | None) -> Session | None:
+        if not sid:
+            return None
+        with self._sessions_lock:
+            session = self.sessions.get(sid)
+            if session is None:
+                return None
+            if time.monotonic() - session.seen > SESSION_IDLE_S:
+                del self.sessions[sid]
+                return None
+            # The token may have been rotated or removed since login.
+            if self.book.authenticate(session.token) != session.approver:
+                del self.sessions[sid]
+                return None
+            session.seen = time.monotonic()
+            return session
+
+    def logout(self, sid: str | None) -> None:
+        with self._sessions_lock:
+            self.sessions.pop(sid or "", None)
+
+    # ------------------------------------------------------------ pages
+
+    def pending_for(self, approver: Approver) -> list[ApprovalState]:
+        now = utc_now()
+        states: list[ApprovalState] = self.run(self.client.pending())
+        return [s for s in states if approver.may_vote_for(s.tenant) and now < s.expires_at]
+
+
+def page(title: str, body: str) -> bytes:
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f"<meta name=viewport content='width=device-width,initial-scale=1'>"
+            f"<title>{h(title)}</title><style>{STYLE}</style></head>"
+            f"<body>{body}</body></html>").encode()
+
+
+def login_page(message: str = "") -> bytes:
+    note = f"<p class='flash refused' id=flash>{h(message)}</p>" if message else ""
+    return page("toolgate approvals: log in", f"""
+<h1>toolgate approvals</h1>{note}
+<form method=post action=/login>
+<label for=token>Approver token</label>
+<input id=token name=token type=password autocomplete=off required size=60>
+<button id=login type=submit>Log in</button>
+</form>""")
+
+
+def call_html(state: ApprovalState, approver: Approver, csrf: str) -> str:
+    p = state.call.principal
+    now = utc_now()
+    own = same_person(approver.name, state.requester)
+    voted = next((v for v in state.votes if same_person(v.approver, approver.name)), None)
+    rows = [
+        ("call id", f"<code>{h(state.call_id)}</code>"),
+        ("requester", f"{h(state.requester)} <small>(tenant {h(p.tenant)}, agent {h(p.agent)}, "
+                      f"session {h(p.session)}"
+                      + (f", task {h(state.call.task_id)}" if state.call.task_id else "")
+                      + ")</small>"),
+        ("policy", h(state.policy_version)
+         + (f" <small>({h(', '.join(state.policy_ids))})</small>" if state.policy_ids else "")),
+    ]
+    if state.request_reason:
+        rows.append(("why", h(state.request_reason)))
+    rows += [
+        ("expires", f"<time datetime='{h(state.expires_at.isoformat())}'>"
+                    f"{h(state.expires_at.isoformat())}</time> "
+                    f"({h(time_left(state.expires_at, now))})"),
+        ("approvals", f"<span class=votes>{h(votes_line(state))}</span>"),
+        ("arguments sha256", f"<code class=sha>{h(state.arguments_sha256)}</code>"),
+    ]
+    dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    if voted is not None:
+        action = f"<p class=voted>You voted {h(voted.decision)}: {h(voted.reason)}</p>"
+    else:
+        approve = ("<p class=own>You made this call: another approver must approve it.</p>"
+                   if own else
+                   "<button type=submit name=decision value=approve class=approve>"
+                   "Approve</button> ")
+        action = f"""
+<form method=post action=/vote class=vote>
+<input type=hidden name=csrf value="{h(csrf)}">
+<input type=hidden name=call_id value="{h(state.call_id)}">
+<input type=hidden name=arguments_sha256 value="{h(state.arguments_sha256)}">
+<label>Reason <textarea name=reason required maxlength={MAX_REASON_CHARS}></textarea></label>
+{approve}<button type=submit name=decision value=deny class=deny>Deny</button>
+</form>"""
+    return f"""
+<article class=call id="call-{h(state.call_id)}" data-call-id="{h(state.call_id)}">
+<h2><span class=tool>{h(state.call.tool)}</span>
+<span class="risk risk-{h(state.risk)}">{h(state.risk)}</span></h2>
+<dl>{dl}</dl>
+<h3>Arguments</h3>
+<pre class=arguments>{escape(pretty_arguments(state.call.arguments), quote=True)}</pre>
+{action}
+</article>"""
+
+
+def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalState],
+               flash: tuple[str, bool] | None) -> bytes:
+    note = ""
+    if flash:
+        message, refused = flash
+        note = f"<p class='flash{' refused' if refused else ''}' id=flash>{h(message)}</p>"
+    calls = "".join(call_html(s, approver, session_csrf) for s in states)
+    if not calls:
+        calls = "<p id=empty>No calls are waiting for approval.</p>"
+    return page("toolgate approvals", f"""
+<header><h1>Pending approvals</h1>
+<form method=post action=/logout><input type=hidden name=csrf value="{h(session_csrf)}">
+<span id=who>{h(approver.name)}</span> <button type=submit>Log out</button></form></header>
+{note}
+<p><a href="/">Refresh</a></p>
+{calls}""")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: Inbox
+    server_version = "toolgate-inbox"
+    sys_version = ""
+
+    # -------------------------------------------------------- plumbing
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
+              headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in {**SECURITY_HEADERS, **(headers or {})}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _redirect(self, location: str, headers: dict[str, str] | None = None) -> None:
+        self._send(303, b"", headers={"Location": location, **(headers or {})})
+
+    def _json(self, status: int, value: Any) -> None:
+        self._send(status, json.dumps(value).encode(), "application/json")
+
+    def _sid(self) -> str | None:
+        raw = self.headers.get("Cookie")
+        if not raw:
+            return None
+        try:
+            cookie = SimpleCookie(raw)
+        except CookieError:
+            return None
+        morsel = cookie.get(COOKIE)
+        return morsel.value if morsel else None
+
+    def _bearer(self) -> str | None:
+        value = self.headers.get("Authorization", "")
+        if value.lower().startswith("bearer "):
+            return value[7:].strip()
+        return None
+
+    def _form(self) -> dict[str, str] | None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            return None
+        if length < 0 or length > MAX_FORM_BYTES:
+            return None
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if ctype != "application/x-www-form-urlencoded":
+            return None
+        data = self.rfile.read(length).decode("utf-8", "replace")
+        return {k: v[0] for k, v in parse_qs(data, keep_blank_values=True).items()}
+
+    def _identity(self) -> tuple[Approver, str, Session | None] | None:
+        """(approver, token, session): a Bearer token, else the session cookie."""
+        bearer = self._bearer()
+        if bearer is not None:
+            approver = self.owner.book.authenticate(bearer)
+            return (approver, bearer, None) if approver else None
+        session = self.owner.session(self._sid())
+        if session is None:
+            return None
+        return session.approver, session.token, session
+
+    # -------------------------------------------------------- routes
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self.do_GET()
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(200, b"ok", "text/plain")
+            return
+        if path != "/":
+            self._send(404, page("not found", "<p>Not found.</p>"))
+            return
+        identity = self._identity()
+        if identity is None:
+            if self._bearer() is not None:
+                self._send(401, login_page("unknown or invalid token"))
+            else:
+                self._send(200, login_page())
+            return
+        approver, _, session = identity
+        try:
+            states = self.owner.pending_for(approver)
+        except Exception as exc:
+            log.warning("listing pending approvals failed: %r", exc)
+            self._send(503, page("unavailable", "<p>NATS is unavailable; retry shortly.</p>"))
+            return
+        flash = None
+        csrf = ""
+        if session is not None:
+            flash, session.flash = session.flash, None
+            csrf = session.csrf
+        self._send(200, inbox_page(approver, csrf, states, flash))
+
+    def do_POST(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        form = self._form()
+        if form is None:
+            self._send(400, page("bad request", "<p>Bad request.</p>"))
+            return
+        if path == "/login":
+            found = self.owner.login(form.get("token", ""))
+            if found is None:
+                self._send(401, login_page("unknown or invalid token"))
+                return
+            sid, _ = found
+            self._redirect("/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; "
+                                               "Path=/"})
+            return
+        identity = self._identity()
+        if identity is None:
+            self._send(401, login_page("log in first"))
+            return
+        approver, token, session = identity
+        if session is not None and not hmac.compare_digest(form.get("csrf", ""), session.csrf):
+            self._send(403, page("forbidden", "<p>Stale or forged form: reload the page.</p>"))
+            return
+        if path == "/logout":
+            self.owner.logout(self._sid())
+            self._redirect("/", {"Set-Cookie": f"{COOKIE}=; Max-Age=0; HttpOnly; "
+                                               "SameSite=Strict; Path=/"})
+            return
+        if path != "/vote":
+            self._send(404, page("not found", "<p>Not found.</p>"))
+            return
+        decision = form.get("decision", "")
+        if decision not in ("approve", "deny"):
+            self._send(400, page("bad request", "<p>Choose approve or deny.</p>"))
+            return
+        call_id = form.get("call_id", "")
+        try:
+            outcome = self.owner.run(self.owner.client.vote(
+                call_id, decision,  # type: ignore[arg-type]
+                arguments_sha256=form.get("arguments_sha256", ""),
+                reason=form.get("reason", ""), token=token))
+        except ServiceUnavailable as exc:
+            message, refused = str(exc), True
+            outcome = None
+        else:
+            message = (f"{call_id}: {outcome.message}" if outcome.accepted
+                       else f"{call_id}: refused ({outcome.code}): {outcome.message}")
+            refused = not outcome.accepted
+        if session is None:  # an API client with a Bearer token
+            self._json(200 if outcome and outcome.accepted else 409,
+                       msgspec.to_builtins(outcome) if outcome else {"error": message})
+            return
+        session.flash = (message, refused)
+        self._redirect("/")
+
+
+def serve_inbox(nats_url: str, data_dir: Path, host: str, port: int,
+                connect_options: dict[str, Any] | None = None) -> int:
+    """Run the inbox until interrupted (the `toolgate approvals inbox` command)."""
+    inbox = Inbox(nats_url, data_dir, host=host, port=port,
+                  connect_options=connect_options).start()
+    print(f"approvals inbox: {inbox.url}", flush=True)
+    if not inbox.book.names():
+        print(f"no approvers yet: add one with `toolgate approvals add-approver NAME "
+              f"--data-dir {data_dir}`", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        inbox.stop()
+    return 0

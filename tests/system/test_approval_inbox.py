@@ -1,0 +1,170 @@
+"""The web inbox in a real headless Chromium: log in, see, approve.
+
+Real parts only: nats-server, the approvals service and the inbox as their
+own processes (`... approvals serve`, `... approvals inbox --port N`), and
+Debian's chromium driven by chromedriver through selenium. The arguments
+come from a model, so one of them is a script tag: it must show as text
+and never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_approvals_support import (
+    ServiceProc,
+    approval_requested,
+    approvers,
+    prepare_bus,
+    publish_event,
+    service_env,
+    wait_for_events,
+)
+from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.events import ApprovalGranted
+from toolgate.services.stack.nats_server import EmbeddedNats, free_port
+
+pytestmark = pytest.mark.system
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCRIPT = "<script>alert(1)</script>"
+ARGS = {"task_id": "task_c04", "claim": SCRIPT,
+        "source_url": "https://example.org/a?b=1&c=\"<img src=x onerror=alert(2)>\""}
+
+needs_chromium = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="/usr/bin/chromium is missing: apt-get install -y chromium chromium-driver "
+           "(.ci/run installs it)")
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[object]:
+    # Not importorskip: without selenium (the test extra) this must fail, not skip.
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER),
+                              log_output=str(tmp_path / "chromedriver.log")))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def inbox_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    asyncio.run(prepare_bus(nats_server.url))
+    port = free_port()
+    log_path = data_dir / "logs" / "inbox.log"
+    log_path.parent.mkdir(parents=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "toolgate.services.approvals", "inbox", "--port", str(port),
+             "--nats-url", nats_server.url, "--data-dir", str(data_dir)],
+            stdout=log, stderr=subprocess.STDOUT, env=service_env(), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"inbox did not start: {log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    yield url, data_dir
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@needs_chromium
+async def test_approver_logs_in_sees_the_call_safely_and_approves(
+        nats_server: EmbeddedNats, inbox_process: tuple[str, Path], browser: object) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser  # a selenium Chrome driver
+    url, data_dir = inbox_process
+    tokens = approvers(data_dir, "bob")
+    service = await ServiceProc(nats_server.url, data_dir,
+                                data_dir / "logs" / "approvals.log").start().ready()
+    try:
+        await publish_event(nats_server.url, approval_requested("call_browser", ARGS, n=1))
+        await asyncio.sleep(0.5)
+
+        def page_shows_call() -> bool:
+            driver.get(url + "/")  # type: ignore[attr-defined]
+            return bool(driver.find_elements(  # type: ignore[attr-defined]
+                By.CSS_SELECTOR, "article[data-call-id='call_browser']"))
+
+        # A wrong token is refused.
+        driver.get(url + "/")  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "token").send_keys("tgap_not-a-real-token")  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
+        assert "invalid token" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
+
+        driver.find_element(By.ID, "token").send_keys(tokens["bob"])  # type: ignore[attr-defined]
+        driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
+        assert driver.find_element(By.ID, "who").text == "bob"  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 15
+        while not page_shows_call():
+            assert time.monotonic() < deadline, driver.page_source  # type: ignore[attr-defined]
+            await asyncio.sleep(0.3)
+
+        call = driver.find_element(By.CSS_SELECTOR, "article[data-call-id='call_browser']")  # type: ignore[attr-defined]
+        assert call.find_element(By.CLASS_NAME, "tool").text == "save_evidence"
+        assert call.find_element(By.CLASS_NAME, "risk").text == "critical"
+        assert call.find_element(By.CLASS_NAME, "sha").text == arguments_sha256(ARGS)
+        assert "u-alice" in call.text and "0 of 1" in call.text
+        shown = call.find_element(By.CLASS_NAME, "arguments").text
+        assert f'"claim": "{SCRIPT}"' in shown  # shown as text...
+        assert "<img src=x onerror=alert(2)>" in shown
+        # ... and not markup: no element came out of the arguments, nothing ran.
+        assert driver.find_elements(By.CSS_SELECTOR, "script, img") == []  # type: ignore[attr-defined]
+        with pytest.raises(NoAlertPresentException):
+            driver.switch_to.alert.text  # type: ignore[attr-defined]  # noqa: B018
+
+        call.find_element(By.NAME, "reason").send_keys("Claim and source checked by hand.")
+        call.find_element(By.CSS_SELECTOR, "button.approve").click()
+        WebDriverWait(driver, 15).until(  # type: ignore[arg-type]
+            expected_conditions.text_to_be_present_in_element((By.ID, "flash"), "quorum"))
+        assert "approved" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
+        assert driver.find_elements(  # type: ignore[attr-defined]
+            By.CSS_SELECTOR, "article[data-call-id='call_browser']") == []
+
+        events = await wait_for_events(
+            nats_server.url, "call_browser",
+            lambda es: any(isinstance(e, ApprovalGranted) for e in es))
+        [grant] = [e for e in events if isinstance(e, ApprovalGranted)]
+        assert grant.approver == "bob" and grant.quorum_reached
+        assert grant.reason == "Claim and source checked by hand."
+        assert grant.arguments_sha256 == arguments_sha256(ARGS)
+        assert grant.call.arguments == ARGS
+    finally:
+        service.stop()
+

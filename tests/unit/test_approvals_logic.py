@@ -1,0 +1,217 @@
+"""The approval rules, pure: bound hash, single use, expiry, no self-approval,
+N distinct approvers, one deny ends it, deterministic events."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+
+from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.calls import ErrorCode, Principal, ToolCall
+from toolgate.contracts.events import (
+    ApprovalDenied,
+    ApprovalExpired,
+    ApprovalGranted,
+    ApprovalRequested,
+    call_fields,
+    decode_event,
+    encode_event,
+)
+from toolgate.services.approvals.logic import (
+    DEFAULT_TTL,
+    SYSTEM_APPROVER,
+    ApprovalState,
+    Approver,
+    Ballot,
+    Refusal,
+    apply_vote,
+    default_expires_at,
+    events_of,
+    expire,
+    new_state,
+)
+from toolgate.services.approvals.store import decode_state, encode_state
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+ARGS = {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"}
+SHA = arguments_sha256(ARGS)
+BOB, CAROL, DAVE = Approver("bob"), Approver("carol"), Approver("dave")
+
+
+def request(n: int = 1, ttl: timedelta = DEFAULT_TTL, arguments: dict | None = None,
+            sha: str | None = None) -> ApprovalRequested:
+    call = ToolCall(call_id="call_1", tool="save_evidence", arguments=arguments or ARGS,
+                    principal=ALICE, task_id="task_c04")
+    return ApprovalRequested(
+        event_id="req-1", occurred_at=T0, service="policy", call=call, policy_version="p-7",
+        policy_ids=["critical-needs-approval"], risk="critical", required_approvals=n,
+        expires_at=T0 + ttl, arguments_sha256=sha or arguments_sha256(call.arguments),
+        **call_fields(call))
+
+
+def ballot(decision: str = "approve", sha: str = SHA, reason: str = "looks right",
+           vote_id: str = "") -> Ballot:
+    return Ballot(call_id="call_1", decision=decision,  # type: ignore[arg-type]
+                  arguments_sha256=sha, reason=reason, vote_id=vote_id)
+
+
+def vote(state: ApprovalState, who: Approver, b: Ballot | None = None,
+         at: timedelta = timedelta(minutes=1)):  # type: ignore[no-untyped-def]
+    return apply_vote(state, who, b or ballot(), T0 + at)
+
+
+def test_new_state_binds_the_call_hash_policy_and_expiry() -> None:
+    state = new_state(request(n=2))
+    assert state.status == "pending" and state.votes == []
+    assert state.arguments_sha256 == SHA and state.policy_version == "p-7"
+    assert state.requester == "u-alice" and state.tenant == "acme"
+    assert state.required_approvals == 2 and state.expires_at == T0 + DEFAULT_TTL
+    assert events_of(state) == []
+
+
+def test_default_expiry_is_fifteen_minutes() -> None:
+    assert default_expires_at(T0) == T0 + timedelta(minutes=15)
+
+
+def test_one_approval_reaches_a_quorum_of_one() -> None:
+    state, out = vote(new_state(request()), BOB)
+    assert out.accepted and out.quorum_reached and state.status == "granted"
+    [granted] = events_of(state)
+    assert isinstance(granted, ApprovalGranted)
+    assert granted.quorum_reached and granted.approvers == ["bob"]
+    assert granted.arguments_sha256 == SHA and granted.policy_version == "p-7"
+    assert granted.call.arguments == ARGS and granted.principal == ALICE
+
+
+def test_approval_with_another_arguments_hash_is_refused() -> None:
+    state = new_state(request())
+    after, out = vote(state, BOB, ballot(sha=arguments_sha256({**ARGS, "claim": "y"})))
+    assert not out.accepted and out.code == Refusal.ARGUMENTS_MISMATCH
+    assert after is state and after.status == "pending"
+
+
+def test_the_caller_cannot_approve_their_own_call() -> None:
+    for name in ("u-alice", "U-Alice", " u-alice "):
+        after, out = vote(new_state(request()), Approver(name))
+        assert not out.accepted and out.code == Refusal.SELF_APPROVAL
+        assert "cannot approve" in out.message
+        assert after.votes == []
+
+
+def test_the_caller_may_deny_their_own_call() -> None:
+    state, out = vote(new_state(request()), Approver("u-alice"), ballot("deny", reason="oops"))
+    assert out.accepted and state.status == "denied"
+
+
+def test_quorum_needs_n_distinct_approvers() -> None:
+    state = new_state(request(n=2))
+    state, out = vote(state, BOB)
+    assert out.accepted and not out.quorum_reached and state.status == "pending"
+    again, out = vote(state, Approver("Bob"))
+    assert not out.accepted and out.code == Refusal.DUPLICATE_APPROVER
+    assert again is state  # counted once
+    state, out = vote(state, CAROL)
+    assert out.accepted and out.quorum_reached and state.status == "granted"
+    first, second = events_of(state)
+    assert isinstance(first, ApprovalGranted) and isinstance(second, ApprovalGranted)
+    assert (first.quorum_reached, second.quorum_reached) == (False, True)
+    assert second.approvers == ["bob", "carol"] and second.required_approvals == 2
+
+
+def test_one_deny_ends_it() -> None:
+    state, _ = vote(new_state(request(n=2)), BOB)
+    state, out = vote(state, CAROL, ballot("deny", reason="wrong task"))
+    assert out.accepted and state.status == "denied"
+    granted, denied = events_of(state)
+    assert isinstance(denied, ApprovalDenied)
+    assert denied.approver == "carol" and denied.reason == "wrong task"
+    assert denied.status == "approval_denied" and denied.error.code == ErrorCode.APPROVAL_DENIED
+    assert "carol" in denied.error.message
+
+
+@pytest.mark.parametrize("decision", ["granted", "denied", "expired"])
+def test_single_use_no_vote_after_the_end(decision: str) -> None:
+    state = new_state(request())
+    if decision == "granted":
+        state, _ = vote(state, BOB)
+    elif decision == "denied":
+        state, _ = vote(state, BOB, ballot("deny"))
+    else:
+        expired = expire(state, T0 + DEFAULT_TTL)
+        assert expired is not None
+        state = expired
+    events = events_of(state)
+    for who, b in ((CAROL, ballot()), (DAVE, ballot("deny"))):
+        after, out = vote(state, who, b)
+        assert not out.accepted and out.code == Refusal.ALREADY_DECIDED
+        assert after is state and events_of(after) == events
+    assert state.status == decision
+
+
+def test_expiry_ends_it_with_approval_expired() -> None:
+    state, _ = vote(new_state(request(n=2)), BOB)
+    assert expire(state, T0 + DEFAULT_TTL - timedelta(seconds=1)) is None
+    expired = expire(state, T0 + DEFAULT_TTL)
+    assert expired is not None and expired.status == "expired"
+    last = events_of(expired)[-1]
+    assert isinstance(last, ApprovalExpired)
+    assert last.status == "approval_expired" and last.error.code == ErrorCode.APPROVAL_EXPIRED
+    assert "1 of 2" in last.error.message
+    assert expire(expired, T0 + DEFAULT_TTL * 2) is None  # once
+
+
+def test_a_vote_after_the_expiry_expires_it_and_is_refused() -> None:
+    state, out = vote(new_state(request()), BOB, at=DEFAULT_TTL + timedelta(seconds=1))
+    assert not out.accepted and out.code == Refusal.APPROVAL_EXPIRED
+    assert state.status == "expired" and state.votes == []
+    assert [type(e) for e in events_of(state)] == [ApprovalExpired]
+
+
+def test_a_reason_is_required() -> None:
+    _, out = vote(new_state(request()), BOB, ballot(reason="   "))
+    assert not out.accepted and out.code == Refusal.REASON_REQUIRED
+
+
+def test_an_approver_limited_to_other_tenants_cannot_vote() -> None:
+    _, out = vote(new_state(request()), Approver("erin", tenants=("globex",)))
+    assert not out.accepted and out.code == Refusal.NOT_PERMITTED
+    _, out = vote(new_state(request()), Approver("erin", tenants=("acme",)))
+    assert out.accepted
+
+
+def test_a_retried_vote_is_answered_again_not_counted_twice() -> None:
+    state, first = vote(new_state(request(n=2)), BOB, ballot(vote_id="v-1"))
+    again, second = vote(state, BOB, ballot(vote_id="v-1"))
+    assert first.accepted and second.accepted and second.replayed
+    assert again is state and len(state.votes) == 1
+    _, stolen = vote(state, CAROL, ballot(vote_id="v-1"))
+    assert not stolen.accepted
+
+
+def test_a_request_whose_hash_does_not_match_its_arguments_is_denied() -> None:
+    state = new_state(request(sha="0" * 64))
+    assert state.status == "denied"
+    [denied] = events_of(state)
+    assert isinstance(denied, ApprovalDenied) and denied.approver == SYSTEM_APPROVER
+
+
+def test_events_are_deterministic_and_a_stable_prefix() -> None:
+    state, _ = vote(new_state(request(n=3)), BOB)
+    before = events_of(state)
+    state, _ = vote(state, CAROL, at=timedelta(minutes=2))
+    state, _ = vote(state, DAVE, at=timedelta(minutes=3))
+    after = events_of(state)
+    assert after[:1] == before
+    assert events_of(state) == after
+    assert len({e.event_id for e in after}) == 3
+    for event in after:
+        assert decode_event(encode_event(event)) == event
+
+
+def test_state_round_trips_through_the_store_encoding() -> None:
+    state, _ = vote(new_state(request(n=2)), BOB)
+    assert decode_state(encode_state(state)) == state
+    assert msgspec.json.decode(encode_state(state))["votes"][0]["approver"] == "bob"

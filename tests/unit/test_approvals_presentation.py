@@ -1,0 +1,90 @@
+"""Approver tokens on disk, and showing model-made arguments safely (text and HTML)."""
+
+from __future__ import annotations
+
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.events import ApprovalRequested, call_fields
+from toolgate.services.approvals.approvers import (
+    ApproverBook,
+    ApproverError,
+    add_approver,
+    approvers_path,
+)
+from toolgate.services.approvals.inbox import call_html
+from toolgate.services.approvals.logic import Approver, new_state
+from toolgate.services.approvals.render import as_text, pretty_arguments, visible
+
+NASTY = {"claim": "<script>alert(1)</script>", "note": "\"'><img src=x onerror=alert(2)>",
+         "ansi": "\x1b[31mred\x1b[0m", "bidi": "abc\u202edcba", "zh": "证据"}
+
+
+def state_with(arguments: dict) -> object:
+    call = ToolCall(call_id="call_x", tool="save_evidence", arguments=arguments,
+                    principal=Principal(tenant="acme", user="u-alice", agent="a", session="s"))
+    now = datetime.now(UTC)
+    return new_state(ApprovalRequested(
+        event_id="r", occurred_at=now, service="policy", call=call, policy_version="p",
+        risk="critical", expires_at=now + timedelta(minutes=5),
+        arguments_sha256=arguments_sha256(arguments), **call_fields(call)))
+
+
+def test_add_approver_stores_only_a_hash_and_authenticates(tmp_path: Path) -> None:
+    token = add_approver(tmp_path, "bob", tenants=["acme"])
+    text = approvers_path(tmp_path).read_text()
+    assert token not in text
+    assert stat.S_IMODE(approvers_path(tmp_path).stat().st_mode) == 0o600
+    book = ApproverBook(tmp_path)
+    assert book.authenticate(token) == Approver("bob", tenants=("acme",))
+    assert book.authenticate(token + "x") is None
+    assert book.authenticate("") is None and book.authenticate(None) is None
+    assert yaml.safe_load(text)["approvers"]["bob"]["tenants"] == ["acme"]
+
+
+def test_a_new_approver_and_a_rotated_token_are_seen_without_restart(tmp_path: Path) -> None:
+    book = ApproverBook(tmp_path)
+    assert book.authenticate("tgap_nothing") is None
+    old = add_approver(tmp_path, "bob")
+    assert book.authenticate(old) == Approver("bob")
+    with pytest.raises(ApproverError):
+        add_approver(tmp_path, "Bob")
+    new = add_approver(tmp_path, "bob", rotate=True)
+    assert book.authenticate(new) == Approver("bob")
+    assert book.authenticate(old) is None
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x/y", "toolgate", "a" * 65, "<b>"])
+def test_bad_approver_names_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ApproverError):
+        add_approver(tmp_path, name)
+
+
+def test_text_shows_hidden_characters_as_escapes() -> None:
+    shown = pretty_arguments(NASTY)
+    assert "\x1b" not in shown and "\\u001b[31m" in shown
+    assert "\u202e" not in shown and "\\u202e" in shown
+    assert "证据" in shown
+    assert visible("a\tb") == "a\\u0009b"
+    text = as_text(state_with(NASTY), datetime.now(UTC))  # type: ignore[arg-type]
+    assert "\x1b" not in text and arguments_sha256(NASTY) in text
+
+
+def test_html_escapes_every_model_value() -> None:
+    html = call_html(state_with(NASTY), Approver("bob"), "csrf")  # type: ignore[arg-type]
+    assert "<script>" not in html and "<img" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "\u202e" not in html
+
+
+def test_html_offers_no_approve_button_to_the_caller() -> None:
+    state = state_with({"a": 1})
+    assert "value=approve" in call_html(state, Approver("bob"), "c")  # type: ignore[arg-type]
+    own = call_html(state, Approver("u-alice"), "c")  # type: ignore[arg-type]
+    assert "value=approve" not in own and "value=deny" in own
