@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_app(settings)
     elif args.name == "policy":
         from toolgate.services.policy.app import build_app as build_policy
-        app = build_policy(settings)
+        app = build_policy(settings, policy_dir=args.policy)
     elif args.name == "executor":
         from toolgate.services.executor.app import build_app as build_executor
         tools = [t for t in (args.tools or "").split(",") if t]
@@ -148,6 +148,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "policy":
+        from toolgate.services.policy.bench import run_policy_bench
+
+        run_policy_bench(args.calls)
+        return 0
     from toolgate.services.bench.pipeline import run_bench
 
     return run_bench(args)
@@ -172,12 +177,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tools", default="", help="executor: comma-separated tools (default all)")
     serve.add_argument("--concurrency", type=int, default=8,
                        help="executor: calls in flight per tool")
+    serve.add_argument("--policy", type=Path, default=None,
+                       help="policy: bundle directory to start with (default: the pushed "
+                            "bundle, else the built-in one)")
     _add_nats(serve)
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
     from toolgate.services.approvals.cli import register as register_approvals
+    from toolgate.services.policy.cli import register as register_policy
     register_approvals(commands)
+    register_policy(commands)
 
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
     call.add_argument("tool")
@@ -201,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=cmd_schema)
 
     bench = commands.add_parser("bench", help="measure the pipeline against a pass-through floor")
+    bench.add_argument("target", nargs="?", choices=["pipeline", "policy"], default="pipeline")
     bench.add_argument("-n", "--calls", type=int, default=500)
     bench.add_argument("--burst", type=int, default=1000)
     bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),

@@ -38,12 +38,17 @@ def make_test_registry(target: Path, fetch_allowed_hosts: list[str] | None = Non
     spec["settings"]["allowed_hosts"] = fetch_allowed_hosts or ["127.0.0.1"]
     spec["settings"]["allow_private_addresses"] = True
     fetch.write_text(yaml.safe_dump(spec))
+    # The fault tests send hundreds of save_evidence calls from one user.
+    evidence = target / "save_evidence.yaml"
+    spec = yaml.safe_load(evidence.read_text())
+    spec.pop("rate_limit", None)
+    evidence.write_text(yaml.safe_dump(spec))
     return target
 
 
 def durables(tool_names: list[str]) -> list[tuple[str, str]]:
     found = [(subjects.CALLS_STREAM, "validator"), (subjects.EVENTS_STREAM, "policy"),
-             (subjects.EVENTS_STREAM, "approvals")]
+             (subjects.EVENTS_STREAM, "approvals"), (subjects.EVENTS_STREAM, "policy-approvals")]
     found += [(subjects.EVENTS_STREAM, f"executor-{name}") for name in tool_names]
     found += [(subjects.EVENTS_STREAM, f"attacher-{t.__name__}")
               for t in TERMINAL_EVENTS]

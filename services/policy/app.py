@@ -1,21 +1,44 @@
 """The policy service.
 
-Consumes: `ArgumentsValidated` (all tools), durable `policy`.
-Emits: `CallAuthorized` with a signed `Authorization` (to the tool's executor)
-or `CallDenied` (to the attacher). Any error while deciding is a deny.
+Consumes: `ArgumentsValidated` (all tools), durable `policy`; `ApprovalGranted`
+(all tools), durable `policy-approvals`, acting only on the vote that
+completes the quorum.
+Emits: `CallAuthorized` with a signed `Authorization` (to the tool's
+executor), `CallDenied` (to the attacher), or `ApprovalRequested` (to the
+approvals service) when the policy lets the call run only with approval.
+
+Decisions come from the Cedar bundle stored in the KV bucket
+`toolgate_policies` (the local default bundle until one is pushed); each
+replica watches it and swaps its engine when a new bundle is pushed. Rate
+limits are counted in KV too, so they hold across replicas. Any error while
+deciding is a deny.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 from faststream import FastStream
 from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
-from toolgate.contracts.authorization import ensure_keypair, load_private_key, sign
-from toolgate.contracts.calls import ErrorCode, ToolError
+from toolgate.contracts.authorization import (
+    arguments_sha256,
+    ensure_keypair,
+    load_private_key,
+    sign,
+)
+from toolgate.contracts.calls import ErrorCode, ToolCall, ToolError
 from toolgate.contracts.events import (
+    ApprovalGranted,
+    ApprovalRequested,
     ArgumentsValidated,
     Authorization,
     CallAuthorized,
@@ -28,64 +51,195 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import Registry
 from toolgate.services import bus
-from toolgate.services.policy.rules import Decision, PolicyEngine, RegistryRules
+from toolgate.services.policy.bundle import (
+    DEFAULT_BUNDLE_DIR,
+    BundleError,
+    bundle_version,
+    read_bundle_dir,
+)
+from toolgate.services.policy.bundle_store import (
+    fetch_active,
+    open_bucket,
+    policies_bucket_config,
+    watch_active,
+)
+from toolgate.services.policy.engine import CedarEngine, engine_from_files
+from toolgate.services.policy.rate_limits import (
+    RATE_LIMITED,
+    RateLimiter,
+    rate_limits_bucket_config,
+)
+from toolgate.services.policy.rules import Decision
 from toolgate.services.settings import GatewaySettings
 
 SERVICE = "policy"
+APPROVALS_DURABLE = "policy-approvals"
+# Every outcome of one input message gets this id, whatever it is: should a
+# redelivery decide differently (a bundle was pushed, a rate window turned),
+# its event is dropped as a duplicate instead of giving the call two decisions.
+DECISION = "decision"
+
+log = logging.getLogger("toolgate.policy")
 
 
-def decide_safely(engine: PolicyEngine, registry: Registry, event: ArgumentsValidated) -> Decision:
+class ActivePolicy:
+    """The engine decisions use; a new bundle replaces it in one assignment."""
+
+    def __init__(self, engine: CedarEngine) -> None:
+        self.engine = engine
+
+    def load(self, files: Mapping[str, str]) -> None:
+        if bundle_version(files) == self.engine.version:
+            return
+        try:
+            engine = engine_from_files(files)
+        except BundleError as exc:
+            log.error("pushed policy bundle rejected, keeping %s:\n%s", self.engine.version, exc)
+            return
+        self.engine = engine
+        log.info("policy bundle %s active", engine.version)
+
+
+def decide_safely(engine: CedarEngine, registry: Registry, call: ToolCall,
+                  approvers: Sequence[str] = ()) -> Decision:
     try:
-        return engine.decide(event.call, registry.get(event.call.tool))
+        return engine.decide(call, registry.get(call.tool), approvers)
     except Exception as exc:  # fail closed
-        return Decision(allowed=False, policy_version=engine.version, policy_ids=[],
-                        status="denied", error=ToolError(
-                            code=ErrorCode.POLICY_ERROR,
-                            message=f"policy evaluation failed: {exc!r}", retryable=False))
+        return Decision(allowed=False, policy_version=engine.version, error=ToolError(
+            code=ErrorCode.POLICY_ERROR, message=f"policy evaluation failed: {exc!r}"))
 
 
-def build_app(settings: GatewaySettings) -> FastStream:
+@dataclass
+class Stores:
+    """What the service keeps in JetStream, bound once the broker is connected."""
+
+    limiter: RateLimiter | None = None
+    watching: asyncio.Task[None] | None = None
+
+
+def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> FastStream:
     registry = settings.load_registry()
-    engine: PolicyEngine = RegistryRules(registry)
+    policy = ActivePolicy(engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)))
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
     ttl = timedelta(seconds=settings.authorization_ttl_s)
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
     publisher = bus.Publisher(broker)
-    source = subjects.event_filter(ArgumentsValidated)
+    stores = Stores()
 
-    def outcome_for(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
-        decision = decide_safely(engine, registry, event)
+    def denied(event: Event, delivery: bus.Delivery, decision: Decision) -> CallDenied:
+        return CallDenied(
+            event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=utc_now(),
+            service=SERVICE, status=decision.status,
+            error=decision.error or ToolError(code=ErrorCode.POLICY_DENIED, message="denied"),
+            policy_version=decision.policy_version, policy_ids=decision.policy_ids,
+            **carried_fields(event))
+
+    def refused(event: Event, delivery: bus.Delivery, code: str, message: str,
+                retryable: bool = False) -> CallDenied:
+        return denied(event, delivery, Decision(
+            allowed=False, policy_version=policy.engine.version,
+            error=ToolError(code=code, message=message, retryable=retryable)))
+
+    def authorized(event: Event, call: ToolCall, delivery: bus.Delivery, decision: Decision,
+                   approvers: Sequence[str] = ()) -> CallAuthorized:
         now = utc_now()
-        fields = carried_fields(event)
-        if not decision.allowed:
-            return CallDenied(
-                event_id=derive_event_id(delivery.message_id, "denied"), occurred_at=now,
-                service=SERVICE, status=decision.status,
-                error=decision.error or ToolError(code=ErrorCode.POLICY_DENIED, message="denied"),
-                policy_version=decision.policy_version, policy_ids=decision.policy_ids, **fields)
         authorization = sign(Authorization(
-            call_id=event.call_id, tool=event.call.tool,
-            arguments_sha256=event.arguments_sha256 or "",
-            policy_version=decision.policy_version, expires_at=now + ttl), private_key)
+            call_id=call.call_id, tool=call.tool, arguments_sha256=arguments_sha256(call.arguments),
+            policy_version=decision.policy_version, approvals=sorted(set(approvers)),
+            expires_at=now + ttl), private_key)
         return CallAuthorized(
-            event_id=derive_event_id(delivery.message_id, "authorized"), occurred_at=now,
-            service=SERVICE, call=event.call, policy_version=decision.policy_version,
-            policy_ids=decision.policy_ids, authorization=authorization, **fields)
+            event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
+            service=SERVICE, call=call, policy_version=decision.policy_version,
+            policy_ids=decision.policy_ids, authorization=authorization, **carried_fields(event))
 
-    @bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, SERVICE)
-    async def on_validated(msg: NatsMessage) -> None:
-        delivery = bus.delivery_of(msg)
+    async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
+        call = event.call
+        if arguments_sha256(call.arguments) != event.arguments_sha256:
+            return refused(event, delivery, ErrorCode.POLICY_DENIED,
+                           "the arguments do not match the hash they were validated with")
+        engine = policy.engine  # one bundle for the whole decision, even if a push lands
+        decision = decide_safely(engine, registry, call)
+        if not decision.allowed and not decision.awaits_approval:
+            return denied(event, delivery, decision)
+        spec = registry.get(call.tool)
+        assert spec is not None and stores.limiter is not None
+        if spec.rate_limit is not None:  # counted before a human is asked, too
+            check = await stores.limiter.admit(call, spec.rate_limit)
+            if not check.admitted:
+                return refused(event, delivery, RATE_LIMITED, retryable=True, message=(
+                    f"{spec.rate_limit.calls} calls per {spec.rate_limit.per_seconds:g} s "
+                    f"for this user and tool; retry in {check.retry_after_s:.1f} s"))
+        if decision.awaits_approval:
+            now = utc_now()
+            return ApprovalRequested(
+                event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
+                service=SERVICE, call=call, policy_version=decision.policy_version,
+                policy_ids=decision.policy_ids, risk=spec.risk,
+                required_approvals=decision.required_approvals,
+                expires_at=now + timedelta(seconds=engine.bundle.settings.approval_ttl_s),
+                reason=decision.error.message if decision.error else "",
+                **carried_fields(event))
+        return authorized(event, call, delivery, decision)
 
-        async def work() -> None:
-            event = decode_event(msg.body)
-            if not isinstance(event, ArgumentsValidated):
-                raise TypeError(f"expected ArgumentsValidated, got {type(event).__name__}")
-            await publisher.emit(outcome_for(event, delivery))
+    async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
+        if not event.quorum_reached:
+            return None  # one vote of several: the approvals service counts them
+        call = event.call
+        if call.call_id != event.call_id or \
+                arguments_sha256(call.arguments) != event.arguments_sha256:
+            return refused(event, delivery, ErrorCode.POLICY_DENIED,
+                           "the approval is bound to other arguments than this call's")
+        # Decided again under the bundle active now: it may have changed since the request.
+        decision = decide_safely(policy.engine, registry, call, event.approvers)
+        if not decision.allowed:
+            return denied(event, delivery, decision)
+        return authorized(event, call, delivery, decision, event.approvers)
 
-        async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+    def subscribe(event_type: type[Event], durable: str,
+                  outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]]) -> None:
+        @bus.durable_subscriber(broker, subjects.event_filter(event_type),
+                                subjects.EVENTS_STREAM, durable)
+        async def handle(msg: NatsMessage) -> None:
+            delivery = bus.delivery_of(msg)
 
-        await bus.settle(msg, delivery, work, give_up)
+            async def work() -> None:
+                event = decode_event(msg.body)
+                if not isinstance(event, event_type):
+                    raise TypeError(f"expected {event_type.__name__}, "
+                                    f"got {type(event).__name__}")
+                result = await outcome(event, delivery)
+                if result is not None:
+                    await publisher.emit(result)
 
-    return FastStream(broker)
+            async def give_up(exc: Exception) -> None:
+                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+
+            await bus.settle(msg, delivery, work, give_up)
+
+    subscribe(ArgumentsValidated, SERVICE, on_validated)
+    subscribe(ApprovalGranted, APPROVALS_DURABLE, on_granted)
+    app = FastStream(broker)
+
+    @app.on_startup
+    async def bind_stores() -> None:
+        # Before the subscribers start: no call is decided under a stale bundle
+        # or without its rate limiter.
+        await broker.connect()
+        js = broker.connection.jetstream()
+        policies_kv = await open_bucket(js, policies_bucket_config())
+        pushed = await fetch_active(policies_kv)
+        if pushed is not None:
+            policy.load(pushed)
+        stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
+        stores.watching = asyncio.create_task(watch_active(policies_kv, policy.load))
+        log.info("policy bundle %s active", policy.engine.version)
+
+    @app.on_shutdown
+    async def stop_watching() -> None:
+        if stores.watching is not None:
+            stores.watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stores.watching
+
+    return app

@@ -14,6 +14,8 @@ from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConf
 from nats.js.errors import BadRequestError, NotFoundError
 
 from toolgate.contracts import subjects
+from toolgate.services.policy.bundle_store import policies_bucket_config
+from toolgate.services.policy.rate_limits import rate_limits_bucket_config
 
 DAY_S = 24 * 3600.0
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -55,6 +57,8 @@ class Topology:
             KeyValueConfig(bucket=subjects.APPROVALS_BUCKET, history=1,
                            ttl=self.retention_s, storage=StorageType.FILE,
                            replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+            policies_bucket_config(self.replicas),
+            rate_limits_bucket_config(self.replicas),
         ]
 
 

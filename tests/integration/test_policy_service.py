@@ -1,0 +1,271 @@
+"""The policy service against a real nats-server: hot reload, shared rate limits, approvals.
+
+Each test runs policy replicas in-process (`build_app` + `async with app`),
+publishes events onto the real events stream as the validator or the
+approvals service would, and reads what the replicas decided from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+import yaml
+
+from tests.harness import events_of, read_events
+from toolgate.contracts import subjects
+from toolgate.contracts.authorization import arguments_sha256, load_public_key, verify
+from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.events import (
+    ApprovalGranted,
+    ApprovalRequested,
+    ArgumentsValidated,
+    CallAuthorized,
+    CallDenied,
+    Event,
+    call_fields,
+    derive_event_id,
+    encode_event,
+    utc_now,
+)
+from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, RateLimit
+from toolgate.services.policy.app import build_app
+from toolgate.services.policy.bundle import (
+    DEFAULT_BUNDLE_DIR,
+    bundle_version,
+    read_bundle_dir,
+)
+from toolgate.services.policy.bundle_store import open_bucket, policies_bucket_config, push_bundle
+from toolgate.services.policy.cli import push
+from toolgate.services.policy.rate_limits import RateLimiter, rate_limits_bucket_config
+from toolgate.services.settings import GatewaySettings
+from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.services.stack.topology import apply_topology
+
+ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+DEFAULT_VERSION = bundle_version(read_bundle_dir(DEFAULT_BUNDLE_DIR))
+NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
+           'forbid (principal, action, resource == Tool::"echo");\n')
+DECIDED = (CallAuthorized, CallDenied, ApprovalRequested)
+
+
+@pytest.fixture
+async def url(nats_server: EmbeddedNats) -> str:
+    await apply_topology(nats_server.url)
+    return nats_server.url
+
+
+@pytest.fixture
+def settings(url: str, tmp_path: Path) -> GatewaySettings:
+    """The built-in tools plus a critical echo and a rate-limited echo."""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    for source in BUILTIN_TOOLS_DIR.glob("*.yaml"):
+        shutil.copy(source, registry / source.name)
+    echo = yaml.safe_load((BUILTIN_TOOLS_DIR / "echo.yaml").read_text())
+    extra_tools: dict[str, dict[str, Any]] = {
+        "critical_echo": {"risk": "critical"},
+        "limited_echo": {"rate_limit": {"calls": 3, "per_seconds": 3600}}}
+    for name, changes in extra_tools.items():
+        (registry / f"{name}.yaml").write_text(yaml.safe_dump({**echo, "name": name, **changes}))
+    return GatewaySettings(nats_url=url, data_dir=tmp_path / "data", registry_dirs=(registry,))
+
+
+@asynccontextmanager
+async def replica(settings: GatewaySettings) -> AsyncIterator[None]:
+    async with build_app(settings):
+        yield
+
+
+def bundle_files(**extra: str) -> dict[str, str]:
+    return {**read_bundle_dir(DEFAULT_BUNDLE_DIR), **extra}
+
+
+async def push_files(url: str, files: dict[str, str]) -> None:
+    await push(url, files, bundle_version(files))
+
+
+async def publish(url: str, event: Event) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().publish(subjects.subject_of(event), encode_event(event),
+                                     stream=subjects.EVENTS_STREAM,
+                                     headers={"Nats-Msg-Id": event.event_id})
+    finally:
+        await nc.close()
+
+
+def validated(call: ToolCall) -> ArgumentsValidated:
+    return ArgumentsValidated(
+        event_id=derive_event_id(f"test:{call.call_id}", "validated"), occurred_at=utc_now(),
+        service="validator", call=call, arguments_sha256=arguments_sha256(call.arguments),
+        **call_fields(call))
+
+
+def granted(call: ToolCall, approvers: list[str], quorum: bool,
+            sha: str | None = None) -> ApprovalGranted:
+    return ApprovalGranted(
+        event_id=derive_event_id(f"test:{call.call_id}", f"granted/{approvers[-1]}"),
+        occurred_at=utc_now(), service="approvals", call=call, policy_version=DEFAULT_VERSION,
+        approver=approvers[-1], approvers=approvers, required_approvals=2,
+        quorum_reached=quorum, arguments_sha256=sha or arguments_sha256(call.arguments),
+        **call_fields(call))
+
+
+def echo_call(call_id: str, tool: str = "echo") -> ToolCall:
+    return ToolCall(call_id=call_id, tool=tool, arguments={"payload": call_id},
+                    principal=ALICE, task_id="task_c04")
+
+
+async def decisions(url: str, call_id: str, count: int = 1,
+                    timeout: float = 15.0) -> list[Event]:
+    """The policy's outcome events for `call_id`, once `count` of them exist."""
+    for _ in range(int(timeout / 0.05)):
+        found = [e for e in events_of(await read_events(url), call_id) if isinstance(e, DECIDED)]
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"no policy decision for {call_id} within {timeout}s")
+
+
+async def decide(url: str, call: ToolCall) -> Event:
+    await publish(url, validated(call))
+    return (await decisions(url, call.call_id))[0]
+
+
+async def first_decision_under(url: str, version: str, prefix: str) -> Event:
+    """Echo calls until one is decided under `version` (a push lands within a moment)."""
+    for attempt in range(100):
+        decided = await decide(url, echo_call(f"{prefix}-{attempt}"))
+        if decided.policy_version == version:
+            return decided
+    raise TimeoutError(f"bundle {version} never became active")
+
+
+class TestHotReload:
+    async def test_pushed_bundle_switches_a_running_replica(
+            self, url: str, settings: GatewaySettings) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        async with replica(settings):
+            before = await decide(url, echo_call("before"))
+            assert isinstance(before, CallAuthorized) and before.policy_version == DEFAULT_VERSION
+            await push_files(url, strict)
+            after = await first_decision_under(url, bundle_version(strict), "after")
+            assert isinstance(after, CallDenied) and after.policy_ids == ["no-echo"]
+            assert after.error.code == "TOOL_NOT_ALLOWED"
+
+    async def test_bad_pushed_bundle_is_ignored_and_later_pushes_still_apply(
+            self, url: str, settings: GatewaySettings) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(url, strict)
+        async with replica(settings):
+            # Straight into the bucket, past the validation `toolgate policy push` does.
+            nc = await nats.connect(url)
+            kv = await open_bucket(nc.jetstream(), policies_bucket_config())
+            await push_bundle(kv, bundle_files(**{"bad.cedar": "permit (principal"}), "bad")
+            await nc.close()
+            still = await decide(url, echo_call("after-bad"))
+            assert still.policy_version == bundle_version(strict)
+            await push_files(url, bundle_files())
+            again = await first_decision_under(url, DEFAULT_VERSION, "again")
+            assert isinstance(again, CallAuthorized)
+
+    async def test_replica_started_after_a_push_decides_under_it_from_the_first_call(
+            self, url: str, settings: GatewaySettings) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(url, strict)
+        async with replica(settings):
+            first = await decide(url, echo_call("first"))
+        assert isinstance(first, CallDenied) and first.policy_version == bundle_version(strict)
+
+
+class TestRateLimit:
+    async def test_limit_holds_across_replicas(self, url: str,
+                                               settings: GatewaySettings) -> None:
+        # limited_echo allows 3 calls an hour per user: the count lives in JetStream,
+        # so a replica that starts later, or runs beside another, continues it.
+        calls = [echo_call(f"limited-{i}", tool="limited_echo") for i in range(8)]
+
+        async def outcomes(batch: list[ToolCall]) -> list[Event]:
+            await asyncio.gather(*(publish(url, validated(c)) for c in batch))
+            return [(await decisions(url, c.call_id))[0] for c in batch]
+
+        async with replica(settings):
+            first = await outcomes(calls[:2])
+        async with replica(settings):
+            second = await outcomes(calls[2:4])
+        async with replica(settings), replica(settings):
+            both = await outcomes(calls[4:])
+        assert [type(e) for e in first] == [CallAuthorized, CallAuthorized]
+        assert sorted(type(e).__name__ for e in second) == ["CallAuthorized", "CallDenied"]
+        limited = [e for e in [*second, *both] if isinstance(e, CallDenied)]
+        assert len(limited) == 5 and len(both) == 4 and all(e in limited for e in both)
+        assert all(e.error.code == "RATE_LIMITED" and e.error.retryable for e in limited)
+
+    async def test_racing_limiters_admit_exactly_the_limit_and_a_call_once(
+            self, url: str) -> None:
+        connections = [await nats.connect(url) for _ in range(2)]
+        limiters = [RateLimiter(await open_bucket(nc.jetstream(), rate_limits_bucket_config()),
+                                clock=lambda: 1000.0) for nc in connections]
+        limit = RateLimit(calls=5, per_seconds=60)
+        calls = [echo_call(f"race-{i}") for i in range(20)]
+        checks = await asyncio.gather(*(limiters[i % 2].admit(c, limit)
+                                        for i, c in enumerate(calls)))
+        again = await limiters[1].admit(next(c for c, ok in zip(calls, checks, strict=True)
+                                             if ok.admitted), limit)
+        for nc in connections:
+            await nc.close()
+        assert sum(check.admitted for check in checks) == 5
+        assert again.admitted and again.count == 5  # a redelivery is not counted twice
+
+
+class TestApproval:
+    async def test_critical_call_waits_for_quorum_then_is_authorized_with_its_approvers(
+            self, url: str, settings: GatewaySettings) -> None:
+        call = echo_call("crit", tool="critical_echo")
+        async with replica(settings):
+            requested = await decide(url, call)
+            assert isinstance(requested, ApprovalRequested)
+            assert requested.required_approvals == 2 and requested.risk == "critical"
+            assert requested.policy_version == DEFAULT_VERSION
+            assert 890 <= (requested.expires_at - requested.occurred_at).total_seconds() <= 900
+            await publish(url, granted(call, ["ann"], quorum=False))
+            await publish(url, granted(call, ["ann", "bob"], quorum=True))
+            authorized = (await decisions(url, call.call_id, count=2))[1]
+        assert isinstance(authorized, CallAuthorized)
+        assert authorized.authorization.approvals == ["ann", "bob"]
+        assert verify(authorized.authorization, load_public_key(settings.keys_dir))
+        assert "approval-critical" in authorized.policy_ids
+
+    async def test_approval_for_other_arguments_is_refused(
+            self, url: str, settings: GatewaySettings) -> None:
+        call = echo_call("swapped", tool="critical_echo")
+        tampered = msgspec.structs.replace(call, arguments={"payload": "rm -rf /"})
+        async with replica(settings):
+            await decide(url, call)
+            await publish(url, granted(tampered, ["ann", "bob"], quorum=True,
+                                       sha=arguments_sha256(call.arguments)))
+            refused = (await decisions(url, call.call_id, count=2))[1]
+        assert isinstance(refused, CallDenied) and "other arguments" in refused.error.message
+
+    async def test_granted_call_is_decided_again_under_the_bundle_active_now(
+            self, url: str, settings: GatewaySettings) -> None:
+        call = echo_call("changed", tool="critical_echo")
+        no_critical = bundle_files(**{"no-critical.cedar": (
+            '@id("no-critical-echo") forbid (principal, action, '
+            'resource == Tool::"critical_echo");\n')})
+        async with replica(settings):
+            await decide(url, call)
+            await push_files(url, no_critical)
+            await first_decision_under(url, bundle_version(no_critical), "probe")
+            await publish(url, granted(call, ["ann", "bob"], quorum=True))
+            denied = (await decisions(url, call.call_id, count=2))[1]
+        assert isinstance(denied, CallDenied) and denied.policy_ids == ["no-critical-echo"]
+        assert denied.policy_version == bundle_version(no_critical)
