@@ -29,8 +29,8 @@ def count_runs(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     return {"call_id": ctx.call_id}
 
 
-def runs_of(data_dir: Path) -> list[str]:
-    path = data_dir / "tools" / "count_runs" / "runs.log"
+def runs_of(data_dir: Path, tool: str = "count_runs") -> list[str]:
+    path = data_dir / "tools" / tool / "runs.log"
     if not path.exists():
         return []
     return [line.split()[0] for line in path.read_text().splitlines()]
