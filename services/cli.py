@@ -6,6 +6,7 @@
     toolgate result CALL_ID          fetch a stored result again
     toolgate schema                  JSON Schema of ToolCall and ToolResult
     toolgate bench                   full pipeline vs. a pass-through floor
+    toolgate audit trace|sql|replay|verify   the audit trail in ClickHouse
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.services import settings as env
 
-SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals")
+SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 
 
 def _add_nats(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +53,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     executor_args = ["--concurrency", str(args.concurrency)]
     stack = Stack(data_dir=args.data_dir, nats_url=args.nats_url_given, nats_port=args.nats_port,
                   registry_dirs=list(args.registry or env.env_registry_dirs()),
-                  executor_args=executor_args)
+                  executor_args=executor_args, clickhouse_url=args.clickhouse_url_given,
+                  clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit)
     return run_until_signalled(stack)
 
 
@@ -73,6 +75,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from toolgate.services.executor.app import build_app as build_executor
         tools = [t for t in (args.tools or "").split(",") if t]
         app = build_executor(settings, tools=tools or None, concurrency=args.concurrency)
+    elif args.name == "audit":
+        from toolgate.services.audit.app import build_app as build_audit
+        app = build_audit(settings, args.clickhouse_url)
     elif args.name == "approvals":
         from toolgate.services.approvals.app import build_app as build_approvals
         app = build_approvals(settings)
@@ -148,6 +153,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "audit":
+        from toolgate.services.audit.bench import cmd_bench_audit
+
+        return cmd_bench_audit(args)
     if args.target == "policy":
         from toolgate.services.policy.bench import run_policy_bench
 
@@ -169,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "else start the embedded nats-server)")
     up.add_argument("--nats-port", type=int, default=0, help="port of the embedded NATS (0: any)")
     up.add_argument("--concurrency", type=int, default=8, help="executor calls in flight per tool")
+    up.add_argument("--clickhouse-url", dest="clickhouse_url_given", default=None,
+                    help="audit into this ClickHouse (http://host:port/database) instead of "
+                         "starting the embedded one")
+    up.add_argument("--clickhouse-port", type=int, default=0,
+                    help="port of the embedded ClickHouse (0: any)")
+    up.add_argument("--no-audit", action="store_true", help="run without ClickHouse and audit")
     _add_runtime(up)
     up.set_defaults(func=cmd_up)
 
@@ -183,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_nats(serve)
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
+
+    from toolgate.services.audit.cli import add_clickhouse_url
+    from toolgate.services.audit.cli import register as register_audit
+    add_clickhouse_url(serve)  # audit: where to write
+    register_audit(commands)
 
     from toolgate.services.approvals.cli import register as register_approvals
     from toolgate.services.policy.cli import register as register_policy
@@ -211,12 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=cmd_schema)
 
     bench = commands.add_parser("bench", help="measure the pipeline against a pass-through floor")
-    bench.add_argument("target", nargs="?", choices=["pipeline", "policy"], default="pipeline")
+    bench.add_argument("target", nargs="?", choices=["pipeline", "policy", "audit"],
+                       default="pipeline")
     bench.add_argument("-n", "--calls", type=int, default=500)
     bench.add_argument("--burst", type=int, default=1000)
     bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),
                        help="a running gateway (default: $TOOLGATE_NATS_URL, else start a "
                             "private one in a temp dir)")
+    from toolgate.services.audit.bench import add_bench_arguments
+    add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
     return parser
 

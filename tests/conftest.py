@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Gateway, make_test_registry
+from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.services.stack.nats_server import EmbeddedNats
 
 
@@ -16,6 +18,20 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(tmp_path / "nats").start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def clickhouse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedClickHouse]:
+    """The embedded ClickHouse (chdb-core) on a free loopback port, one per test module."""
+    server = EmbeddedClickHouse(tmp_path_factory.mktemp("clickhouse")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def clickhouse_url(clickhouse_server: EmbeddedClickHouse) -> str:
+    """A database of the test's own on the module's server (created by the schema)."""
+    return f"{clickhouse_server.url}/t_{uuid.uuid4().hex[:12]}"
 
 
 DOCUMENT = (b"<html><head><title>Agents SDK sessions</title><script>evil()</script></head>"

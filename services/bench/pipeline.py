@@ -27,10 +27,11 @@ from nats.aio.client import Client
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.bench import floor
-from toolgate.services.stack.supervisor import SERVICES, Stack
+from toolgate.services.stack.supervisor import Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
-HOPS = len(SERVICES)
+# The services one call passes through: validator, policy, executor, attacher.
+HOPS = 4
 
 
 @dataclass

@@ -1,0 +1,105 @@
+"""The audit sink service (`toolgate serve audit`).
+
+Consumes: every message of TOOLGATE_CALLS (the raw call, recorded as a
+`CallRequested` row) and of TOOLGATE_EVENTS (`toolgate.evt.>`: decisions,
+approvals, executions, results, dead letters), durable `audit` on each.
+Emits: nothing on NATS; rows into ClickHouse `event_log` and signed
+checkpoints into `chain_checkpoints` (see writer.py for the order of effects).
+
+Batches are pulled by hand (pull.py) inside the FastStream app, not by a
+FastStream subscriber: measured here (faststream 0.7.8), `PullSub(batch=True)`
+does hand over full batches now (#2219), but through nats-py's fetch, which
+delivers one message per awaited queue read and lets a stray
+asyncio.TimeoutError kill its loop once per process; the sink reached ~4,000
+rows/s that way. FastStream still owns the connection, start-up and shutdown.
+Several replicas may run: they share the durable consumers, and each writes
+a hash chain of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from faststream import FastStream
+
+from toolgate.contracts import subjects
+from toolgate.services import bus
+from toolgate.services.audit.chain import ensure_seal_key
+from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.services.audit.pull import PullBatches, ensure_consumer
+from toolgate.services.audit.rows import RowBuilder
+from toolgate.services.audit.writer import AuditWriter
+from toolgate.services.settings import GatewaySettings
+
+SERVICE = "audit"
+log = logging.getLogger("toolgate.audit")
+
+# ClickHouse wants thousands of rows about once a second per table.
+BATCH_ROWS = 2000
+FLUSH_S = 1.0
+# Short, because a SIGKILLed sink's batch waits this long to be redelivered;
+# a live sink keeps a batch that waits for ClickHouse `in progress`.
+ACK_WAIT_S = 10.0
+MAX_ACK_PENDING = 20_000
+
+SOURCES = (
+    (subjects.CALLS_STREAM, subjects.CALLS),
+    (subjects.EVENTS_STREAM, f"{subjects.EVENTS_PREFIX}.>"),
+)
+
+
+async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: float) -> None:
+    while not writer.stopping:
+        try:
+            batch = await batches.next(rows, flush_s)
+        except Exception as exc:  # NATS restarting: ask again in a moment
+            log.warning("pull request failed: %r", exc)
+            batch = []
+        if batch:
+            await writer.write(batch)
+        elif batches.limited:
+            await asyncio.sleep(0.5)
+
+
+def build_app(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: int = BATCH_ROWS,
+              flush_s: float = FLUSH_S) -> FastStream:
+    return build_sink(settings, clickhouse_url, batch_rows=batch_rows, flush_s=flush_s)[0]
+
+
+def build_sink(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: int = BATCH_ROWS,
+               flush_s: float = FLUSH_S) -> tuple[FastStream, AuditWriter]:
+    """The app and its writer (whose counters the tests and the benchmark read)."""
+    builder = RowBuilder(settings.load_registry(), settings.max_call_bytes)
+    worker = bus.worker_name(SERVICE)
+    writer = AuditWriter(ClickHouseTarget.from_url(clickhouse_url), builder,
+                         ensure_seal_key(settings.keys_dir), worker)
+    broker = bus.make_broker(settings.nats_url, worker)
+    app = FastStream(broker)
+    pumps: list[asyncio.Task[None]] = []
+
+    app.on_startup(writer.start)  # schema and genesis first, waiting for ClickHouse
+
+    @app.after_startup
+    async def start_pumps() -> None:
+        nc = await broker.connect()
+        for stream, source in SOURCES:
+            await ensure_consumer(nc, stream, bus.consumer_config(
+                SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING))
+            batches = await PullBatches(nc, stream, SERVICE).start()
+            pumps.append(asyncio.create_task(pump(batches, writer, batch_rows, flush_s),
+                                             name=f"audit-{stream}"))
+
+    @app.on_shutdown
+    async def stop_pumps() -> None:
+        # Let a batch in hand finish; one stuck waiting for ClickHouse gives up
+        # (it stays un-acked and is redelivered).
+        writer.stopping = True
+        if pumps:
+            _, stuck = await asyncio.wait(pumps, timeout=flush_s + 10)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    app.after_shutdown(writer.close)
+    return app, writer

@@ -1,0 +1,182 @@
+"""The hash chain a sink writes, and the signed checkpoints that pin it. No I/O but keys.
+
+Each sink process writes one chain of its own (`chain_id`, new at every
+start): row n stores ``chain_hash_n = sha256(chain_hash_{n-1} || n || content_n)``
+where content is the row's CONTENT_COLUMNS as canonical JSON. Why a chain per
+writer and not one in stream order: several replicas write at once, and a
+global order would need them to agree on the previous hash before every
+insert. A per-writer chain needs no coordination, survives a crash (the
+restarted sink starts a new chain; a row written twice lives in two chains,
+identical in content) and still fixes every row's place.
+
+After every insert the sink signs a checkpoint (chain_id, chain_seq,
+chain_hash) with its Ed25519 key; seq 0, the genesis, is signed before the
+first row. Someone with write access to ClickHouse but not the key can
+alter, delete or add rows, but cannot make the chain match the signatures.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from toolgate.contracts.authorization import canonical_json, key_id
+from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
+
+_encode = msgspec.json.Encoder().encode
+
+# A key of its own: the audit seal must not be able to authorize a call, and
+# rotating the authorization key must not orphan the audit's signatures.
+SEAL_KEY_FILE = "audit-seal.key"
+SEAL_PUBLIC_FILE = "audit-seal.pub"
+
+
+def genesis_hash(chain_id: str) -> str:
+    return hashlib.sha256(f"toolgate-audit-chain/{chain_id}".encode()).hexdigest()
+
+
+def time_text(value: datetime) -> str:
+    """A DateTime64(6, 'UTC') as ClickHouse reads and prints it; naive means UTC."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
+            f"{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}")
+
+
+def content_bytes(row: dict[str, Any]) -> bytes:
+    """The row's content columns as one JSON array: hashed, and inserted as is.
+
+    The same bytes come back from a read (strings exact, floats exact with
+    precise_float_parsing, the time in ClickHouse's own text form), so verify
+    recomputes exactly what the sink hashed.
+    """
+    return _encode([time_text(row[c]) if c == "occurred_at" else row[c]
+                    for c in CONTENT_COLUMNS])
+
+
+def link_hash(previous: str, seq: int, row: dict[str, Any],
+              content: bytes | None = None) -> str:
+    digest = hashlib.sha256(previous.encode())
+    digest.update(f"/{seq}/".encode())
+    digest.update(content if content is not None else content_bytes(row))
+    return digest.hexdigest()
+
+
+def insert_line(content: bytes, chain_id: str, seq: int, chain_hash: str) -> bytes:
+    """The row as a JSONCompactEachRow line, in INSERT_COLUMNS order."""
+    return content[:-1] + b"," + _encode([chain_id, seq, chain_hash])[1:]
+
+
+class Chain:
+    """One writer's chain. `link` is tentative until `commit` (after the insert succeeded)."""
+
+    def __init__(self, chain_id: str) -> None:
+        self.chain_id = chain_id
+        self.seq = 0
+        self.head = genesis_hash(chain_id)
+
+    def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows with their chain columns, and `line`: what the insert sends."""
+        previous, seq, linked = self.head, self.seq, []
+        for row in rows:
+            seq += 1
+            content = content_bytes(row)
+            previous = link_hash(previous, seq, row, content)
+            linked.append({**row, "chain_id": self.chain_id, "chain_seq": seq,
+                           "chain_hash": previous,
+                           "line": insert_line(content, self.chain_id, seq, previous)})
+        return linked
+
+    def commit(self, linked: list[dict[str, Any]]) -> None:
+        if linked:
+            self.seq = linked[-1]["chain_seq"]
+            self.head = linked[-1]["chain_hash"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    chain_id: str
+    chain_seq: int
+    chain_hash: str
+    final: bool
+    writer: str
+    signed_at: datetime
+    key_id: str = ""
+    signature: str = ""
+
+    def signed_bytes(self) -> bytes:
+        return canonical_json({"chain_id": self.chain_id, "chain_seq": self.chain_seq,
+                               "chain_hash": self.chain_hash, "final": bool(self.final),
+                               "writer": self.writer, "signed_at": to_micros(self.signed_at),
+                               "key_id": self.key_id})
+
+    def row(self) -> tuple[Any, ...]:
+        return (self.chain_id, self.chain_seq, self.chain_hash, int(self.final), self.writer,
+                self.signed_at, self.key_id, self.signature)
+
+
+CHECKPOINT_COLUMNS = ("chain_id", "chain_seq", "chain_hash", "final", "writer", "signed_at",
+                      "key_id", "signature")
+
+
+def sign_checkpoint(checkpoint: Checkpoint, private_key: Ed25519PrivateKey) -> Checkpoint:
+    unsigned = replace(checkpoint, key_id=key_id(private_key.public_key()), signature="")
+    signature = private_key.sign(unsigned.signed_bytes())
+    return replace(unsigned, signature=base64.b64encode(signature).decode())
+
+
+def checkpoint_is_genuine(checkpoint: Checkpoint, public_key: Ed25519PublicKey) -> bool:
+    if checkpoint.key_id != key_id(public_key):
+        return False
+    try:
+        public_key.verify(base64.b64decode(checkpoint.signature, validate=True),
+                          checkpoint.signed_bytes())
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def ensure_seal_key(keys_dir: Path) -> Ed25519PrivateKey:
+    """The sink's signing key, created once (replicas on one host share it)."""
+    keys_dir.mkdir(parents=True, exist_ok=True)
+    private_path = keys_dir / SEAL_KEY_FILE
+    if not private_path.exists():
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        try:
+            fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # another replica won the race; its key stands
+        else:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(pem)
+            public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+            tmp = keys_dir / (SEAL_PUBLIC_FILE + ".tmp")
+            tmp.write_bytes(public)
+            tmp.replace(keys_dir / SEAL_PUBLIC_FILE)
+    loaded = serialization.load_pem_private_key(private_path.read_bytes(), None)
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise ValueError(f"{private_path}: not an Ed25519 private key")
+    return loaded
+
+
+def load_seal_public_key(path: Path) -> Ed25519PublicKey:
+    """`path` is the public key file, or a keys directory holding audit-seal.pub."""
+    if path.is_dir():
+        path = path / SEAL_PUBLIC_FILE
+    key = serialization.load_pem_public_key(path.read_bytes())
+    if not isinstance(key, Ed25519PublicKey):
+        raise ValueError(f"{path}: not an Ed25519 public key")
+    return key

@@ -1,0 +1,151 @@
+"""`toolgate audit replay`: drive recorded calls through a running gateway again.
+
+A replayed call is a new call: new call_id `rp-<original>-<random>` and
+`context.replay_of = <original>`, so it is validated, decided and (where the
+policy says so) approved again, under today's registry and policy, and its
+own events are audited. Only calls whose arguments were recorded in full can
+be replayed; the original result is compared by status and by the SHA-256 of
+its data (which the audit keeps even when the data itself is redacted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from clickhouse_connect.driver.client import Client
+
+from toolgate.contracts.calls import ToolCall, ToolResult
+from toolgate.services.audit.rows import sha256_of
+from toolgate.services.client.gateway_client import GatewayClient, ResultTimeout
+
+REPLAY_PREFIX = "rp-"
+_call_decoder = msgspec.json.Decoder(ToolCall)
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    call_id: str
+    call: ToolCall | None  # None: the arguments were not recorded, or the call was malformed
+    why_not: str = ""
+    status: str = ""
+    error_code: str = ""
+    result: dict[str, Any] | None = None
+    result_sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    original: RecordedCall
+    new_call_id: str = ""
+    new: ToolResult | None = None
+    error: str = ""
+
+    @property
+    def same(self) -> bool | None:
+        """Whether the new result matches the recorded one (None: could not replay)."""
+        if self.new is None:
+            return None
+        if self.new.status != self.original.status:
+            return False
+        if self.new.ok and self.original.result_sha256:
+            return sha256_of(self.new.data) == self.original.result_sha256
+        code = self.new.error.code if self.new.error else ""
+        return code == self.original.error_code
+
+
+def replay_call_id(original: str) -> str:
+    # At most 128 characters; the full original id is in context.replay_of anyway.
+    return f"{REPLAY_PREFIX}{original[:110]}-{uuid.uuid4().hex[:8]}"
+
+
+def find_recorded(client: Client, call_id: str | None = None, since: datetime | None = None,
+                  tool: str | None = None, agent: str | None = None, user: str | None = None,
+                  status: str | None = None, include_replays: bool = False,
+                  limit: int = 20) -> list[RecordedCall]:
+    where = ["event_type = 'CallRequested'", "call_id != ''"]
+    params: dict[str, Any] = {"limit": limit}
+    filters = {"call_id": call_id, "tool": tool, "agent": agent, "user": user}
+    for column, value in filters.items():
+        if value:
+            where.append(f"{column} = {{{column}:String}}")
+            params[column] = value
+    if since is not None:
+        where.append("occurred_at >= {since:DateTime64(6, 'UTC')}")
+        params["since"] = since
+    if status:
+        where.append("call_id IN (SELECT call_id FROM events WHERE event_type = "
+                     "'ResultAttached' AND status = {status:String})")
+        params["status"] = status
+    if not include_replays and not call_id:
+        where.append(f"NOT startsWith(call_id, '{REPLAY_PREFIX}')")
+    requested = client.query(
+        f"SELECT call_id, payload, note FROM events WHERE {' AND '.join(where)} "
+        "ORDER BY occurred_at DESC LIMIT 1 BY call_id LIMIT {limit:UInt32}",
+        parameters=params).result_rows
+    ids = [r[0] for r in requested]
+    results = {r[0]: r[1:] for r in client.query(
+        "SELECT call_id, argMax(status, occurred_at), argMax(error_code, occurred_at), "
+        "argMax(payload, occurred_at), argMax(result_sha256, occurred_at) FROM events "
+        "WHERE event_type = 'ResultAttached' AND call_id IN {ids:Array(String)} GROUP BY call_id",
+        parameters={"ids": ids}).result_rows} if ids else {}
+    recorded = []
+    for cid, payload, note in reversed(requested):  # oldest first
+        status_, code, result_payload, sha = results.get(cid, ("", "", "{}", ""))
+        call, why_not = _recorded_call(payload, note)
+        recorded.append(RecordedCall(cid, call, why_not, status_, code,
+                                     json.loads(result_payload).get("result"), sha))
+    return recorded
+
+
+def _recorded_call(payload: str, note: str) -> tuple[ToolCall | None, str]:
+    document = json.loads(payload)
+    call = document.get("call")
+    if call is None:
+        return None, f"the call was not decodable ({note})"
+    arguments = call.get("arguments")
+    if isinstance(arguments, dict) and "redacted" in arguments and len(arguments) <= 2:
+        return None, f"its arguments were not recorded (audit: {arguments['redacted']})"
+    return _call_decoder.decode(json.dumps(call)), ""
+
+
+async def replay(nats_url: str, recorded: list[RecordedCall],
+                 timeout: float = 60.0) -> list[Replayed]:
+    async with await GatewayClient.connect(nats_url) as client:
+
+        async def one(original: RecordedCall) -> Replayed:
+            if original.call is None:
+                return Replayed(original, error=f"cannot replay: {original.why_not}")
+            call = msgspec.structs.replace(
+                original.call, call_id=replay_call_id(original.call_id),
+                context={**original.call.context, "replay_of": original.call_id})
+            try:
+                return Replayed(original, call.call_id, await client.submit(call, timeout))
+            except ResultTimeout as exc:
+                return Replayed(original, call.call_id, error=str(exc))
+
+        return list(await asyncio.gather(*(one(r) for r in recorded)))
+
+
+def side_by_side(replayed: Replayed, width: int = 60) -> str:
+    """Original and new result in two columns."""
+    original = {"call_id": replayed.original.call_id, "status": replayed.original.status,
+                "error_code": replayed.original.error_code, "result": replayed.original.result}
+    new: dict[str, Any] = {"call_id": replayed.new_call_id} if replayed.new is None \
+        else {"call_id": replayed.new_call_id, **msgspec.to_builtins(replayed.new)}
+    left = json.dumps(original, indent=2, ensure_ascii=False, default=str).splitlines()
+    right = json.dumps(new, indent=2, ensure_ascii=False, default=str).splitlines()
+    verdict = {True: "SAME result", False: "DIFFERENT result",
+               None: f"not replayed: {replayed.error}"}
+    lines = [f"{'original (recorded)':<{width}} | replayed", "-" * width + "-+-" + "-" * width]
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else ""
+        b = right[i] if i < len(right) else ""
+        lines.append(f"{a[:width]:<{width}} | {b[:width]}")
+    lines.append(verdict[replayed.same])
+    return "\n".join(lines)

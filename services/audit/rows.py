@@ -1,0 +1,297 @@
+"""From a stored JetStream message to one audit row. Pure: no I/O.
+
+Two sources: the raw call on TOOLGATE_CALLS becomes a `CallRequested` row,
+each event on TOOLGATE_EVENTS a row of its own type. Anything that does not
+decode is still recorded (`note` says why), with an event_id derived from
+the stream sequence, so a redelivered copy has the same id.
+
+Arguments and results are kept as the tool's `audit` metadata says:
+full (as is), hash (only the SHA-256 of the canonical JSON), none (nothing,
+not even the hash, which would let a guess be confirmed).
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from toolgate.contracts import events as ev
+from toolgate.contracts.authorization import arguments_sha256, canonical_json
+from toolgate.contracts.calls import ToolCall, is_valid_call_id
+from toolgate.contracts.registry import AuditSpec, Registry
+from toolgate.contracts.subjects import CALLS_STREAM, EVENTS_STREAM
+
+CALL_REQUESTED = "CallRequested"
+UNDECODABLE_EVENT = "UndecodableEvent"
+# Larger payloads are cut to an excerpt plus the hash of the whole.
+MAX_PAYLOAD_CHARS = 256 * 1024
+EXCERPT_CHARS = 512
+
+# The columns of event_log this sink writes, in insert order. The chain hash
+# covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
+CONTENT_COLUMNS = (
+    "event_id", "call_id", "event_type", "occurred_at", "service", "tenant", "user", "agent",
+    "session", "task_id", "tool", "risk", "decision", "status", "error_code",
+    "arguments_sha256", "result_sha256", "policy_version", "approver", "duration_ms", "note",
+    "payload", "source_stream", "source_seq",
+)
+CHAIN_COLUMNS = ("chain_id", "chain_seq", "chain_hash")
+INSERT_COLUMNS = CONTENT_COLUMNS + CHAIN_COLUMNS
+
+# DateTime64 holds 1900..2299; a timestamp outside is clamped, not refused.
+_MIN_TIME = datetime(1900, 1, 2, tzinfo=UTC)
+_MAX_TIME = datetime(2299, 12, 30, tzinfo=UTC)
+
+_DECISIONS: dict[type[ev.Event], str] = {
+    ev.CallAuthorized: "allowed",
+    ev.CallDenied: "denied",
+    ev.ApprovalRequested: "approval_required",
+    ev.ApprovalGranted: "approved",
+    ev.ApprovalDenied: "approval_denied",
+    ev.ApprovalExpired: "approval_expired",
+    ev.ExecutionRefused: "refused",
+}
+_call_decoder = msgspec.json.Decoder(ToolCall)
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """What the sink knows of one JetStream message (decoupled from nats-py for tests)."""
+
+    stream: str
+    sequence: int
+    stored_at: datetime
+    subject: str
+    data: bytes
+
+
+def sha256_of(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def clamp_time(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return min(max(value, _MIN_TIME), _MAX_TIME)
+
+
+def to_micros(value: datetime) -> int:
+    """Microseconds since the epoch; a naive datetime (as read back) is UTC."""
+    return calendar.timegm(value.utctimetuple()) * 1_000_000 + value.microsecond
+
+
+def _excerpt(data: bytes) -> str:
+    return data[:EXCERPT_CHARS].decode("utf-8", "replace")
+
+
+class RowBuilder:
+    """Builds rows with the registry's audit metadata (unknown tools: kept in full)."""
+
+    def __init__(self, registry: Registry, max_call_bytes: int = 1024 * 1024) -> None:
+        self.registry = registry
+        self.max_call_bytes = max_call_bytes
+
+    def audit_of(self, tool: str) -> AuditSpec:
+        spec = self.registry.get(tool)
+        return spec.audit if spec is not None else AuditSpec()
+
+    def risk_of(self, tool: str) -> str:
+        spec = self.registry.get(tool)
+        return spec.risk if spec is not None else ""
+
+    def row_for(self, message: StoredMessage) -> dict[str, Any]:
+        if message.stream == CALLS_STREAM:
+            return self.call_row(message)
+        return self.event_row(message)
+
+    def fallback_row(self, message: StoredMessage, exc: Exception) -> dict[str, Any]:
+        """A row for a message the builder failed on: recorded, never skipped."""
+        row = self._blank(message, derive_id(message, "unrecorded"), UNDECODABLE_EVENT)
+        row["note"] = f"audit row could not be built: {exc!r}"
+        row["payload"] = {"subject": message.subject, "bytes": len(message.data)}
+        return self._finish(row)
+
+    # -- the raw call -----------------------------------------------------------------
+    def call_row(self, message: StoredMessage) -> dict[str, Any]:
+        row = self._blank(message, derive_id(message, "requested"), CALL_REQUESTED)
+        row["service"] = "agent"
+        if len(message.data) > self.max_call_bytes:
+            row["note"] = f"oversized call: {len(message.data)} bytes, excerpt kept"
+            row["payload"] = {"excerpt": _excerpt(message.data), "bytes": len(message.data)}
+            return self._finish(row)
+        try:
+            call = _call_decoder.decode(message.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return self._finish(self._undecodable_call(row, message, exc))
+        if not is_valid_call_id(call.call_id):
+            row["note"] = "call_id is not a subject-safe token"
+        else:
+            row["call_id"] = call.call_id
+        self._principal(row, call)
+        audit = self.audit_of(call.tool)
+        if audit.arguments != "none":
+            row["arguments_sha256"] = arguments_sha256(call.arguments)
+        if audit.arguments == "full":  # nothing to redact: keep the bytes as published
+            row["payload"] = '{"call":' + message.data.decode() + "}"
+        else:
+            row["payload"] = {"call": self._redacted_call(call, audit)}
+        return self._finish(row)
+
+    def _undecodable_call(self, row: dict[str, Any], message: StoredMessage,
+                          exc: Exception) -> dict[str, Any]:
+        row["note"] = f"not a decodable ToolCall: {exc}"
+        # Recover what names the call, for queries by call_id or tool.
+        try:
+            loose = msgspec.json.decode(message.data)
+        except msgspec.DecodeError:
+            loose = None
+        if isinstance(loose, dict):
+            if is_valid_call_id(loose.get("call_id")):
+                row["call_id"] = loose["call_id"]
+            if isinstance(loose.get("tool"), str):
+                row["tool"] = loose["tool"][:128]
+        audit = self.audit_of(row["tool"])
+        excerpt = _excerpt(message.data) if audit.arguments == "full" else "[redacted]"
+        row["payload"] = {"excerpt": excerpt, "bytes": len(message.data)}
+        return row
+
+    def _redacted_call(self, call: ToolCall, audit: AuditSpec) -> dict[str, Any]:
+        document = msgspec.to_builtins(call)
+        document["arguments"] = _redact(call.arguments, audit.arguments)
+        return document
+
+    # -- events -----------------------------------------------------------------------
+    def event_row(self, message: StoredMessage) -> dict[str, Any]:
+        try:
+            event = ev.decode_event(message.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            row = self._blank(message, derive_id(message, "undecodable"), UNDECODABLE_EVENT)
+            row["note"] = f"not a decodable event: {exc}"
+            row["payload"] = {"subject": message.subject, "excerpt": _excerpt(message.data),
+                              "bytes": len(message.data)}
+            return self._finish(row)
+        row = self._blank(message, event.event_id, type(event).__name__)
+        row["occurred_at"] = event.occurred_at
+        row["call_id"] = event.call_id
+        row["service"] = event.service
+        row["task_id"] = event.task_id or ""
+        row["tool"] = event.tool
+        if event.principal is not None:
+            principal = event.principal
+            row.update(tenant=principal.tenant, user=principal.user, agent=principal.agent,
+                       session=principal.session)
+        self._event_columns(row, event)
+        audit = self.audit_of(event.tool)
+        output = _output_of(event)
+        if output is not _MISSING and audit.result != "none":
+            row["result_sha256"] = sha256_of(output)
+        if audit.arguments == "full" and audit.result == "full":
+            row["payload"] = message.data.decode()  # nothing to redact: the event as emitted
+        else:
+            row["payload"] = self._redacted_event(event, audit)
+        if audit.arguments == "none":
+            row["arguments_sha256"] = ""
+        else:
+            row["arguments_sha256"] = event.arguments_sha256 or ""
+        return self._finish(row)
+
+    def _event_columns(self, row: dict[str, Any], event: ev.Event) -> None:
+        row["decision"] = _DECISIONS.get(type(event), "")
+        status = getattr(event, "status", "")
+        error = getattr(event, "error", None)
+        if isinstance(event, ev.ExecutionSucceeded):
+            status = "ok"
+        if isinstance(event, ev.ResultAttached):
+            status, error = event.result.status, event.result.error
+        row["status"] = status or ""
+        row["error_code"] = error.code if error is not None else ""
+        row["policy_version"] = getattr(event, "policy_version", "") or ""
+        row["approver"] = getattr(event, "approver", "") or ""
+        duration = getattr(event, "duration_ms", None)
+        row["duration_ms"] = float(duration) if duration is not None else None
+
+    def _redacted_event(self, event: ev.Event, audit: AuditSpec) -> dict[str, Any]:
+        document: dict[str, Any] = msgspec.to_builtins(event)
+        call = getattr(event, "call", None)
+        if isinstance(call, ToolCall):
+            document["call"]["arguments"] = _redact(call.arguments, audit.arguments)
+        if audit.arguments == "none":
+            document["arguments_sha256"] = None
+            if "authorization" in document:
+                document["authorization"]["arguments_sha256"] = ""
+        if audit.arguments != "full":
+            _redact_details(document.get("error"))
+            if "payload_excerpt" in document:
+                document["payload_excerpt"] = "[redacted]"
+        if isinstance(event, ev.ExecutionSucceeded):
+            document["output"] = _redact(event.output, audit.result)
+        elif isinstance(event, ev.ResultAttached) and event.result.ok:
+            document["result"]["data"] = _redact(event.result.data, audit.result)
+        if isinstance(event, ev.ResultAttached) and audit.result != "full":
+            _redact_details(document["result"].get("error"))
+        return document
+
+    # -- common -----------------------------------------------------------------------
+    def _principal(self, row: dict[str, Any], call: ToolCall) -> None:
+        principal = call.principal
+        row.update(tool=call.tool, task_id=call.task_id or "", tenant=principal.tenant,
+                   user=principal.user, agent=principal.agent, session=principal.session)
+
+    def _blank(self, message: StoredMessage, event_id: str, event_type: str) -> dict[str, Any]:
+        row: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "")
+        row.update(event_id=event_id, event_type=event_type, occurred_at=message.stored_at,
+                   duration_ms=None, source_stream=message.stream, source_seq=message.sequence)
+        return row
+
+    def _finish(self, row: dict[str, Any]) -> dict[str, Any]:
+        row["occurred_at"] = clamp_time(row["occurred_at"])
+        row["risk"] = self.risk_of(row["tool"])
+        payload = row["payload"]
+        text = payload if isinstance(payload, str) else canonical_json(payload).decode()
+        if len(text) > MAX_PAYLOAD_CHARS:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + "payload truncated"
+            text = canonical_json({"truncated": True, "chars": len(text),
+                                   "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                                   "excerpt": text[:EXCERPT_CHARS]}).decode()
+        row["payload"] = text
+        return row
+
+
+_MISSING = object()
+
+
+def _output_of(event: ev.Event) -> Any:
+    """What the tool returned, if this event carries it (a failed result carries none)."""
+    if isinstance(event, ev.ExecutionSucceeded):
+        return event.output
+    if isinstance(event, ev.ResultAttached) and event.result.ok:
+        return event.result.data
+    return _MISSING
+
+
+def derive_id(message: StoredMessage, kind: str) -> str:
+    """An event_id for a row the sink makes itself: the same stored message, the same id."""
+    return ev.derive_event_id(f"{message.stream}:{message.sequence}", kind)
+
+
+def _redact(value: Any, mode: str) -> Any:
+    if mode == "full":
+        return value
+    if mode == "hash":
+        return {"redacted": "hash", "sha256": sha256_of(value)}
+    return {"redacted": "none"}
+
+
+def _redact_details(error: Any) -> None:
+    """Validation messages quote the offending value: keep the path, drop the text."""
+    if isinstance(error, dict):
+        for detail in error.get("details") or []:
+            detail["message"] = "[redacted]"
+
+
+__all__ = ["CALLS_STREAM", "EVENTS_STREAM", "RowBuilder", "StoredMessage", "to_micros"]

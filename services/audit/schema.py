@@ -1,0 +1,108 @@
+"""Apply the versioned DDL of infra/clickhouse/ at start-up, idempotently.
+
+Files are ``NNN_name.sql`` in ``single/`` (one server, the embedded default)
+or ``cluster/`` (ReplicatedMergeTree + Distributed, ``${cluster}`` replaced by
+the cluster name). Each file runs once and is recorded with its checksum in
+``schema_versions``; a recorded file whose text changed is an error (add a new
+file instead). Every statement is ``IF NOT EXISTS``, so sinks starting at the
+same moment may both run a file without harm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+from clickhouse_connect.driver.client import Client
+
+from toolgate.services.audit.connection import ClickHouseTarget
+
+DDL_SETS = ("single", "cluster")
+_FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+
+
+class SchemaError(RuntimeError):
+    """The DDL files and the database disagree."""
+
+
+@dataclass(frozen=True)
+class DdlFile:
+    version: int
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    def statements(self, cluster: str = "") -> list[str]:
+        """The file's statements, without comments (split at a ';' that ends a line)."""
+        lines = [line for line in self.text.splitlines() if not line.lstrip().startswith("--")]
+        text = "\n".join(lines).replace("${cluster}", cluster)
+        return [s.strip() for s in re.split(r";\s*$", text, flags=re.MULTILINE) if s.strip()]
+
+
+def ddl_root() -> Traversable:
+    """Where the DDL files are: shipped as package data, or in the source tree."""
+    try:
+        from importlib.resources import files
+
+        root = files("toolgate.infra.clickhouse")
+        if root.joinpath("single").is_dir():
+            return root
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parents[2] / "infra" / "clickhouse"
+
+
+def load_ddl(ddl_set: str = "single") -> list[DdlFile]:
+    if ddl_set not in DDL_SETS:
+        raise SchemaError(f"unknown DDL set {ddl_set!r}: one of {', '.join(DDL_SETS)}")
+    found = []
+    for entry in ddl_root().joinpath(ddl_set).iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(DdlFile(int(match[1]), match[2], entry.read_text()))
+    found.sort(key=lambda f: f.version)
+    versions = [f.version for f in found]
+    if len(set(versions)) != len(versions) or not found:
+        raise SchemaError(f"{ddl_set}: DDL versions must be unique and present: {versions}")
+    return found
+
+
+def applied_versions(client: Client) -> dict[int, str]:
+    rows = client.query("SELECT DISTINCT version, checksum FROM schema_versions").result_rows
+    return {int(version): checksum for version, checksum in rows}
+
+
+def apply_schema(target: ClickHouseTarget, ddl_set: str = "single",
+                 cluster: str = "") -> list[int]:
+    """Create the database and run every DDL file not yet recorded. Returns the versions run."""
+    if ddl_set == "cluster" and not cluster:
+        raise SchemaError("the cluster DDL set needs the cluster name")
+    on_cluster = f" ON CLUSTER '{cluster}'" if cluster else ""
+    files = load_ddl(ddl_set)
+    target.client(with_database=False).command(
+        f"CREATE DATABASE IF NOT EXISTS `{target.database}`{on_cluster}")
+    client = target.client()
+    # The first file creates schema_versions itself; it is IF NOT EXISTS like all.
+    for statement in files[0].statements(cluster):
+        client.command(statement)
+    done = applied_versions(client)
+    ran = []
+    for ddl in files:
+        if ddl.version in done:
+            if done[ddl.version] != ddl.checksum:
+                raise SchemaError(
+                    f"{ddl_set}/{ddl.version:03d}_{ddl.name}.sql changed after it was applied "
+                    f"(recorded {done[ddl.version]}, now {ddl.checksum}): add a new file instead")
+            continue
+        for statement in ddl.statements(cluster):
+            client.command(statement)
+        client.insert("schema_versions", [(ddl.version, ddl.name, ddl.checksum)],
+                      column_names=["version", "name", "checksum"])
+        ran.append(ddl.version)
+    return ran

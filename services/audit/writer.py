@@ -1,0 +1,229 @@
+"""Batches of stored messages into chained rows in ClickHouse; acks only after that.
+
+The order per batch, each step retried until it succeeds:
+  1. build the rows (pure, rows.py) and link them into this sink's chain;
+  2. insert them in one block with insert_deduplication_token = chain position
+     range: a retry of a block ClickHouse did store (the answer was lost) is
+     dropped by ClickHouse, so retries are harmless;
+  3. sign a checkpoint of the new chain head and insert it;
+  4. ack every message of the batch.
+While ClickHouse is down the batch waits in step 2 and its messages are kept
+`in progress`, so JetStream does not hand them to another replica. A crash
+at any step leaves the batch un-acked: it is redelivered and written again,
+by whichever sink gets it, and the `events` view shows each event_id once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from clickhouse_connect.driver.client import Client
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from toolgate.contracts.events import utc_now
+from toolgate.services.audit.chain import (
+    CHECKPOINT_COLUMNS,
+    Chain,
+    Checkpoint,
+    sign_checkpoint,
+)
+from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.services.audit.rows import INSERT_COLUMNS, RowBuilder, StoredMessage
+from toolgate.services.audit.schema import apply_schema
+
+log = logging.getLogger("toolgate.audit")
+
+# Exact float parsing, so a duration reads back as the bits that were hashed.
+INSERT_SETTINGS = {"precise_float_parsing": 1}
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+
+
+class JetStreamMessage(Protocol):
+    """The parts of a nats-py message the writer uses."""
+
+    subject: str
+    data: bytes
+
+    @property
+    def metadata(self) -> Any: ...
+    async def ack(self) -> None: ...
+    async def in_progress(self) -> None: ...
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def stored_message(msg: JetStreamMessage) -> StoredMessage:
+    # The ack subject says where the message is stored and when. Read here
+    # directly: nats-py's `metadata` parses it about ten times slower, and it
+    # was the largest single cost per row. Its layout (ADR-15):
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending> or,
+    # with domain and account, $JS.ACK.<domain>.<hash>.<stream>...<pending>.<token>.
+    tokens = (getattr(msg, "reply", "") or "").split(".")
+    if len(tokens) in (9, 12) and tokens[:2] == ["$JS", "ACK"]:
+        at = 2 if len(tokens) == 9 else 4
+        return StoredMessage(
+            stream=tokens[at], sequence=int(tokens[at + 3]), subject=msg.subject,
+            stored_at=_EPOCH + timedelta(microseconds=int(tokens[at + 5]) // 1000),
+            data=msg.data)
+    meta = msg.metadata
+    return StoredMessage(stream=meta.stream, sequence=meta.sequence.stream,
+                         stored_at=meta.timestamp, subject=msg.subject, data=msg.data)
+
+
+def new_chain_id(writer: str) -> str:
+    return f"{writer}/{uuid.uuid4().hex[:12]}"
+
+
+class AuditWriter:
+    def __init__(self, target: ClickHouseTarget, builder: RowBuilder,
+                 private_key: Ed25519PrivateKey, writer: str,
+                 heartbeat_s: float = 3.0) -> None:
+        self.target = target
+        self.builder = builder
+        self.private_key = private_key
+        self.writer = writer
+        self.heartbeat_s = heartbeat_s
+        self.chain = Chain(new_chain_id(writer))
+        self.stopping = False
+        self.rows_written = 0
+        self.batches_written = 0
+        self._lock = asyncio.Lock()
+        self._client: Client | None = None
+        # True while an insert was sent and not confirmed: the chain head in
+        # memory may then lag the table, so no final checkpoint is signed.
+        self._unconfirmed = False
+
+    # -- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Apply the schema and sign the chain's genesis, waiting for ClickHouse if needed."""
+        await self._until_done("apply schema", lambda: apply_schema(self.target))
+        await self._until_done("seal genesis", lambda: self._seal(final=False))
+        log.info("audit sink %s writing chain %s to %s", self.writer, self.chain.chain_id,
+                 self.target.display())
+
+    async def close(self) -> None:
+        """Sign a final checkpoint, so rows appended to this chain later are caught."""
+        self.stopping = True
+        async with self._lock:
+            if self._unconfirmed:
+                log.warning("last insert unconfirmed: chain %s left open", self.chain.chain_id)
+                return
+            try:
+                await asyncio.to_thread(self._seal, True)
+            except Exception as exc:
+                log.warning("no final checkpoint for %s: %r", self.chain.chain_id, exc)
+
+    # -- one batch --------------------------------------------------------------------
+    async def write(self, messages: list[JetStreamMessage]) -> None:
+        if not messages:
+            return
+        stored = [stored_message(m) for m in messages]
+        async with self._kept_in_progress(messages):
+            # CPU work in a thread: it overlaps the other source's insert (which
+            # waits on ClickHouse with the GIL released), and the loop stays free.
+            rows = await asyncio.to_thread(self._rows, stored)
+            async with self._lock:
+                await self._write_locked(rows)
+        for message in messages:
+            # A lost ack only means a redelivery, which the reads dedupe.
+            with contextlib.suppress(Exception):
+                await message.ack()
+
+    async def _write_locked(self, rows: list[dict[str, Any]]) -> None:
+        """Link, insert, seal: one batch at a time, since each extends the chain."""
+        linked = await asyncio.to_thread(self.chain.link, rows)
+        first, last = linked[0]["chain_seq"], linked[-1]["chain_seq"]
+        # The token names the chain positions, not only the stream sequences: a
+        # retry of this very block is dropped, while the same messages written
+        # again by another sink (another chain) are not, or that chain would
+        # have a hole. Those copies are what the `events` view dedupes.
+        token = f"{self.chain.chain_id}:{first}-{last}"
+        await self._until_done("insert", lambda: self._insert(linked, token))
+        self.chain.commit(linked)
+        await self._until_done("seal", lambda: self._seal(final=False))
+        self.rows_written += len(linked)
+        self.batches_written += 1
+
+    def _rows(self, stored: list[StoredMessage]) -> list[dict[str, Any]]:
+        return [self._row(message) for message in stored]
+
+    def _row(self, stored: StoredMessage) -> dict[str, Any]:
+        try:
+            return self.builder.row_for(stored)
+        except Exception as exc:  # a bug here must not stop the audit of everything else
+            log.exception("cannot build a row for %s:%s", stored.stream, stored.sequence)
+            return self.builder.fallback_row(stored, exc)
+
+    # -- ClickHouse (run in a worker thread: clickhouse-connect blocks) --------------------
+    def _db(self) -> Client:
+        if self._client is None:
+            self._client = self.target.client()
+        return self._client
+
+    def _insert(self, linked: list[dict[str, Any]], token: str) -> None:
+        self._unconfirmed = True
+        # JSON lines encoded in C (msgspec) and parsed by the server: several
+        # times cheaper than clickhouse-connect's row-by-row native encoding.
+        self._db().raw_insert("event_log", list(INSERT_COLUMNS),
+                              insert_block=b"\n".join(row["line"] for row in linked),
+                              fmt="JSONCompactEachRow", settings=INSERT_SETTINGS | {
+                                  "insert_deduplication_token": token})
+        self._unconfirmed = False
+
+    def _seal(self, final: bool) -> None:
+        checkpoint = sign_checkpoint(Checkpoint(
+            chain_id=self.chain.chain_id, chain_seq=self.chain.seq,
+            chain_hash=self.chain.head, final=final, writer=self.writer,
+            signed_at=utc_now()), self.private_key)
+        token = f"{self.chain.chain_id}:checkpoint:{self.chain.seq}:{int(final)}"
+        self._db().insert("chain_checkpoints", [checkpoint.row()],
+                          column_names=list(CHECKPOINT_COLUMNS),
+                          settings={"insert_deduplication_token": token})
+
+    async def _until_done(self, what: str, step: Callable[[], Any]) -> None:
+        delay, attempt, since = RETRY_FIRST_S, 0, time.monotonic()
+        while True:
+            attempt += 1
+            try:
+                await asyncio.to_thread(step)
+            except Exception as exc:
+                if self.stopping:
+                    raise
+                if attempt == 1 or attempt % 10 == 0:
+                    log.warning("%s failed (attempt %d, %.0fs): %r; retrying",
+                                what, attempt, time.monotonic() - since, exc)
+                self._client = None  # a fresh connection after a server restart
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            if attempt > 1:
+                log.info("%s succeeded after %d attempts, %.1fs", what, attempt,
+                         time.monotonic() - since)
+            return
+
+    @contextlib.asynccontextmanager
+    async def _kept_in_progress(self, messages: list[JetStreamMessage]) -> AsyncIterator[None]:
+        """Tell JetStream the batch is still being worked on, while it waits for ClickHouse."""
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.heartbeat_s)
+                for message in messages:
+                    with contextlib.suppress(Exception):
+                        await message.in_progress()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+

@@ -1,0 +1,205 @@
+"""The audit of a real gateway: every event once, and the auditor's commands on it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Iterator
+
+import msgspec
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from tests.harness import Gateway, make_test_registry
+from toolgate.contracts import subjects
+from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.events import decode_event
+from toolgate.services.audit.cli import register
+from toolgate.services.client.gateway_client import new_call_id
+
+pytestmark = pytest.mark.system
+
+ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    base = tmp_path_factory.mktemp("audited")
+    gateway = Gateway(data_dir=base / "data", registry_dir=make_test_registry(base / "registry"),
+                      with_audit=True).start()
+    yield gateway
+    gateway.stop()
+
+
+async def stream_event_ids(url: str) -> set[str]:
+    """The distinct event ids in the events stream, read in batches by an ephemeral consumer."""
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
+        sub = await js.pull_subscribe(f"{subjects.EVENTS_PREFIX}.>", stream=subjects.EVENTS_STREAM,
+                                      config=ConsumerConfig(ack_policy=AckPolicy.NONE,
+                                                            deliver_policy=DeliverPolicy.ALL))
+        ids: set[str] = set()
+        seen = 0
+        while seen < last:
+            for msg in await sub.fetch(1000, timeout=10):
+                ids.add(decode_event(msg.data).event_id)
+                seen = msg.metadata.sequence.stream
+        await sub.unsubscribe()
+        return ids
+    finally:
+        await nc.close()
+
+
+async def stored_messages(url: str) -> int:
+    """How many messages the calls and events streams hold (cheap: no reading)."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    total = sum([(await js.stream_info(s)).state.messages
+                 for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)])
+    await nc.close()
+    return total
+
+
+async def expected_rows(url: str) -> int:
+    """Distinct event ids in the events stream, plus one row per stored call message."""
+    nc = await nats.connect(url)
+    calls = (await nc.jetstream().stream_info(subjects.CALLS_STREAM)).state.messages
+    await nc.close()
+    return len(await stream_event_ids(url)) + calls
+
+
+async def wait_until_audited(gateway: Gateway, timeout: float = 90.0) -> int:
+    expected = await expected_rows(gateway.url)
+    client = gateway.audit_client()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while client.query("SELECT count() FROM events").result_rows[0][0] < expected:
+        assert asyncio.get_running_loop().time() < deadline, "audit did not catch up"
+        await asyncio.sleep(0.3)
+    return expected
+
+
+def audit_cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="toolgate")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["audit", *argv])
+    return int(args.func(args))
+
+
+@pytest.fixture(scope="module")
+def story(audited: Gateway) -> dict[str, str]:
+    """A few calls of every kind, audited."""
+    ids = {name: new_call_id() for name in ("search", "invalid", "broken", "denied")}
+
+    async def run() -> None:
+        async with await audited.client() as client:
+            await client.call("search_sources", SEARCH, principal=ALICE, call_id=ids["search"])
+            await client.call("search_sources", {**SEARCH, "limit": 50}, principal=ALICE,
+                              call_id=ids["invalid"])
+            await client.call("broken_output", {}, principal=ALICE, call_id=ids["broken"])
+            await client.call("save_evidence", {"task_id": "other", "claim": "c",
+                                                "source_url": "https://x.org"},
+                              principal=ALICE, task_id="mine", call_id=ids["denied"])
+        nc = await nats.connect(audited.url)
+        await nc.jetstream().publish(subjects.CALLS, b"{garbage")
+        await nc.close()
+        await wait_until_audited(audited)
+
+    asyncio.run(run())
+    return ids
+
+
+def test_every_event_reaches_clickhouse_exactly_once(audited, story):
+    expected = asyncio.run(wait_until_audited(audited))
+    client = audited.audit_client()
+    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
+                                   ).result_rows[0]
+    assert count == distinct == expected
+    stream_ids = asyncio.run(stream_event_ids(audited.url))
+    stored = {r[0] for r in client.query(
+        "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'").result_rows}
+    assert stored == stream_ids
+    final = dict(client.query("SELECT call_id, final_status FROM calls").result_rows)
+    assert final[story["search"]] == "ok"
+    assert final[story["invalid"]] == "invalid_arguments"
+    assert final[story["broken"]] == "invalid_tool_result"
+    assert final[story["denied"]] == "denied"
+
+
+def test_trace_prints_the_story_in_order(audited, story, capsys):
+    assert audit_cli("trace", story["search"], "--clickhouse-url", audited.stack.audit_url) == 0
+    out = capsys.readouterr().out
+    order = ["requested search_sources by agent researcher", "arguments validated",
+             "policy decision: allowed", "execution started", "execution finished, succeeded",
+             "result checked against the output_schema: valid", "result attached: ok"]
+    positions = [out.index(phrase) for phrase in order]
+    assert positions == sorted(positions), out
+    audit_cli("trace", story["broken"], "--clickhouse-url", audited.stack.audit_url)
+    assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in capsys.readouterr().out
+
+
+def test_sql_is_read_only_and_formats(audited, story, capsys):
+    url = audited.stack.audit_url
+    sql = f"SELECT call_id, final_status FROM calls WHERE call_id = '{story['invalid']}'"
+    assert audit_cli("sql", sql, "--format", "json", "--clickhouse-url", url) == 0
+    assert json.loads(capsys.readouterr().out) == {"call_id": story["invalid"],
+                                                   "final_status": "invalid_arguments"}
+    assert audit_cli("sql", "SELECT 1 AS n", "--format", "csv", "--clickhouse-url", url) == 0
+    assert capsys.readouterr().out == "n\n1\n"
+    assert audit_cli("sql", "TRUNCATE TABLE event_log", "--clickhouse-url", url) == 2
+    assert "readonly" in capsys.readouterr().err.lower()
+
+
+def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
+    url = audited.stack.audit_url
+    assert audit_cli("replay", story["search"], "--nats-url", audited.url,
+                     "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert "SAME result" in out and f"rp-{story['search']}-" in out
+    asyncio.run(wait_until_audited(audited))
+    client = audited.audit_client()
+    [(call_id, payload)] = client.query(
+        "SELECT call_id, payload FROM events WHERE event_type = 'CallRequested' "
+        f"AND startsWith(call_id, 'rp-{story['search']}')").result_rows
+    assert json.loads(payload)["call"]["context"] == {"replay_of": story["search"]}
+    statuses = [r[0] for r in client.query(
+        f"SELECT event_type FROM events WHERE call_id = '{call_id}'").result_rows]
+    assert {"ArgumentsValidated", "CallAuthorized", "ResultAttached"} <= set(statuses)
+    # By time and filters: the one ok search_sources call (earlier replays are left out).
+    assert audit_cli("replay", "--since", "2000-01-01T00:00:00", "--tool", "search_sources",
+                     "--status", "ok", "--nats-url", audited.url, "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert out.count("SAME result") == 1 and f'"call_id": "{story["search"]}"' in out
+    # A call whose arguments were kept only as a hash cannot be replayed, and says why.
+    echo = ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": "x"},
+                    principal=ALICE)
+
+    async def submit() -> None:
+        async with await audited.client() as client:
+            await client.submit(echo)
+        await wait_until_audited(audited)
+
+    asyncio.run(submit())
+    assert audit_cli("replay", echo.call_id, "--nats-url", audited.url,
+                     "--clickhouse-url", url) == 1
+    assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
+
+
+def test_verify_finds_the_chains_intact(audited, story, capsys):
+    code = audit_cli("verify", "--data-dir", str(audited.data_dir),
+                     "--clickhouse-url", audited.stack.audit_url)
+    out = capsys.readouterr().out
+    assert code == 0 and out.strip().splitlines()[-1].startswith("OK"), out
+
+
+def test_malformed_call_is_recorded(audited, story):
+    client = audited.audit_client()
+    [(note, payload)] = client.query(
+        "SELECT note, payload FROM events WHERE event_type = 'CallRequested' "
+        "AND note LIKE 'not a decodable%'").result_rows
+    assert json.loads(payload)["excerpt"] == "{garbage"
+    assert msgspec.json.decode(payload)["bytes"] == 8

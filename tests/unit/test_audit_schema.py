@@ -1,0 +1,32 @@
+"""The versioned DDL files: present, ordered, parallel between the two sets."""
+
+from __future__ import annotations
+
+from toolgate.services.audit.schema import DDL_SETS, load_ddl
+
+
+def test_both_sets_have_the_same_versions_and_names():
+    single, cluster = (load_ddl(name) for name in DDL_SETS)
+    assert [(f.version, f.name) for f in single] == [(f.version, f.name) for f in cluster]
+    assert single[0].name == "schema_versions"
+
+
+def test_every_statement_is_idempotent():
+    for ddl_set in DDL_SETS:
+        for ddl in load_ddl(ddl_set):
+            for statement in ddl.statements("c1"):
+                assert "IF NOT EXISTS" in statement, (ddl_set, ddl.name, statement[:60])
+
+
+def test_cluster_statements_name_the_cluster_and_single_ones_do_not():
+    for ddl in load_ddl("cluster"):
+        for statement in ddl.statements("prod"):
+            assert "ON CLUSTER 'prod'" in statement and "${cluster}" not in statement
+    for ddl in load_ddl("single"):
+        assert "ON CLUSTER" not in ddl.text
+
+
+def test_comments_are_stripped_and_checksums_are_stable():
+    ddl = load_ddl("single")[1]
+    assert all(not s.lstrip().startswith("--") for s in ddl.statements())
+    assert ddl.checksum == load_ddl("single")[1].checksum
