@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 from faststream import AckPolicy
@@ -30,6 +31,7 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
+from toolgate.services.stack.nats_auth import broker_options
 
 log = logging.getLogger("toolgate")
 
@@ -48,7 +50,7 @@ def worker_name(service: str) -> str:
     return f"{service}@{socket.gethostname()}:{os.getpid()}"
 
 
-def make_broker(nats_url: str, name: str) -> NatsBroker:
+def make_broker(nats_url: str, name: str, creds: Path | None = None) -> NatsBroker:
     # Reconnect forever: a restarted NATS server must not need restarted services.
     # apply_types=False: handlers take the raw message and decode it themselves
     # with msgspec. FastDepends' per-message injection ran sync resolvers in a
@@ -64,6 +66,8 @@ def make_broker(nats_url: str, name: str) -> NatsBroker:
         # Per-message "Received/Processed" lines only at DEBUG: the events
         # stream and the audit table are the record, not the service log.
         log_level=logging.DEBUG,
+        # On a locked bus: log in as this service's role (nkey, and its inbox prefix).
+        **broker_options(creds),
     )
 
 

@@ -30,6 +30,9 @@ SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "au
 def _add_nats(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", default=env.env_nats_url(),
                         help="NATS server URL (default: $TOOLGATE_NATS_URL or %(default)s)")
+    parser.add_argument("--creds", type=Path, default=env.env_nats_creds(),
+                        help="your role's credentials on a locked bus, e.g. "
+                             "DATA_DIR/creds/agent.creds (default: $TOOLGATE_NATS_CREDS)")
 
 
 def _add_runtime(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +46,7 @@ def _add_runtime(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace) -> env.GatewaySettings:
     return env.GatewaySettings(
-        nats_url=args.nats_url, data_dir=args.data_dir,
+        nats_url=args.nats_url, nats_creds=args.creds, data_dir=args.data_dir,
         registry_dirs=tuple(args.registry or env.env_registry_dirs()))
 
 
@@ -64,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
-    asyncio.run(apply_topology(settings.nats_url))
+    if settings.nats_creds is None:  # on a locked bus the operator (admin) applied it
+        asyncio.run(apply_topology(settings.nats_url))
     if args.name == "validator":
         from toolgate.services.validator.app import build_app
         app = build_app(settings)
@@ -105,7 +109,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                     task_id=args.task)
 
     async def run() -> ToolResult:
-        client = await GatewayClient.connect(args.nats_url)
+        client = await GatewayClient.connect(args.nats_url, args.creds)
         async with client:
             return await client.submit(call, timeout=args.timeout)
 
@@ -122,7 +126,7 @@ def cmd_result(args: argparse.Namespace) -> int:
     from toolgate.services.client.gateway_client import GatewayClient
 
     async def run() -> ToolResult | None:
-        client = await GatewayClient.connect(args.nats_url)
+        client = await GatewayClient.connect(args.nats_url, args.creds)
         async with client:
             return await client.result(args.call_id)
 

@@ -24,6 +24,11 @@ def env_data_dir() -> Path:
     return Path(os.environ.get("TOOLGATE_DATA_DIR", ".toolgate"))
 
 
+def env_nats_creds() -> Path | None:
+    raw = os.environ.get("TOOLGATE_NATS_CREDS", "")
+    return Path(raw) if raw else None
+
+
 def env_registry_dirs() -> list[Path]:
     raw = os.environ.get("TOOLGATE_REGISTRY", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
@@ -33,6 +38,8 @@ class GatewaySettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     nats_url: str = DEFAULT_NATS_URL
+    # This service's role on a locked bus (services/stack/nats_auth.py); None: no auth.
+    nats_creds: Path | None = None
     data_dir: Path = Path(".toolgate")
     # Empty: the built-in tools. Several directories add up (a name may not repeat).
     registry_dirs: tuple[Path, ...] = ()

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 import yaml
@@ -22,6 +23,7 @@ from toolgate.contracts import subjects
 from toolgate.contracts.events import TERMINAL_EVENTS, CallAuthorized, Event, decode_event
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
 from toolgate.services.client.gateway_client import GatewayClient
+from toolgate.services.stack.nats_auth import connect_options
 from toolgate.services.stack.supervisor import AUDIT_SERVICE, SERVICES, ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +78,17 @@ class Gateway:
     def url(self) -> str:
         return self.stack.url
 
+    @property
+    def admin(self) -> dict[str, Any]:
+        """nats.connect options of the operator: tests inject and inspect as admin."""
+        return connect_options(self.stack.creds_of("admin"))
+
+    async def connect(self, role: str = "admin") -> nats.aio.client.Client:
+        return await nats.connect(self.url, **connect_options(self.stack.creds_of(role)))
+
+    async def events(self) -> list[Event]:
+        return await read_events(self.url, **self.admin)
+
     def start(self, timeout: float = 60.0) -> Gateway:
         self.stack.start()
         asyncio.run(self.wait_ready(timeout))
@@ -93,7 +106,7 @@ class Gateway:
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Ready when every service's durable consumer exists on the server."""
         deadline = time.monotonic() + timeout
-        nc = await nats.connect(self.url)
+        nc = await self.connect()
         try:
             jsm = nc.jsm()
             audit = [(subjects.CALLS_STREAM, AUDIT_SERVICE),
@@ -117,7 +130,7 @@ class Gateway:
                 raise RuntimeError(f"{service.name} died: {service.log_path.read_text()[-3000:]}")
 
     async def client(self) -> GatewayClient:
-        return await GatewayClient.connect(self.url)
+        return await GatewayClient.connect(self.url, self.stack.creds_of("agent"))
 
     def audit_client(self):  # type: ignore[no-untyped-def]
         """A clickhouse-connect client on the gateway's audit database."""
@@ -129,9 +142,9 @@ class Gateway:
         return all(s.alive() for s in self.stack.services if s.name in SERVICES)
 
 
-async def read_events(nats_url: str) -> list[Event]:
-    """Every event in the events stream, in stream order."""
-    nc = await nats.connect(nats_url)
+async def read_events(nats_url: str, **options: Any) -> list[Event]:
+    """Every event in the events stream, in stream order (`options`: nats.connect's)."""
+    nc = await nats.connect(nats_url, **options)
     try:
         jsm = nc.jsm()
         info = await jsm.stream_info(subjects.EVENTS_STREAM)

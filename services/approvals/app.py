@@ -180,7 +180,7 @@ class ApprovalsService:
 
 def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S,
               clock: Clock = utc_now) -> FastStream:
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
+    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     service = ApprovalsService(publisher, ApproverBook(settings.data_dir), clock)
     source = subjects.event_filter(ApprovalRequested)

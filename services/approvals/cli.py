@@ -203,8 +203,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s approvals %(levelname)s %(message)s")
-    settings = env.GatewaySettings(nats_url=args.nats_url, data_dir=args.data_dir)
-    asyncio.run(apply_topology(settings.nats_url))
+    settings = env.GatewaySettings(nats_url=args.nats_url, nats_creds=args.creds,
+                                   data_dir=args.data_dir)
+    if settings.nats_creds is None:  # on a locked bus the operator (admin) applied it
+        asyncio.run(apply_topology(settings.nats_url))
     app = build_app(settings, sweep_interval_s=args.sweep_interval)
     asyncio.run(app.run())
     return 0

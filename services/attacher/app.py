@@ -29,7 +29,7 @@ SERVICE = "attacher"
 
 def build_app(settings: GatewaySettings) -> FastStream:
     builder = ResultBuilder(settings.load_registry())
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
+    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
 
     async def on_terminal(msg: NatsMessage) -> None:

@@ -74,7 +74,7 @@ def build_sink(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: in
     worker = bus.worker_name(SERVICE)
     writer = AuditWriter(ClickHouseTarget.from_url(clickhouse_url), builder,
                          ensure_seal_key(settings.keys_dir), worker)
-    broker = bus.make_broker(settings.nats_url, worker)
+    broker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     app = FastStream(broker)
     pumps: list[asyncio.Task[None]] = []
 

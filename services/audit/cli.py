@@ -151,14 +151,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 # -- the sink, as `toolgate serve audit` or `python -m toolgate.services.audit` -------------
 
 def serve(nats_url: str, clickhouse_url: str, data_dir: Path,
-          registry_dirs: list[Path]) -> int:
+          registry_dirs: list[Path], creds: Path | None = None) -> int:
     from toolgate.services.audit.app import build_app
     from toolgate.services.stack.topology import apply_topology
 
-    settings = env.GatewaySettings(nats_url=nats_url, data_dir=data_dir,
+    settings = env.GatewaySettings(nats_url=nats_url, nats_creds=creds, data_dir=data_dir,
                                    registry_dirs=tuple(registry_dirs))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s audit %(levelname)s %(message)s")
-    asyncio.run(apply_topology(settings.nats_url))
+    if creds is None:  # on a locked bus the operator (admin) applied it
+        asyncio.run(apply_topology(settings.nats_url))
     asyncio.run(build_app(settings, clickhouse_url).run())
     return 0
 
@@ -169,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats-url", default=env.env_nats_url())
     parser.add_argument("--data-dir", type=Path, default=env.env_data_dir())
     parser.add_argument("--registry", type=Path, action="append", default=None)
+    parser.add_argument("--creds", type=Path, default=env.env_nats_creds())
     add_clickhouse_url(parser)
     args = parser.parse_args(argv)
     return serve(args.nats_url, args.clickhouse_url, args.data_dir,
-                 args.registry or env.env_registry_dirs())
+                 args.registry or env.env_registry_dirs(), args.creds)

@@ -53,7 +53,7 @@ def ddl_root() -> Traversable:
         root = files("toolgate.infra.clickhouse")
         if root.joinpath("single").is_dir():
             return root
-    except ModuleNotFoundError:
+    except (ModuleNotFoundError, NotADirectoryError):
         pass
     return Path(__file__).resolve().parents[2] / "infra" / "clickhouse"
 

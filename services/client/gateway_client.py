@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from nats.js.errors import NotFoundError
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
+from toolgate.services.stack.nats_auth import connect_options
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _encoder = msgspec.json.Encoder()
@@ -39,8 +41,10 @@ class GatewayClient:
         self._js = nc.jetstream()
 
     @classmethod
-    async def connect(cls, nats_url: str, **options: Any) -> GatewayClient:
-        options.setdefault("max_reconnect_attempts", -1)
+    async def connect(cls, nats_url: str, creds: Path | str | None = None,
+                      **options: Any) -> GatewayClient:
+        """Connect; on a locked bus pass the agent's `creds` file (DATA_DIR/creds/agent.creds)."""
+        options = {"max_reconnect_attempts": -1, **connect_options(creds), **options}
         return cls(await nats.connect(nats_url, **options))
 
     async def close(self) -> None:

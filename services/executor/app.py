@@ -212,7 +212,7 @@ def build_app(settings: GatewaySettings, tools: list[str] | None = None,
     if unknown:
         raise SystemExit(f"executor: no such tool(s) in the registry: {', '.join(unknown)}")
     worker = bus.worker_name(SERVICE)
-    broker: NatsBroker = bus.make_broker(settings.nats_url, worker)
+    broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     publisher = bus.Publisher(broker)
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4,
                               thread_name_prefix="tool")

@@ -123,7 +123,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
     ttl = timedelta(seconds=settings.authorization_ttl_s)
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
+    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     stores = Stores()
 

@@ -88,10 +88,13 @@ class EmbeddedNats:
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats-server.conf"
         # The config file carries what the command line cannot (max_payload).
-        conf.write_text(
-            f"max_payload: {MAX_PAYLOAD_BYTES}\n"
-            + (f"include '{self.config_file}'\n" if self.config_file else "")
-        )
+        # nats-server resolves an include relative to the including file, even
+        # an absolute path: so hand it a relative one.
+        include = ""
+        if self.config_file:
+            relative = os.path.relpath(Path(self.config_file).resolve(), conf.parent.resolve())
+            include = f"include '{relative}'\n"
+        conf.write_text(f"max_payload: {MAX_PAYLOAD_BYTES}\n" + include)
         args = [
             nats_server_binary(), "-a", self.host, "-p", str(self.port),
             "-js", "-sd", str(store), "-c", str(conf), "-l", str(self.log_path),

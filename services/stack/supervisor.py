@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolgate.contracts.authorization import ensure_keypair
+from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
+from toolgate.services.stack.nats_auth import Credentials, connect_options, create_credentials
 from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.topology import apply_topology
 
@@ -31,19 +33,23 @@ AUDIT_SERVICE = "audit"
 
 
 def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
-                  extra: list[str] | None = None) -> list[str]:
+                  extra: list[str] | None = None, creds: Path | None = None) -> list[str]:
     command = [sys.executable, "-m", "toolgate.services.cli", "serve", name,
                "--nats-url", nats_url, "--data-dir", str(data_dir)]
+    if creds is not None:
+        command += ["--creds", str(creds)]
     for directory in registry_dirs:
         command += ["--registry", str(directory)]
     return command + (extra or [])
 
 
 def audit_command(nats_url: str, clickhouse_url: str, data_dir: Path,
-                  registry_dirs: list[Path]) -> list[str]:
+                  registry_dirs: list[Path], creds: Path | None = None) -> list[str]:
     """`toolgate serve audit`, run through the audit package's own entry point."""
     command = [sys.executable, "-m", "toolgate.services.audit", "--nats-url", nats_url,
                "--clickhouse-url", clickhouse_url, "--data-dir", str(data_dir)]
+    if creds is not None:
+        command += ["--creds", str(creds)]
     for directory in registry_dirs:
         command += ["--registry", str(directory)]
     return command
@@ -95,6 +101,9 @@ class Stack:
     registry_dirs: list[Path] = field(default_factory=list)
     executor_args: list[str] = field(default_factory=list)
     nats: EmbeddedNats | None = None
+    # A locked bus: each service and client logs in as its role (infra/nats/).
+    locked: bool = True
+    creds: Credentials | None = None
     services: list[ServiceProcess] = field(default_factory=list)
     # The audit: an embedded ClickHouse (unless given a URL) and the audit sink.
     clickhouse_url: str | None = None
@@ -120,13 +129,21 @@ class Stack:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ensure_keypair(self.data_dir / "keys")
+        if self.locked:
+            # Keys are kept across runs; permissions are rendered afresh (the
+            # executor gets one durable per tool of this registry).
+            tools = load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR])).names()
+            self.creds = create_credentials(self.data_dir, tools=tools)
         if not self.nats_url:
-            self.nats = EmbeddedNats(self.data_dir / "nats", port=self.nats_port).start()
-        asyncio.run(apply_topology(self.url))
+            self.nats = EmbeddedNats(
+                self.data_dir / "nats", port=self.nats_port,
+                config_file=self.creds.auth_config if self.creds else None).start()
+        asyncio.run(apply_topology(self.url, **connect_options(self.creds_of("admin"))))
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
             service = ServiceProcess(
-                name, serve_command(name, self.url, self.data_dir, self.registry_dirs, extra),
+                name, serve_command(name, self.url, self.data_dir, self.registry_dirs, extra,
+                                    creds=self.creds_of(name)),
                 self.data_dir / "logs" / f"{name}.log")
             service.start()
             self.services.append(service)
@@ -139,10 +156,14 @@ class Stack:
                                                  port=self.clickhouse_port).start()
         service = ServiceProcess(
             AUDIT_SERVICE,
-            audit_command(self.url, self.audit_url, self.data_dir, self.registry_dirs),
+            audit_command(self.url, self.audit_url, self.data_dir, self.registry_dirs,
+                          creds=self.creds_of(AUDIT_SERVICE)),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log")
         service.start()
         self.services.append(service)
+
+    def creds_of(self, role: str) -> Path | None:
+        return self.creds.path(role) if self.creds else None
 
     def restart_dead(self) -> None:
         for service in self.services:
@@ -180,7 +201,9 @@ def run_until_signalled(stack: Stack) -> int:
               f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
               f"  try:  toolgate call search_sources "
               f"'{{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}}' "
-              f"--nats-url {stack.url}\nPress Ctrl-C to stop.", flush=True)
+              f"--nats-url {stack.url}"
+              + (f" --creds {stack.creds_of('agent')}" if stack.creds else "")
+              + "\nPress Ctrl-C to stop.", flush=True)
         while not stopping:
             time.sleep(0.5)
             stack.restart_dead()

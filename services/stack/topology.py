@@ -62,9 +62,11 @@ class Topology:
         ]
 
 
-async def apply_topology(nats_url: str, topology: Topology | None = None) -> None:
+async def apply_topology(nats_url: str, topology: Topology | None = None,
+                         **connect_options: Any) -> None:
+    """Create or update the streams and buckets; on a locked bus, as the admin user."""
     topology = topology or Topology()
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_url, **connect_options)
     try:
         js = nc.jetstream()
         for config in topology.streams():

@@ -59,7 +59,7 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
 
 def build_app(settings: GatewaySettings) -> FastStream:
     checker = CallChecker(settings.load_registry(), settings.max_call_bytes)
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE))
+    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
 
     @bus.durable_subscriber(broker, subjects.CALLS, subjects.CALLS_STREAM, SERVICE)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.harness import Gateway, events_of, read_events
+from tests.harness import Gateway, events_of
 from tests.tools.faulty import runs_of
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal, ToolCall
@@ -14,8 +14,14 @@ from toolgate.contracts.events import ApprovalRequested, CallAuthorized
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient
 from toolgate.services.client.gateway_client import new_call_id
+from toolgate.services.stack.nats_auth import connect_options
 
 pytestmark = pytest.mark.system
+
+def APPROVER(gateway: Gateway) -> dict[str, object]:  # noqa: N802 (reads as a constant)
+    """An approver's connection: the locked bus lets it vote and read approvals only."""
+    return connect_options(gateway.stack.creds_of("approver"))
+
 
 BOB = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-1")
 
@@ -36,7 +42,7 @@ async def test_approved_call_runs_once_bound_to_its_approver(shared_gateway: Gat
                     principal=BOB)
     sha = arguments_sha256(call.arguments)
     async with await shared_gateway.client() as client, \
-            await ApprovalsClient.connect(shared_gateway.url) as approvals:
+            await ApprovalsClient.connect(shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
         waiting = asyncio.create_task(client.submit(call, timeout=120))
         state = await _pending(approvals, call.call_id)
         assert state.required_approvals == 1 and state.arguments_sha256 == sha
@@ -58,7 +64,7 @@ async def test_approved_call_runs_once_bound_to_its_approver(shared_gateway: Gat
     assert result.ok, result
     assert not again.accepted  # single use
     assert runs_of(shared_gateway.data_dir, "approved_action").count(call.call_id) == 1
-    events = events_of(await read_events(shared_gateway.url), call.call_id)
+    events = events_of(await shared_gateway.events(), call.call_id)
     requested = next(e for e in events if isinstance(e, ApprovalRequested))
     authorized = next(e for e in events if isinstance(e, CallAuthorized))
     assert authorized.authorization.approvals == ["carol"]
@@ -70,7 +76,7 @@ async def test_denied_approval_ends_the_call_without_running_it(shared_gateway: 
     call = ToolCall(call_id=new_call_id(), tool="approved_action", arguments={"amount": 5},
                     principal=BOB)
     async with await shared_gateway.client() as client, \
-            await ApprovalsClient.connect(shared_gateway.url) as approvals:
+            await ApprovalsClient.connect(shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
         waiting = asyncio.create_task(client.submit(call, timeout=120))
         state = await _pending(approvals, call.call_id)
         denied = await approvals.vote(call.call_id, "deny", arguments_sha256=state.arguments_sha256,

@@ -6,10 +6,9 @@ import asyncio
 from datetime import timedelta
 
 import msgspec
-import nats
 import pytest
 
-from tests.harness import Gateway, count_types, events_of, read_events
+from tests.harness import Gateway, count_types, events_of
 from tests.tools.faulty import runs_of
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -55,19 +54,19 @@ async def test_republish_outside_the_dedupe_window_replays_instead_of_running(
     call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     async with await shared_gateway.client() as client:
         first = await client.submit(call)
-        nc = await nats.connect(shared_gateway.url)
+        nc = await shared_gateway.connect()
         await nc.jetstream().publish(subjects.CALLS, msgspec.json.encode(call))
         await nc.close()
 
         async def replayed() -> bool:
-            events = events_of(await read_events(shared_gateway.url), call.call_id)
+            events = events_of(await shared_gateway.events(), call.call_id)
             return count_types(events)["ResultAttached"] == 2
 
         await _wait_for(replayed)
         again = await client.result(call.call_id)
     assert again == first
     assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
-    outcomes = [e for e in events_of(await read_events(shared_gateway.url), call.call_id)
+    outcomes = [e for e in events_of(await shared_gateway.events(), call.call_id)
                 if type(e).__name__ == "ExecutionSucceeded"]
     assert [e.replayed for e in outcomes] == [False, True]
 
@@ -97,7 +96,7 @@ async def test_executor_killed_mid_run_every_call_one_result_evidence_once(
     assert all(r.ok for r in results), [r for r in results if not r.ok][:3]
     evidence = read_evidence(gateway.data_dir / "tools" / "save_evidence", "acme", "task_kill")
     assert sorted(row["call_id"] for row in evidence) == sorted(c.call_id for c in calls)
-    events = await read_events(gateway.url)
+    events = await gateway.events()
     for call in calls:
         assert count_types(events_of(events, call.call_id))["ResultAttached"] == 1, call.call_id
 
@@ -121,7 +120,7 @@ async def test_interrupted_non_idempotent_call_is_not_run_again(gateway: Gateway
 
 
 async def test_malformed_and_oversized_calls_get_clear_answers(shared_gateway: Gateway) -> None:
-    nc = await nats.connect(shared_gateway.url)
+    nc = await shared_gateway.connect()
     js = nc.jetstream()
     missing_tool_id = new_call_id()
     oversized_id = new_call_id()
@@ -145,11 +144,11 @@ async def test_malformed_and_oversized_calls_get_clear_answers(shared_gateway: G
     assert oversized.error is not None and oversized.error.code == "PAYLOAD_TOO_LARGE"
 
     async def dead_letters_recorded() -> bool:
-        events = await read_events(shared_gateway.url)
+        events = await shared_gateway.events()
         return len([e for e in events if isinstance(e, MessageDeadLettered)]) >= 3
 
     await _wait_for(dead_letters_recorded)
-    reasons = [e.reason for e in await read_events(shared_gateway.url)
+    reasons = [e.reason for e in await shared_gateway.events()
                if isinstance(e, MessageDeadLettered)]
     assert any("malformed ToolCall" in r for r in reasons)
     assert any("subject-safe" in r for r in reasons)
@@ -176,14 +175,14 @@ async def test_forged_executor_message_is_refused_and_never_runs(
             call_id=call.call_id, tool="count_runs",
             arguments_sha256=arguments_sha256(call.arguments), policy_version="made-up",
             expires_at=utc_now() + timedelta(hours=1), signature="Zm9yZ2Vk"))
-    nc = await nats.connect(shared_gateway.url)
+    nc = await shared_gateway.connect()
     await nc.jetstream().publish(subjects.event_subject(CallAuthorized, "count_runs"),
                                  encode_event(forged))
     await nc.close()
 
     async def refused() -> bool:
         return any(isinstance(e, ExecutionRefused)
-                   for e in events_of(await read_events(shared_gateway.url), call.call_id))
+                   for e in events_of(await shared_gateway.events(), call.call_id))
 
     await _wait_for(refused)
     assert call.call_id not in runs_of(shared_gateway.data_dir)
@@ -196,21 +195,21 @@ async def test_arguments_altered_after_authorization_are_refused(
                     principal=BOB)
     async with await shared_gateway.client() as client:
         assert (await client.submit(call)).ok
-    genuine = next(e for e in events_of(await read_events(shared_gateway.url), call.call_id)
+    genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
                    if isinstance(e, CallAuthorized))
     altered_call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={},
                             principal=BOB)
     tampered = msgspec.structs.replace(
         genuine, event_id=new_call_id(), call_id=altered_call.call_id, call=altered_call,
         tool="count_runs")
-    nc = await nats.connect(shared_gateway.url)
+    nc = await shared_gateway.connect()
     await nc.jetstream().publish(subjects.event_subject(CallAuthorized, "count_runs"),
                                  encode_event(tampered))
     await nc.close()
 
     async def refused() -> bool:
         return any(isinstance(e, ExecutionRefused) for e in
-                   events_of(await read_events(shared_gateway.url), altered_call.call_id))
+                   events_of(await shared_gateway.events(), altered_call.call_id))
 
     await _wait_for(refused)
     assert altered_call.call_id not in runs_of(shared_gateway.data_dir)

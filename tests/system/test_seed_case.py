@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness import Gateway, count_types, events_of, read_events
+from tests.harness import Gateway, count_types, events_of
 from toolgate.contracts.calls import Principal
 from toolgate.services.client.gateway_client import new_call_id
 
@@ -49,7 +49,7 @@ async def test_limit_over_maximum_is_invalid_arguments_and_never_runs(
     assert result.error.retryable is False
     assert [(d.path, d.message) for d in result.error.details] == [
         ("/limit", "50 is greater than the maximum of 10")]
-    types = count_types(events_of(await read_events(shared_gateway.url), call_id))
+    types = count_types(events_of(await shared_gateway.events(), call_id))
     assert types["ArgumentsRejected"] == 1
     assert types["ExecutionStarted"] == 0 and types["CallAuthorized"] == 0
 
@@ -96,7 +96,7 @@ async def test_save_evidence_into_another_task_is_denied(shared_gateway: Gateway
             principal=ALICE, task_id="task_c04", call_id=call_id)
     assert result.status == "denied"
     assert result.error is not None and result.error.code == "TASK_SCOPE_VIOLATION"
-    types = count_types(events_of(await read_events(shared_gateway.url), call_id))
+    types = count_types(events_of(await shared_gateway.events(), call_id))
     assert types["CallDenied"] == 1 and types["ExecutionStarted"] == 0
 
 
@@ -114,7 +114,7 @@ async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) 
     call_id = new_call_id()
     async with await shared_gateway.client() as client:
         await client.call("echo", {"payload": [1, 2]}, principal=ALICE, call_id=call_id)
-    events = events_of(await read_events(shared_gateway.url), call_id)
+    events = events_of(await shared_gateway.events(), call_id)
     assert [type(e).__name__ for e in events] == [
         "ArgumentsValidated", "CallAuthorized", "ExecutionStarted", "ExecutionSucceeded",
         "ResultAttached"]
@@ -150,5 +150,5 @@ async def test_platform_trace_context_is_carried_on_every_event(shared_gateway: 
     async with await shared_gateway.client() as client:
         await client.call("echo", {}, principal=ALICE, call_id=call_id,
                           context={"traceparent": traceparent})
-    events = events_of(await read_events(shared_gateway.url), call_id)
+    events = events_of(await shared_gateway.events(), call_id)
     assert events and all(e.traceparent == traceparent for e in events)

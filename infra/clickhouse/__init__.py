@@ -1,0 +1,1 @@
+"""ClickHouse DDL shipped as package data (the files beside this one)."""
