@@ -180,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-url", dest="nats_url_given", default=env.env_nats_url_or_none(),
                     help="use this NATS instead of starting one (default: $TOOLGATE_NATS_URL, "
                          "else start the embedded nats-server)")
-    up.add_argument("--nats-port", type=int, default=0, help="port of the embedded NATS (0: any)")
+    up.add_argument("--nats-port", type=int, default=4222,
+                    help="port of the embedded NATS (default %(default)s; 0: any free port)")
     up.add_argument("--concurrency", type=int, default=8, help="executor calls in flight per tool")
     up.add_argument("--clickhouse-url", dest="clickhouse_url_given", default=None,
                     help="audit into this ClickHouse (http://host:port/database) instead of "

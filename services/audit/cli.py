@@ -58,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     replay.add_argument("--timeout", type=float, default=60.0)
     replay.add_argument("--nats-url", default=env.env_nats_url(),
                         help="the running gateway (default: $TOOLGATE_NATS_URL or %(default)s)")
+    replay.add_argument("--creds", type=Path, default=env.env_nats_creds(),
+                        help="agent credentials on a locked bus (default: $TOOLGATE_NATS_CREDS)")
     add_clickhouse_url(replay)
     replay.set_defaults(func=cmd_replay)
 
@@ -119,7 +121,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not recorded:
         print("no recorded call matches", file=sys.stderr)
         return 1
-    outcomes = asyncio.run(replay(args.nats_url, recorded, timeout=args.timeout))
+    outcomes = asyncio.run(replay(args.nats_url, recorded, args.creds, timeout=args.timeout))
     for outcome in outcomes:
         print(side_by_side(outcome), end="\n\n")
     return 0 if all(o.same for o in outcomes) else 1

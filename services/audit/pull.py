@@ -15,6 +15,7 @@ redelivered by JetStream after the ack wait.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -35,7 +36,10 @@ async def ensure_consumer(nc: Client, stream: str, config: ConsumerConfig) -> No
     try:
         await js.consumer_info(stream, config.durable_name or "")
     except NotFoundError:
-        await js.add_consumer(stream, config)
+        # Named as well as durable: the server then takes the request on
+        # CONSUMER.CREATE.<stream>.<name>.<filter>, the subject the locked bus
+        # grants (the legacy DURABLE.CREATE subject is not granted).
+        await js.add_consumer(stream, dataclasses.replace(config, name=config.durable_name))
 
 
 class PullBatches:

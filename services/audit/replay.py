@@ -15,6 +15,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -114,9 +115,9 @@ def _recorded_call(payload: str, note: str) -> tuple[ToolCall | None, str]:
     return _call_decoder.decode(json.dumps(call)), ""
 
 
-async def replay(nats_url: str, recorded: list[RecordedCall],
+async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None = None,
                  timeout: float = 60.0) -> list[Replayed]:
-    async with await GatewayClient.connect(nats_url) as client:
+    async with await GatewayClient.connect(nats_url, creds) as client:
 
         async def one(original: RecordedCall) -> Replayed:
             if original.call is None:

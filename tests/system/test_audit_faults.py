@@ -63,7 +63,7 @@ async def until(predicate, timeout: float = 120.0) -> None:  # type: ignore[no-u
 
 
 async def assert_each_event_once(gateway: Gateway) -> int:
-    expected = await expected_rows(gateway.url)
+    expected = await expected_rows(gateway)
     await until(lambda: audited_rows(gateway) >= expected)
     client = gateway.audit_client()
     count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
@@ -71,7 +71,7 @@ async def assert_each_event_once(gateway: Gateway) -> int:
     assert count == distinct == expected
     stored = {r[0] for r in client.query("SELECT event_id FROM events "
                                          "WHERE source_stream = 'TOOLGATE_EVENTS'").result_rows}
-    assert stored == await stream_event_ids(gateway.url)
+    assert stored == await stream_event_ids(gateway)
     requested = client.query("SELECT count() FROM events WHERE event_type = 'CallRequested'"
                              ).result_rows[0][0]
     assert requested == CALLS
@@ -89,12 +89,12 @@ async def test_clickhouse_down_mid_run_loses_and_doubles_nothing(audited: Gatewa
         port, data_dir = stack.clickhouse.port, stack.clickhouse.data_dir
         stack.clickhouse.kill()
         down_at = time.monotonic()
-        at_kill = await stored_messages(audited.url)
+        at_kill = await stored_messages(audited)
         results = await submitting
         # Every call got its result while ClickHouse was down: the audit is off the path.
         assert not stack.clickhouse.running()
         assert all(r.ok for r in results)
-        assert await stored_messages(audited.url) > at_kill
+        assert await stored_messages(audited) > at_kill
     await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
     stack.clickhouse = EmbeddedClickHouse(data_dir, port=port).start()
     assert audited.service("audit").alive(), "the sink must wait for ClickHouse, not die"

@@ -8,7 +8,6 @@ import json
 from collections.abc import Iterator
 
 import msgspec
-import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
@@ -34,9 +33,9 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     gateway.stop()
 
 
-async def stream_event_ids(url: str) -> set[str]:
+async def stream_event_ids(gateway: Gateway) -> set[str]:
     """The distinct event ids in the events stream, read in batches by an ephemeral consumer."""
-    nc = await nats.connect(url)
+    nc = await gateway.connect()
     try:
         js = nc.jetstream()
         last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
@@ -55,9 +54,9 @@ async def stream_event_ids(url: str) -> set[str]:
         await nc.close()
 
 
-async def stored_messages(url: str) -> int:
+async def stored_messages(gateway: Gateway) -> int:
     """How many messages the calls and events streams hold (cheap: no reading)."""
-    nc = await nats.connect(url)
+    nc = await gateway.connect()
     js = nc.jetstream()
     total = sum([(await js.stream_info(s)).state.messages
                  for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)])
@@ -65,22 +64,27 @@ async def stored_messages(url: str) -> int:
     return total
 
 
-async def expected_rows(url: str) -> int:
+async def expected_rows(gateway: Gateway) -> int:
     """Distinct event ids in the events stream, plus one row per stored call message."""
-    nc = await nats.connect(url)
+    nc = await gateway.connect()
     calls = (await nc.jetstream().stream_info(subjects.CALLS_STREAM)).state.messages
     await nc.close()
-    return len(await stream_event_ids(url)) + calls
+    return len(await stream_event_ids(gateway)) + calls
 
 
 async def wait_until_audited(gateway: Gateway, timeout: float = 90.0) -> int:
-    expected = await expected_rows(gateway.url)
+    expected = await expected_rows(gateway)
     client = gateway.audit_client()
     deadline = asyncio.get_running_loop().time() + timeout
     while client.query("SELECT count() FROM events").result_rows[0][0] < expected:
         assert asyncio.get_running_loop().time() < deadline, "audit did not catch up"
         await asyncio.sleep(0.3)
     return expected
+
+
+def agent_bus(gateway: Gateway) -> list[str]:
+    """The flags of a command that talks to the gateway's locked bus as an agent."""
+    return ["--nats-url", gateway.url, "--creds", str(gateway.stack.creds_of("agent"))]
 
 
 def audit_cli(*argv: str) -> int:
@@ -104,7 +108,7 @@ def story(audited: Gateway) -> dict[str, str]:
             await client.call("save_evidence", {"task_id": "other", "claim": "c",
                                                 "source_url": "https://x.org"},
                               principal=ALICE, task_id="mine", call_id=ids["denied"])
-        nc = await nats.connect(audited.url)
+        nc = await audited.connect()
         await nc.jetstream().publish(subjects.CALLS, b"{garbage")
         await nc.close()
         await wait_until_audited(audited)
@@ -119,7 +123,7 @@ def test_every_event_reaches_clickhouse_exactly_once(audited, story):
     count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
                                    ).result_rows[0]
     assert count == distinct == expected
-    stream_ids = asyncio.run(stream_event_ids(audited.url))
+    stream_ids = asyncio.run(stream_event_ids(audited))
     stored = {r[0] for r in client.query(
         "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'").result_rows}
     assert stored == stream_ids
@@ -156,7 +160,7 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
 
 def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
     url = audited.stack.audit_url
-    assert audit_cli("replay", story["search"], "--nats-url", audited.url,
+    assert audit_cli("replay", story["search"], *agent_bus(audited),
                      "--clickhouse-url", url) == 0
     out = capsys.readouterr().out
     assert "SAME result" in out and f"rp-{story['search']}-" in out
@@ -171,7 +175,7 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
     assert {"ArgumentsValidated", "CallAuthorized", "ResultAttached"} <= set(statuses)
     # By time and filters: the one ok search_sources call (earlier replays are left out).
     assert audit_cli("replay", "--since", "2000-01-01T00:00:00", "--tool", "search_sources",
-                     "--status", "ok", "--nats-url", audited.url, "--clickhouse-url", url) == 0
+                     "--status", "ok", *agent_bus(audited), "--clickhouse-url", url) == 0
     out = capsys.readouterr().out
     assert out.count("SAME result") == 1 and f'"call_id": "{story["search"]}"' in out
     # A call whose arguments were kept only as a hash cannot be replayed, and says why.
@@ -184,7 +188,7 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
         await wait_until_audited(audited)
 
     asyncio.run(submit())
-    assert audit_cli("replay", echo.call_id, "--nats-url", audited.url,
+    assert audit_cli("replay", echo.call_id, *agent_bus(audited),
                      "--clickhouse-url", url) == 1
     assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
 
