@@ -42,7 +42,8 @@ async def test_approved_call_runs_once_bound_to_its_approver(shared_gateway: Gat
                     principal=BOB)
     sha = arguments_sha256(call.arguments)
     async with await shared_gateway.client() as client, \
-            await ApprovalsClient.connect(shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
+            await ApprovalsClient.connect(
+                shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
         waiting = asyncio.create_task(client.submit(call, timeout=120))
         state = await _pending(approvals, call.call_id)
         assert state.required_approvals == 1 and state.arguments_sha256 == sha
@@ -76,7 +77,8 @@ async def test_denied_approval_ends_the_call_without_running_it(shared_gateway: 
     call = ToolCall(call_id=new_call_id(), tool="approved_action", arguments={"amount": 5},
                     principal=BOB)
     async with await shared_gateway.client() as client, \
-            await ApprovalsClient.connect(shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
+            await ApprovalsClient.connect(
+                shared_gateway.url, **APPROVER(shared_gateway)) as approvals:
         waiting = asyncio.create_task(client.submit(call, timeout=120))
         state = await _pending(approvals, call.call_id)
         denied = await approvals.vote(call.call_id, "deny", arguments_sha256=state.arguments_sha256,
