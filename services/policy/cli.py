@@ -1,20 +1,24 @@
-"""`toolgate policy check DIR` and `toolgate policy push DIR`.
+"""`toolgate policy check DIR`, `toolgate policy push DIR` and `toolgate policy test DIR`.
 
 check validates a bundle directory here and prints its version; push
 validates it the same way, then stores it as the active bundle, which every
 policy replica loads within a moment. A bundle that fails validation is
-never pushed: the command prints file, line and reason and exits 2.
+never pushed: the command prints file, line and reason and exits 2. test
+replays the decisions recorded in the audit store under a bundle and prints
+which would change (exit 0: none, 1: some, 2: bad bundle).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 
 import nats
 
+from toolgate.services.audit.cli import add_clickhouse_url
 from toolgate.services.policy.bundle import BundleError, read_bundle_dir
 from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
@@ -24,7 +28,7 @@ from toolgate.services.policy.bundle_store import (
     push_bundle,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
-from toolgate.services.settings import env_nats_url
+from toolgate.services.settings import GatewaySettings, env_nats_url, env_registry_dirs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,6 +42,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     push.add_argument("--nats-url", default=env_nats_url(),
                       help="NATS server URL (default: $TOOLGATE_NATS_URL or %(default)s)")
     push.set_defaults(func=cmd_push)
+    test = commands.add_parser("test", help="which recorded decisions a bundle would change")
+    test.add_argument("directory", type=Path)
+    test.add_argument("--since", default="24h",
+                      help="24h, 30m, 7d or an ISO time, UTC (default: %(default)s)")
+    test.add_argument("--registry", type=Path, action="append", default=None,
+                      help="tool registry directory, repeatable (default: $TOOLGATE_REGISTRY "
+                           "or the built-in tools)")
+    test.add_argument("--limit", type=int, default=5, help="example call_ids per kind")
+    test.add_argument("--format", choices=("text", "json"), default="text")
+    add_clickhouse_url(test)
+    test.set_defaults(func=cmd_test)
 
 
 def checked_engine(directory: Path) -> tuple[dict[str, str], CedarEngine] | None:
@@ -77,3 +92,28 @@ def cmd_push(args: argparse.Namespace) -> int:
     print(f"pushed policy bundle {engine.version} to {POLICIES_BUCKET}/{ACTIVE_KEY} "
           f"(revision {revision})")
     return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    from toolgate.services.audit.connection import connect
+    from toolgate.services.policy.history import evaluate_history, parse_since, read_recorded
+
+    try:
+        since = parse_since(args.since)
+    except ValueError:
+        print(f"toolgate policy test: --since {args.since!r}: not 24h, 30m, 7d "
+              "or an ISO time", file=sys.stderr)
+        return 2
+    checked = checked_engine(args.directory)
+    if checked is None:
+        return 2
+    _, engine = checked
+    registry = GatewaySettings(registry_dirs=tuple(args.registry or env_registry_dirs())
+                               ).load_registry()
+    recorded = read_recorded(connect(args.clickhouse_url), since)
+    report = evaluate_history(engine.bundle, registry, recorded, since)
+    if args.format == "json":
+        print(json.dumps(report.to_json(args.limit), indent=2))
+    else:
+        print(report.text(args.limit))
+    return 1 if report.changed else 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.harness import Gateway, count_types, events_of
@@ -114,7 +116,12 @@ async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) 
     call_id = new_call_id()
     async with await shared_gateway.client() as client:
         await client.call("echo", {"payload": [1, 2]}, principal=ALICE, call_id=call_id)
-    events = events_of(await shared_gateway.events(), call_id)
+    # The result is published before its ResultAttached event: wait for the event.
+    for _ in range(100):
+        events = events_of(await shared_gateway.events(), call_id)
+        if any(type(e).__name__ == "ResultAttached" for e in events):
+            break
+        await asyncio.sleep(0.1)
     assert [type(e).__name__ for e in events] == [
         "ArgumentsValidated", "CallAuthorized", "ExecutionStarted", "ExecutionSucceeded",
         "ResultAttached"]
