@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 
 from faststream import FastStream
 from faststream.nats.message import NatsMessage
@@ -35,8 +36,8 @@ def stream_config() -> StreamConfig:
                         duplicate_window=120.0)
 
 
-def build_hop(nats_url: str, index: int, last: bool) -> FastStream:
-    broker = bus.make_broker(nats_url, f"bench-hop{index}")
+def build_hop(nats_url: str, index: int, last: bool, creds: Path | None = None) -> FastStream:
+    broker = bus.make_broker(nats_url, f"bench-hop{index}", creds)
     durable = f"bench-hop{index}"
     source = hop_subject(index)
 
@@ -57,8 +58,9 @@ def main() -> None:
     parser.add_argument("--nats-url", required=True)
     parser.add_argument("--hop", type=int, required=True)
     parser.add_argument("--hops", type=int, required=True)
+    parser.add_argument("--creds", type=Path, default=None)
     args = parser.parse_args()
-    asyncio.run(build_hop(args.nats_url, args.hop, args.hop == args.hops - 1).run())
+    asyncio.run(build_hop(args.nats_url, args.hop, args.hop == args.hops - 1, args.creds).run())
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from nats.aio.client import Client
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.bench import floor
+from toolgate.services.stack.nats_auth import connect_options
 from toolgate.services.stack.supervisor import Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
@@ -81,8 +82,9 @@ async def _measure(nc: Client, send: Send, out_wildcard: str, id_of: Callable[[s
                    burst_calls_per_s=burst / elapsed)
 
 
-async def _pipeline(nats_url: str, calls: int, burst: int, run: str) -> Figures:
-    nc = await nats.connect(nats_url)
+async def _pipeline(nats_url: str, calls: int, burst: int, run: str,
+                    creds: Path | None) -> Figures:
+    nc = await nats.connect(nats_url, **connect_options(creds))
     js = nc.jetstream()
 
     async def send(_: Client, call_id: str, body: bytes) -> None:
@@ -97,8 +99,9 @@ async def _pipeline(nats_url: str, calls: int, burst: int, run: str) -> Figures:
         await nc.close()
 
 
-async def _floor(nats_url: str, calls: int, burst: int, run: str) -> Figures:
-    nc = await nats.connect(nats_url)
+async def _floor(nats_url: str, calls: int, burst: int, run: str,
+                 creds: Path | None) -> Figures:
+    nc = await nats.connect(nats_url, **connect_options(creds))
     js = nc.jetstream()
     await js.add_stream(floor.stream_config())
 
@@ -106,7 +109,7 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str) -> Figures:
         await js.publish(floor.hop_subject(0), body, stream=floor.STREAM,
                          headers={"Nats-Msg-Id": call_id, floor.CALL_HEADER: call_id})
 
-    hops = [_start_hop(nats_url, i) for i in range(HOPS)]
+    hops = [_start_hop(nats_url, i, creds) for i in range(HOPS)]
     try:
         return await _measure(nc, send, floor.out_subject("*"),
                               lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
@@ -119,9 +122,11 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str) -> Figures:
         await nc.close()
 
 
-def _start_hop(nats_url: str, index: int) -> subprocess.Popen[bytes]:
+def _start_hop(nats_url: str, index: int, creds: Path | None) -> subprocess.Popen[bytes]:
+    flags = ["--creds", str(creds)] if creds else []
     return subprocess.Popen([sys.executable, "-m", "toolgate.services.bench.floor",
-                             "--nats-url", nats_url, "--hop", str(index), "--hops", str(HOPS)],
+                             "--nats-url", nats_url, "--hop", str(index), "--hops", str(HOPS),
+                             *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -135,16 +140,19 @@ def run_bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="toolgate-bench-") as tmp:
         stack = None
         nats_url = args.nats_url
+        # The floor declares its own stream and subjects: on a locked bus that is the operator's.
+        creds = args.creds
         if nats_url is None:
             stack = Stack(data_dir=Path(tmp))
             stack.start()
             nats_url = stack.url
-            asyncio.run(_wait_for_pipeline(nats_url))
+            creds = stack.creds_of("admin")
+            asyncio.run(_wait_for_pipeline(nats_url, creds))
         try:
             print(f"toolgate bench: {args.calls} sequential calls, burst of {args.burst}, "
                   f"tool 'echo', {HOPS} hops, NATS {nats_url}")
-            pipeline = asyncio.run(_pipeline(nats_url, args.calls, args.burst, run))
-            base = asyncio.run(_floor(nats_url, args.calls, args.burst, run))
+            pipeline = asyncio.run(_pipeline(nats_url, args.calls, args.burst, run, creds))
+            base = asyncio.run(_floor(nats_url, args.calls, args.burst, run, creds))
         finally:
             if stack is not None:
                 stack.stop()
@@ -156,12 +164,12 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _wait_for_pipeline(nats_url: str, timeout: float = 60.0) -> None:
+async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float = 60.0) -> None:
     """Wait until one call goes through: every service is up."""
     from toolgate.services.client.gateway_client import GatewayClient
 
     deadline = time.monotonic() + timeout
-    async with await GatewayClient.connect(nats_url) as client:
+    async with await GatewayClient.connect(nats_url, creds) as client:
         while True:
             try:
                 await client.call("echo", {}, principal=PRINCIPAL, timeout=5)
