@@ -142,13 +142,15 @@ def _count(client: Client | None) -> int:
         return 0
 
 
-async def _burst(nats_url: str, calls: int) -> float:
+async def _burst(nats_url: str, calls: int, creds: Path | None) -> float:
     """Rows the pipeline produces per second under a burst of echo calls."""
     from toolgate.services.client.gateway_client import GatewayClient
+    from toolgate.services.stack.nats_auth import connect_options
 
-    async with await GatewayClient.connect(nats_url) as client:
+    # The operator's credentials: they may publish calls and read stream info.
+    async with await GatewayClient.connect(nats_url, creds) as client:
         await client.call("echo", {}, principal=PRINCIPAL, timeout=60)  # warm-up
-        nc = await nats.connect(nats_url)
+        nc = await nats.connect(nats_url, **connect_options(creds))
         js = nc.jetstream()
 
         async def stored() -> int:
@@ -172,7 +174,7 @@ def measure_pipeline_peak(tmp: Path, calls: int) -> float:
     stack = Stack(data_dir=tmp / "pipeline", with_audit=False)
     stack.start()
     try:
-        return asyncio.run(_burst(stack.url, calls))
+        return asyncio.run(_burst(stack.url, calls, stack.creds_of("admin")))
     finally:
         stack.stop()
 
