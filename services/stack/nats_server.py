@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from toolgate.services.stack.processes import kill_process, stop_process
 
 # Large enough that an oversized call reaches the validator and gets a precise
 # PAYLOAD_TOO_LARGE result instead of a bare publish error at the client.
@@ -107,19 +108,10 @@ class EmbeddedNats:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout)
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        kill_process(self.process)
 
     def __enter__(self) -> EmbeddedNats:
         return self.start()

@@ -23,6 +23,7 @@ from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.services.stack.nats_auth import Credentials, connect_options, create_credentials
 from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.services.stack.processes import kill_process, stop_process
 from toolgate.services.stack.topology import apply_topology
 
 log = logging.getLogger("toolgate.up")
@@ -76,21 +77,10 @@ class ServiceProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout: float = 15.0) -> None:
-        if not self.alive():
-            return
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout)
 
     def kill(self) -> None:
-        if self.alive():
-            assert self.process is not None
-            self.process.kill()
-            self.process.wait()
+        kill_process(self.process)
 
 
 @dataclass
