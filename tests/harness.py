@@ -20,7 +20,13 @@ import yaml
 from nats.js.errors import NotFoundError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.events import TERMINAL_EVENTS, CallAuthorized, Event, decode_event
+from toolgate.contracts.events import (
+    TERMINAL_EVENTS,
+    CallAuthorized,
+    Event,
+    decode_event,
+    encode_event,
+)
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
 from toolgate.services.client.gateway_client import GatewayClient
 from toolgate.services.stack.nats_auth import connect_options
@@ -140,6 +146,17 @@ class Gateway:
 
     def all_alive(self) -> bool:
         return all(s.alive() for s in self.stack.services if s.name in SERVICES)
+
+
+async def publish_event(url: str, event: Event, **options: Any) -> None:
+    """Put one event on the events stream as its producer would (with a publish ack)."""
+    nc = await nats.connect(url, **options)
+    try:
+        await nc.jetstream().publish(subjects.subject_of(event), encode_event(event),
+                                     stream=subjects.EVENTS_STREAM,
+                                     headers={"Nats-Msg-Id": event.event_id})
+    finally:
+        await nc.close()
 
 
 async def read_events(nats_url: str, **options: Any) -> list[Event]:

@@ -19,6 +19,7 @@ import nats
 from nats.js.errors import NotFoundError
 
 from tests.harness import REPO_ROOT, events_of, read_events
+from tests.harness import publish_event as publish_event  # the approvals tests import it from here
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall
@@ -27,7 +28,6 @@ from toolgate.contracts.events import (
     Event,
     call_fields,
     derive_event_id,
-    encode_event,
     utc_now,
 )
 from toolgate.services.approvals.approvers import add_approver
@@ -66,14 +66,6 @@ def approval_requested(call_id: str, arguments: dict, *, n: int = 1,
         arguments_sha256=arguments_sha256(arguments), **call_fields(call))
 
 
-async def publish_event(url: str, event: Event) -> None:
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().publish(subjects.subject_of(event), encode_event(event),
-                                     stream=subjects.EVENTS_STREAM,
-                                     headers={"Nats-Msg-Id": event.event_id})
-    finally:
-        await nc.close()
 
 
 async def wait_for_events(url: str, call_id: str, done: Callable[[list[Event]], bool],

@@ -19,8 +19,7 @@ import nats
 import pytest
 import yaml
 
-from tests.harness import events_of, read_events
-from toolgate.contracts import subjects
+from tests.harness import events_of, publish_event, read_events
 from toolgate.contracts.authorization import arguments_sha256, load_public_key, verify
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import (
@@ -32,7 +31,6 @@ from toolgate.contracts.events import (
     Event,
     call_fields,
     derive_event_id,
-    encode_event,
     utc_now,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, RateLimit
@@ -92,14 +90,6 @@ async def push_files(url: str, files: dict[str, str]) -> None:
     await push(url, files, bundle_version(files))
 
 
-async def publish(url: str, event: Event) -> None:
-    nc = await nats.connect(url)
-    try:
-        await nc.jetstream().publish(subjects.subject_of(event), encode_event(event),
-                                     stream=subjects.EVENTS_STREAM,
-                                     headers={"Nats-Msg-Id": event.event_id})
-    finally:
-        await nc.close()
 
 
 def validated(call: ToolCall) -> ArgumentsValidated:
@@ -136,7 +126,7 @@ async def decisions(url: str, call_id: str, count: int = 1,
 
 
 async def decide(url: str, call: ToolCall) -> Event:
-    await publish(url, validated(call))
+    await publish_event(url, validated(call))
     return (await decisions(url, call.call_id))[0]
 
 
@@ -194,7 +184,7 @@ class TestRateLimit:
         calls = [echo_call(f"limited-{i}", tool="limited_echo") for i in range(8)]
 
         async def outcomes(batch: list[ToolCall]) -> list[Event]:
-            await asyncio.gather(*(publish(url, validated(c)) for c in batch))
+            await asyncio.gather(*(publish_event(url, validated(c)) for c in batch))
             return [(await decisions(url, c.call_id))[0] for c in batch]
 
         async with replica(settings):
@@ -236,8 +226,8 @@ class TestApproval:
             assert requested.required_approvals == 2 and requested.risk == "critical"
             assert requested.policy_version == DEFAULT_VERSION
             assert 890 <= (requested.expires_at - requested.occurred_at).total_seconds() <= 900
-            await publish(url, granted(call, ["ann"], quorum=False))
-            await publish(url, granted(call, ["ann", "bob"], quorum=True))
+            await publish_event(url, granted(call, ["ann"], quorum=False))
+            await publish_event(url, granted(call, ["ann", "bob"], quorum=True))
             authorized = (await decisions(url, call.call_id, count=2))[1]
         assert isinstance(authorized, CallAuthorized)
         assert authorized.authorization.approvals == ["ann", "bob"]
@@ -250,7 +240,7 @@ class TestApproval:
         tampered = msgspec.structs.replace(call, arguments={"payload": "rm -rf /"})
         async with replica(settings):
             await decide(url, call)
-            await publish(url, granted(tampered, ["ann", "bob"], quorum=True,
+            await publish_event(url, granted(tampered, ["ann", "bob"], quorum=True,
                                        sha=arguments_sha256(call.arguments)))
             refused = (await decisions(url, call.call_id, count=2))[1]
         assert isinstance(refused, CallDenied) and "other arguments" in refused.error.message
@@ -265,7 +255,7 @@ class TestApproval:
             await decide(url, call)
             await push_files(url, no_critical)
             await first_decision_under(url, bundle_version(no_critical), "probe")
-            await publish(url, granted(call, ["ann", "bob"], quorum=True))
+            await publish_event(url, granted(call, ["ann", "bob"], quorum=True))
             denied = (await decisions(url, call.call_id, count=2))[1]
         assert isinstance(denied, CallDenied) and denied.policy_ids == ["no-critical-echo"]
         assert denied.policy_version == bundle_version(no_critical)
