@@ -1,7 +1,8 @@
 """Binding an authorization to the exact call: canonical hashing and Ed25519 signatures.
 
 The policy service signs each `Authorization` (call_id, tool, SHA-256 of the
-canonical arguments, policy version, approvals, expiry). The executor checks
+canonical arguments, the principal's tenant, agent, user and session, the
+task, the policy version, approvals, expiry). The executor checks
 the signature and recomputes the hash before it runs anything, so a message
 injected onto an executor subject, or one whose arguments changed after the
 decision, is refused.

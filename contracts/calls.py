@@ -13,6 +13,9 @@ from typing import Any, Final, Literal
 import msgspec
 
 CALL_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# The largest call the gateway stores: the calls stream refuses a larger one
+# before storing it (the client turns that into PAYLOAD_TOO_LARGE).
+MAX_CALL_BYTES: Final = 1024 * 1024
 
 Status = Literal[
     "ok",
@@ -31,6 +34,8 @@ class ErrorCode:
     """The `error.code` vocabulary. A code names the cause; `status` names the class."""
 
     MALFORMED_CALL: Final = "MALFORMED_CALL"
+    NESTING_TOO_DEEP: Final = "NESTING_TOO_DEEP"
+    PRINCIPAL_MISMATCH: Final = "PRINCIPAL_MISMATCH"
     PAYLOAD_TOO_LARGE: Final = "PAYLOAD_TOO_LARGE"
     SCHEMA_VALIDATION_FAILED: Final = "SCHEMA_VALIDATION_FAILED"
     TOOL_NOT_FOUND: Final = "TOOL_NOT_FOUND"
@@ -62,7 +67,10 @@ class Principal(msgspec.Struct, frozen=True):
 class ToolCall(msgspec.Struct, frozen=True):
     """A model's request for permission to run `tool` with `arguments`.
 
-    Published as JSON to `toolgate.calls` with header `Nats-Msg-Id: <call_id>`.
+    Published as JSON to `toolgate.calls.<tenant>.<agent>` by that agent's own
+    NATS identity. `principal.tenant` and `principal.agent` must name the same
+    tenant and agent as the subject (else `denied` / PRINCIPAL_MISMATCH);
+    `user` and `session` are the platform's word about its own end users.
     """
 
     call_id: str
@@ -88,7 +96,8 @@ class ToolError(msgspec.Struct, frozen=True):
 
 
 class ToolResult(msgspec.Struct, frozen=True):
-    """The one final observation of a call, published to `toolgate.results.<call_id>`."""
+    """The one final observation of a call, stored once on
+    `toolgate.results.<tenant>.<agent>.<call_id>`."""
 
     call_id: str
     ok: bool
@@ -98,7 +107,7 @@ class ToolResult(msgspec.Struct, frozen=True):
 
 
 class PendingNotice(msgspec.Struct, frozen=True):
-    """Published to `toolgate.results.<call_id>.pending` while a human decides."""
+    """Published to `toolgate.results.<tenant>.<agent>.<call_id>.pending` while a human decides."""
 
     call_id: str
     status: Literal["approval_pending"] = "approval_pending"

@@ -59,7 +59,8 @@ class ArgumentsRejected(Event, frozen=True, kw_only=True):
 
 
 class Authorization(msgspec.Struct, frozen=True, kw_only=True):
-    """What the policy service signs: this call, these arguments, this policy, until then."""
+    """What the policy service signs: this call of this principal (the whole six-tuple:
+    tenant, user, agent, session, task, tool + arguments), this policy, until then."""
 
     call_id: str
     tool: str
@@ -67,6 +68,11 @@ class Authorization(msgspec.Struct, frozen=True, kw_only=True):
     policy_version: str
     approvals: list[str] = []
     expires_at: datetime
+    tenant: str = ""
+    agent: str = ""
+    user: str = ""
+    session: str = ""
+    task_id: str | None = None
     key_id: str = ""
     signature: str = ""
 

@@ -1,9 +1,15 @@
-"""Subjects and streams, declared as data. Handlers never spell a subject.
+"""Subjects, streams and buckets, declared as data. Handlers never spell a subject.
 
-Public (agents depend on them): `toolgate.calls`, `toolgate.results.<call_id>`
-and `toolgate.results.<call_id>.pending`. Everything under `toolgate.evt.` is
-internal: `toolgate.evt.<EventType>.<tool>`, so a consumer can filter by event
-and by tool (one executor durable per tool).
+Public (agents depend on them; wire contract v2, identity from the bus):
+
+- `toolgate.calls.<tenant>.<agent>`: where an agent publishes its calls. The
+  server lets each agent identity publish only to its own subject, so the
+  validator reads tenant and agent from the subject, never from the payload.
+- `toolgate.results.<tenant>.<agent>.<call_id>`: the one final ToolResult,
+  stored once; `...<call_id>.pending` while a human decides.
+
+Everything under `toolgate.evt.` is internal: `toolgate.evt.<EventType>.<tool>`,
+so a consumer can filter by event and by tool (one executor durable per tool).
 """
 
 from __future__ import annotations
@@ -14,26 +20,71 @@ from typing import Final
 from .events import Event
 
 TOOL_NAME_PATTERN: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# Tenant and agent names are subject tokens (and KV key parts): no dots, no wildcards.
+IDENTITY_TOKEN_PATTERN: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-CALLS: Final = "toolgate.calls"
+CALLS_PREFIX: Final = "toolgate.calls"
 RESULTS_PREFIX: Final = "toolgate.results"
 EVENTS_PREFIX: Final = "toolgate.evt"
+APPROVALS_PREFIX: Final = "toolgate.approvals"
 UNKNOWN_TOOL_TOKEN: Final = "_unknown"
+PENDING_SUFFIX: Final = "pending"
 
 CALLS_STREAM: Final = "TOOLGATE_CALLS"
 EVENTS_STREAM: Final = "TOOLGATE_EVENTS"
 RESULTS_STREAM: Final = "TOOLGATE_RESULTS"
 OUTCOMES_BUCKET: Final = "toolgate_outcomes"
+CALL_IDS_BUCKET: Final = "toolgate_call_ids"
 EVIDENCE_BUCKET: Final = "toolgate_evidence"
 APPROVALS_BUCKET: Final = "toolgate_approvals"
+POLICIES_BUCKET: Final = "toolgate_policies"
+RATE_LIMITS_BUCKET: Final = "toolgate_rate_limits"
+
+# Every call of every agent (what the validator and the audit consume).
+CALLS_FILTER: Final = f"{CALLS_PREFIX}.*.*"
 
 
-def results_subject(call_id: str) -> str:
-    return f"{RESULTS_PREFIX}.{call_id}"
+def is_identity_token(value: object) -> bool:
+    return isinstance(value, str) and IDENTITY_TOKEN_PATTERN.fullmatch(value) is not None
 
 
-def pending_subject(call_id: str) -> str:
-    return f"{RESULTS_PREFIX}.{call_id}.pending"
+def calls_subject(tenant: str, agent: str) -> str:
+    """The one subject this agent may publish its calls to."""
+    return f"{CALLS_PREFIX}.{tenant}.{agent}"
+
+
+def identity_of_calls_subject(subject: str) -> tuple[str, str] | None:
+    """(tenant, agent) of `toolgate.calls.<tenant>.<agent>`, or None if it is not one."""
+    prefix = CALLS_PREFIX + "."
+    if not subject.startswith(prefix):
+        return None
+    parts = subject[len(prefix):].split(".")
+    if len(parts) != 2 or not all(is_identity_token(p) for p in parts):
+        return None
+    return parts[0], parts[1]
+
+
+def agent_results_prefix(tenant: str, agent: str) -> str:
+    """Everything under here belongs to this agent alone."""
+    return f"{RESULTS_PREFIX}.{tenant}.{agent}"
+
+
+def results_subject(tenant: str, agent: str, call_id: str) -> str:
+    return f"{agent_results_prefix(tenant, agent)}.{call_id}"
+
+
+def pending_subject(tenant: str, agent: str, call_id: str) -> str:
+    return f"{results_subject(tenant, agent, call_id)}.{PENDING_SUFFIX}"
+
+
+def direct_get_prefix(stream: str) -> str:
+    """JetStream's subject-scoped read of a stored message: `<this>.<subject>`."""
+    return f"$JS.API.DIRECT.GET.{stream}"
+
+
+def call_key(tenant: str, agent: str, call_id: str) -> str:
+    """A call's identity: (tenant, agent, call_id). Also its KV key (dots are allowed there)."""
+    return f"{tenant}.{agent}.{call_id}"
 
 
 def event_subject(event_type: type[Event] | str, tool: str) -> str:

@@ -21,9 +21,10 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsMessage
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
+from nats.js.errors import APIError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import PendingNotice, ToolResult
+from toolgate.contracts.calls import PendingNotice, Principal, ToolResult
 from toolgate.contracts.events import (
     Event,
     MessageDeadLettered,
@@ -44,6 +45,8 @@ MANUAL = AckPolicy.MANUAL
 ACK_WAIT_S = 30.0
 
 _json = msgspec.json.Encoder()
+# JetStream's answer when a write-once subject (discard new per subject) already holds one.
+SUBJECT_FULL_ERR_CODE = 10077
 
 
 def worker_name(service: str) -> str:
@@ -169,21 +172,30 @@ class Publisher:
             headers={"Nats-Msg-Id": event.event_id},
         )
 
-    async def publish_result(self, result: ToolResult, message_id: str) -> None:
-        await self._broker.publish(
+    async def publish_result(self, result: ToolResult, principal: Principal,
+                             message_id: str) -> bool:
+        """Store the call's one result; False if it already has one (it is never replaced)."""
+        return await self._publish_once(
             _json.encode(result),
-            subject=subjects.results_subject(result.call_id),
-            stream=subjects.RESULTS_STREAM,
-            headers={"Nats-Msg-Id": message_id},
-        )
+            subjects.results_subject(principal.tenant, principal.agent, result.call_id),
+            message_id)
 
-    async def publish_pending(self, notice: PendingNotice, message_id: str) -> None:
-        await self._broker.publish(
+    async def publish_pending(self, notice: PendingNotice, principal: Principal,
+                              message_id: str) -> bool:
+        return await self._publish_once(
             _json.encode(notice),
-            subject=subjects.pending_subject(notice.call_id),
-            stream=subjects.RESULTS_STREAM,
-            headers={"Nats-Msg-Id": message_id},
-        )
+            subjects.pending_subject(principal.tenant, principal.agent, notice.call_id),
+            message_id)
+
+    async def _publish_once(self, body: bytes, subject: str, message_id: str) -> bool:
+        try:
+            await self._broker.publish(body, subject=subject, stream=subjects.RESULTS_STREAM,
+                                       headers={"Nats-Msg-Id": message_id})
+        except APIError as exc:
+            if exc.err_code == SUBJECT_FULL_ERR_CODE:
+                return False
+            raise
+        return True
 
 
 async def settle(msg: NatsMessage, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]

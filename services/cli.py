@@ -2,6 +2,7 @@
 
     toolgate up                      the whole gateway on the embedded default
     toolgate serve NAME              one service (validator|policy|executor|attacher)
+    toolgate agents add|list|revoke  one NATS identity per agent of each tenant
     toolgate call TOOL 'JSON-ARGS'   publish one call, print its ToolResult
     toolgate result CALL_ID          fetch a stored result again
     toolgate schema                  JSON Schema of ToolCall and ToolResult
@@ -23,16 +24,23 @@ import msgspec
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.services import settings as env
+from toolgate.services.stack.nats_auth import CredentialsError
 
 SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 
 
-def _add_nats(parser: argparse.ArgumentParser) -> None:
+def _add_nats(parser: argparse.ArgumentParser, role: str = "agent") -> None:
     parser.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="NATS server URL (default: $TOOLGATE_NATS_URL or %(default)s)")
-    parser.add_argument("--creds", type=Path, default=env.env_nats_creds(),
-                        help="your role's credentials on a locked bus, e.g. "
-                             "DATA_DIR/creds/agent.creds (default: $TOOLGATE_NATS_CREDS)")
+                        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+                             "`toolgate up` recorded in DATA_DIR, else %(default)s)")
+    parser.add_argument("--creds", type=Path, default=env.env_nats_creds(role),
+                        help=f"NATS creds file (default: $TOOLGATE_NATS_CREDS, else the {role} "
+                             "creds `toolgate up` recorded; now %(default)s)")
+
+
+def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--connect-timeout", type=float, default=5.0,
+                        help="seconds to wait for NATS before giving up (default %(default)s)")
 
 
 def _add_runtime(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +101,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from toolgate.services.client.gateway_client import GatewayClient, ResultTimeout, new_call_id
+    from toolgate.services.client.gateway_client import (
+        ConnectFailed,
+        GatewayClient,
+        IdentityUnknown,
+        ResultTimeout,
+        new_call_id,
+    )
 
     try:
         arguments = json.loads(args.arguments)
@@ -103,39 +117,110 @@ def cmd_call(args: argparse.Namespace) -> int:
     if not isinstance(arguments, dict):
         print("arguments must be a JSON object", file=sys.stderr)
         return 2
+    # On a locked bus the creds say which tenant and agent this is; --tenant and
+    # --agent only matter on an unlocked one.
     call = ToolCall(call_id=args.call_id or new_call_id(), tool=args.tool, arguments=arguments,
                     principal=Principal(tenant=args.tenant, user=args.user, agent=args.agent,
                                         session=args.session),
                     task_id=args.task)
 
     async def run() -> ToolResult:
-        client = await GatewayClient.connect(args.nats_url, args.creds)
+        client = await GatewayClient.connect(args.nats_url, args.creds,
+                                             connect_timeout=args.connect_timeout)
         async with client:
-            return await client.submit(call, timeout=args.timeout)
+            principal = client.principal(args.user, args.session) if client.identity else \
+                call.principal
+            return await client.submit(msgspec.structs.replace(call, principal=principal),
+                                       timeout=args.timeout)
 
     try:
         result = asyncio.run(run())
-    except ResultTimeout as exc:
-        print(str(exc), file=sys.stderr)
+    except (ResultTimeout, ConnectFailed, IdentityUnknown) as exc:
+        print(f"toolgate call: {exc}", file=sys.stderr)
         return 3
     print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
     return 0 if result.ok else 1
 
 
 def cmd_result(args: argparse.Namespace) -> int:
-    from toolgate.services.client.gateway_client import GatewayClient
+    from toolgate.services.client.gateway_client import (
+        ConnectFailed,
+        GatewayClient,
+        IdentityUnknown,
+    )
 
     async def run() -> ToolResult | None:
-        client = await GatewayClient.connect(args.nats_url, args.creds)
+        client = await GatewayClient.connect(args.nats_url, args.creds,
+                                             connect_timeout=args.connect_timeout)
         async with client:
             return await client.result(args.call_id)
 
-    result = asyncio.run(run())
+    try:
+        result = asyncio.run(run())
+    except (ConnectFailed, IdentityUnknown) as exc:
+        print(f"toolgate result: {exc}", file=sys.stderr)
+        return 3
     if result is None:
         print(f"no result stored for {args.call_id}", file=sys.stderr)
         return 1
     print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
     return 0
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    from toolgate.services.stack import nats_auth
+
+    data_dir: Path = args.data_dir
+    if args.action == "list":
+        records = nats_auth.list_agents(data_dir)
+        if not records:
+            print(f"no agents in {data_dir} (toolgate agents add TENANT AGENT)")
+        for record in records:
+            state = f"revoked {record.revoked_at}" if record.revoked_at else "active"
+            creds = nats_auth.agent_creds_path(data_dir, record.tenant, record.agent)
+            print(f"{record.tenant:<20} {record.agent:<20} {state:<28} "
+                  f"{creds if not record.revoked_at else '-'}")
+        return 0
+    try:
+        if args.action == "add":
+            creds, token = nats_auth.add_agent(data_dir, args.tenant, args.agent)
+        else:
+            token = nats_auth.revoke_agent(data_dir, args.tenant, args.agent)
+    except nats_auth.AgentError as exc:
+        print(f"toolgate agents: {exc}", file=sys.stderr)
+        return 2
+    pushed = _push_account(args, data_dir, token)
+    if args.action == "add":
+        print(creds)
+        print(f"agent {args.tenant}.{args.agent}: publishes only to "
+              f"toolgate.calls.{args.tenant}.{args.agent}, reads only "
+              f"toolgate.results.{args.tenant}.{args.agent}.>; "
+              + ("active now" if pushed else "active at the next `toolgate up`"),
+              file=sys.stderr)
+        return 0
+    print(f"agent {args.tenant}.{args.agent} revoked: creds deleted; "
+          + ("the server refuses it and has cut its connections" if pushed else
+             "the server refuses it from its next start (it is not running here)"))
+    return 0 if pushed or args.offline else 1
+
+
+def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> bool:
+    """Hand the account JWT to the running server; False if there is none to reach."""
+    from toolgate.services.stack import nats_auth
+
+    if args.offline:
+        return False
+    if not nats_auth.creds_path(data_dir / nats_auth.CREDS_DIR, nats_auth.SYSTEM_ROLE).exists():
+        return False  # no `toolgate up` ran here yet: its start will preload the account
+    try:
+        nats_auth.push_account_jwts_sync(args.nats_url, data_dir, [token])
+    except nats_auth.AgentError:
+        raise
+    except Exception as exc:  # no server: it loads the account when it starts
+        print(f"toolgate agents: no NATS answered at {args.nats_url} ({exc!r})",
+              file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -146,8 +231,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
     document = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "toolgate wire contract",
-        "description": "Publish a ToolCall to toolgate.calls with header Nats-Msg-Id: <call_id>; "
-                       "read the ToolResult from toolgate.results.<call_id>.",
+        "description": "Publish a ToolCall to toolgate.calls.<tenant>.<agent> with that agent's "
+                       "own NATS identity; read the ToolResult from "
+                       "toolgate.results.<tenant>.<agent>.<call_id> (stored once; a "
+                       "PendingNotice on <that>.pending while a human decides).",
         "$defs": components,
     }
     call_schema = components["ToolCall"]["properties"]["call_id"]
@@ -200,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--policy", type=Path, default=None,
                        help="policy: bundle directory to start with (default: the pushed "
                             "bundle, else the built-in one)")
-    _add_nats(serve)
+    _add_nats(serve, role="service")
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -214,22 +301,46 @@ def build_parser() -> argparse.ArgumentParser:
     register_approvals(commands)
     register_policy(commands)
 
+    agents = commands.add_parser("agents", help="mint, list and revoke agent identities")
+    agent_actions = agents.add_subparsers(dest="action", required=True)
+    for action, text in (("add", "mint one agent's NATS identity; prints its creds path"),
+                         ("revoke", "refuse an agent's creds and cut its connections")):
+        command = agent_actions.add_parser(action, help=text)
+        command.add_argument("tenant", help="tenant name (letters, digits, - _; at most 64)")
+        command.add_argument("agent", help="agent name (letters, digits, - _; at most 64)")
+        command.add_argument("--offline", action="store_true",
+                             help="only write the files; do not tell a running server")
+        command.add_argument("--nats-url", default=env.env_nats_url(),
+                             help="the running server to tell (default: $TOOLGATE_NATS_URL, "
+                                  "else the one `toolgate up` recorded; now %(default)s)")
+    agent_actions.add_parser("list", help="every agent, active or revoked")
+    for command in agent_actions.choices.values():
+        command.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
+                             help="the gateway's state directory (default: "
+                                  "$TOOLGATE_DATA_DIR or .toolgate)")
+    agents.set_defaults(func=cmd_agents)
+
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
-    call.add_argument("tool")
+    call.add_argument("tool", help="a tool name from the registry")
     call.add_argument("arguments", help="the arguments as a JSON object")
-    call.add_argument("--user", default="u-cli")
-    call.add_argument("--agent", default="researcher")
-    call.add_argument("--session", default="s-cli")
-    call.add_argument("--tenant", default="default")
-    call.add_argument("--task", default=None)
-    call.add_argument("--call-id", default=None)
-    call.add_argument("--timeout", type=float, default=30.0)
+    call.add_argument("--user", default="u-cli", help="the end user (default %(default)s)")
+    call.add_argument("--session", default="s-cli", help="the session (default %(default)s)")
+    call.add_argument("--agent", default="researcher",
+                      help="unlocked bus only: the agent (on a locked bus the creds say)")
+    call.add_argument("--tenant", default="default",
+                      help="unlocked bus only: the tenant (on a locked bus the creds say)")
+    call.add_argument("--task", default=None, help="the task id (default none)")
+    call.add_argument("--call-id", default=None, help="default: a new unique id")
+    call.add_argument("--timeout", type=float, default=30.0,
+                      help="seconds to wait for the result (default %(default)s)")
     _add_nats(call)
+    _add_connect_timeout(call)
     call.set_defaults(func=cmd_call)
 
     result = commands.add_parser("result", help="fetch the stored result of a call")
     result.add_argument("call_id")
     _add_nats(result)
+    _add_connect_timeout(result)
     result.set_defaults(func=cmd_result)
 
     schema = commands.add_parser("schema", help="print the JSON Schema of the wire contract")
@@ -257,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except RegistryError as exc:
         print(f"toolgate: registry error: {exc}", file=sys.stderr)
+        return 2
+    except CredentialsError as exc:
+        print(f"toolgate: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

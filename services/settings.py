@@ -1,32 +1,72 @@
-"""Runtime settings, read once in `main()` from flags and environment."""
+"""Runtime settings, read once in `main()` from flags, environment and the context.
+
+The context is what `toolgate up` started, recorded in DATA_DIR/context.json
+(NATS URL, ClickHouse URL, which creds are whose). Every command falls back to
+it when no flag and no TOOLGATE_* variable says otherwise, so after
+`toolgate up` in a folder the other commands need no connection flags there.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, Registry, load_registry
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-
-
-def env_nats_url() -> str:
-    return os.environ.get("TOOLGATE_NATS_URL", DEFAULT_NATS_URL)
-
-
-def env_nats_url_or_none() -> str | None:
-    return os.environ.get("TOOLGATE_NATS_URL") or None
+CONTEXT_FILE = "context.json"
 
 
 def env_data_dir() -> Path:
     return Path(os.environ.get("TOOLGATE_DATA_DIR", ".toolgate"))
 
 
-def env_nats_creds() -> Path | None:
+def read_context(data_dir: Path | None = None) -> dict[str, Any]:
+    """What `toolgate up` recorded in the data dir ({} if nothing, or unreadable)."""
+    path = (data_dir or env_data_dir()) / CONTEXT_FILE
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def write_context(data_dir: Path, context: dict[str, Any]) -> None:
+    path = data_dir / CONTEXT_FILE
+    tmp = path.with_name(f".{CONTEXT_FILE}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(context, indent=2))
+    tmp.replace(path)
+
+
+def env_nats_url() -> str:
+    return env_nats_url_or_none() or DEFAULT_NATS_URL
+
+
+def env_nats_url_or_none() -> str | None:
+    """$TOOLGATE_NATS_URL, else the URL `toolgate up` recorded, else None."""
+    return os.environ.get("TOOLGATE_NATS_URL") or read_context().get("nats_url") or None
+
+
+def env_nats_creds(role: str = "agent") -> Path | None:
+    """$TOOLGATE_NATS_CREDS, else the creds `toolgate up` recorded for `role`, else None.
+
+    Roles: `agent` (the default agent identity), `admin`, `approver`, a service name.
+    """
     raw = os.environ.get("TOOLGATE_NATS_CREDS", "")
-    return Path(raw) if raw else None
+    if raw:
+        return Path(raw)
+    recorded = (read_context().get("creds") or {}).get(role)
+    return Path(recorded) if recorded and Path(recorded).exists() else None
+
+
+def env_clickhouse_url_or_none() -> str | None:
+    return os.environ.get("TOOLGATE_CLICKHOUSE_URL") or read_context().get("clickhouse_url") \
+        or None
 
 
 def env_registry_dirs() -> list[Path]:
@@ -44,7 +84,7 @@ class GatewaySettings(BaseModel):
     # Empty: the built-in tools. Several directories add up (a name may not repeat).
     registry_dirs: tuple[Path, ...] = ()
     # The largest call the validator accepts; larger ones get PAYLOAD_TOO_LARGE.
-    max_call_bytes: int = 1024 * 1024
+    max_call_bytes: int = MAX_CALL_BYTES
     # How long a signed authorization stays valid for the executor.
     authorization_ttl_s: float = 3600.0
 

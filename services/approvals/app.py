@@ -91,7 +91,7 @@ class ApprovalsService:
                 message=f"waiting for {state.required_approvals} human approval(s) "
                         f"of this {state.risk}-risk call",
                 expires_at=state.expires_at.isoformat()),
-                message_id=pending_notice_id(state.call_id))
+                state.call.principal, message_id=pending_notice_id(state.call_id))
         await self.publish_outbox(state, revision)
 
     async def publish_outbox(self, state: ApprovalState, revision: int) -> None:

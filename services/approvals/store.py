@@ -23,9 +23,10 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from toolgate.contracts import subjects
 from toolgate.services.approvals.logic import ApprovalState
 
-APPROVALS_BUCKET: Final = "toolgate_approvals"
+APPROVALS_BUCKET: Final = subjects.APPROVALS_BUCKET
 RETENTION_S: Final = 7 * 24 * 3600.0
 MAX_VALUE_BYTES: Final = 8 * 1024 * 1024
 MAX_CONFLICT_RETRIES: Final = 20

@@ -2,11 +2,14 @@
 
 Consumes: the terminal events `ArgumentsRejected`, `CallDenied`,
 `ExecutionSucceeded`, `ExecutionFailed` (one durable each).
-Emits: the `ToolResult` on `toolgate.results.<call_id>` (results stream, one
-message per subject) and `ResultAttached` for the audit.
+Emits: the `ToolResult` on `toolgate.results.<tenant>.<agent>.<call_id>`
+(results stream, written once: a call's first result is never replaced) and
+`ResultAttached` for the audit.
 """
 
 from __future__ import annotations
+
+import logging
 
 from faststream import FastStream
 from faststream.nats.message import NatsMessage
@@ -25,6 +28,7 @@ from toolgate.services.attacher.logic import ResultBuilder
 from toolgate.services.settings import GatewaySettings
 
 SERVICE = "attacher"
+log = logging.getLogger("toolgate.attacher")
 
 
 def build_app(settings: GatewaySettings) -> FastStream:
@@ -38,9 +42,15 @@ def build_app(settings: GatewaySettings) -> FastStream:
 
         async def work() -> None:
             event = decode_event(msg.body)
+            if event.principal is None:
+                raise ValueError(f"{type(event).__name__} has no principal: no result subject")
             result = builder.result_for(event)
             attached_id = derive_event_id(event.event_id, "attached")
-            await publisher.publish_result(result, message_id=attached_id)
+            if not await publisher.publish_result(result, event.principal,
+                                                  message_id=attached_id):
+                log.warning("call %s: a result is already stored; %s not attached",
+                            event.call_id, type(event).__name__)
+                return
             await publisher.emit(ResultAttached(
                 event_id=attached_id, occurred_at=utc_now(), service=SERVICE, result=result,
                 **carried_fields(event)))

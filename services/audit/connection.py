@@ -7,7 +7,6 @@ server and to a real deployment.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
@@ -20,7 +19,10 @@ DEFAULT_DATABASE = "toolgate"
 
 
 def env_clickhouse_url() -> str:
-    return os.environ.get("TOOLGATE_CLICKHOUSE_URL", DEFAULT_CLICKHOUSE_URL)
+    """$TOOLGATE_CLICKHOUSE_URL, else what `toolgate up` recorded, else the default."""
+    from toolgate.services.settings import env_clickhouse_url_or_none
+
+    return env_clickhouse_url_or_none() or DEFAULT_CLICKHOUSE_URL
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """GatewayClient: what an agent platform uses to publish calls and get results.
 
-Only the public wire contract is used: publish to `toolgate.calls` with
-`Nats-Msg-Id: <call_id>`, read `toolgate.results.<call_id>`. Results are kept
-in a stream, so `result(call_id)` fetches one again after a reconnect, and a
-second `call()` with the same call_id returns the recorded result.
+Only the public wire contract (v2) is used. The client connects with one
+agent's creds file (`toolgate agents add TENANT AGENT` mints it); the server
+then lets it publish only to `toolgate.calls.<tenant>.<agent>` and read only
+`toolgate.results.<tenant>.<agent>.>`. Results are stored once, so
+`result(call_id)` fetches one again after a reconnect (a JetStream direct get
+by subject, scoped to this agent), and a second `call()` with the same call_id
+returns the recorded result without running anything again.
 """
 
 from __future__ import annotations
@@ -17,35 +20,94 @@ from typing import Any
 import msgspec
 import nats
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import Principal, ToolCall, ToolResult
-from toolgate.services.stack.nats_auth import connect_options
+from toolgate.contracts.calls import (
+    MAX_CALL_BYTES,
+    ErrorCode,
+    Principal,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    failure,
+)
+from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _encoder = msgspec.json.Encoder()
+# JetStream's answer to a message larger than the stream's max_msg_size.
+MESSAGE_TOO_LARGE_ERR_CODE = 10054
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
 class ResultTimeout(TimeoutError):
     """No result arrived in time. The call may still finish: fetch it later by call_id."""
 
 
+class ConnectFailed(ConnectionError):
+    """No NATS answered in time, or it refused the credentials."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        text = str(cause) or type(cause).__name__
+        if "authorization" in text.lower() or "authentication" in text.lower():
+            what = f"authorization refused at {url}: wrong, revoked or missing creds (--creds)"
+        else:
+            what = f"no NATS at {url}: is toolgate up running? (--nats-url) [{text}]"
+        super().__init__(what)
+
+
+class IdentityUnknown(ValueError):
+    """The client does not know which agent it is: connect with an agent's creds file."""
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex}"
 
 
+def _decode_result(data: bytes, call_id: str) -> ToolResult | None:
+    """A well-formed ToolResult for `call_id`, or None: nothing else is accepted."""
+    try:
+        result = _result_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return result if result.call_id == call_id else None
+
+
 class GatewayClient:
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, identity: tuple[str, str] | None = None) -> None:
         self._nc = nc
         self._js = nc.jetstream()
+        # (tenant, agent) this connection speaks for; None on an unlocked bus.
+        self.identity = identity
 
     @classmethod
-    async def connect(cls, nats_url: str, creds: Path | str | None = None,
+    async def connect(cls, nats_url: str, creds: Path | str | None = None, *,
+                      identity: tuple[str, str] | None = None,
+                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
                       **options: Any) -> GatewayClient:
-        """Connect; on a locked bus pass the agent's `creds` file (DATA_DIR/creds/agent.creds)."""
-        options = {"max_reconnect_attempts": -1, **connect_options(creds), **options}
-        return cls(await nats.connect(nats_url, **options))
+        """Connect as one agent: `creds` is its creds file (DATA_DIR/creds/agents/T.A.creds).
+
+        Fails within `connect_timeout` if no server answers or the creds are refused.
+        `identity` (tenant, agent) is read from the creds; give it only on an
+        unlocked bus, where nobody enforces it.
+        """
+        if creds is not None:
+            identity = identity_of_creds(creds) or identity
+        errors: list[Exception] = []
+
+        async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
+            errors.append(exc)
+
+        options = {"connect_timeout": connect_timeout, "max_reconnect_attempts": -1,
+                   "reconnect_time_wait": 0.5, "error_cb": remember,
+                   **connect_options(creds), **options}
+        try:
+            # Once connected, it reconnects forever; the first connect has a deadline.
+            nc = await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise ConnectFailed(nats_url, errors[-1] if errors else exc) from None
+        return cls(nc, identity)
 
     async def close(self) -> None:
         await self._nc.drain()
@@ -56,27 +118,56 @@ class GatewayClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def publish(self, call: ToolCall) -> None:
-        """Publish a call (stored with a publish ack); JetStream drops a duplicate call_id."""
-        await self._js.publish(subjects.CALLS, _encoder.encode(call),
-                               stream=subjects.CALLS_STREAM,
-                               headers={"Nats-Msg-Id": call.call_id})
+    def principal(self, user: str, session: str) -> Principal:
+        """The principal of a call by this agent, for `user` in `session`."""
+        tenant, agent = self._identity()
+        return Principal(tenant=tenant, user=user, agent=agent, session=session)
+
+    def _identity(self, call: ToolCall | None = None) -> tuple[str, str]:
+        if self.identity is not None:
+            return self.identity
+        if call is not None:  # an unlocked bus: the caller's word is all there is
+            return call.principal.tenant, call.principal.agent
+        raise IdentityUnknown("connect with an agent's creds file to know which agent you are")
+
+    async def publish(self, call: ToolCall) -> ToolResult | None:
+        """Store `call` (with a publish ack). Returns a result at once only if it was refused
+        before storage (too large); else None, and the result arrives on the results subject.
+        """
+        tenant, agent = self._identity(call)
+        body = _encoder.encode(call)
+        try:
+            await self._js.publish(subjects.calls_subject(tenant, agent), body,
+                                   stream=subjects.CALLS_STREAM)
+        except APIError as exc:
+            if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:
+                return failure(call.call_id, "invalid_arguments", ToolError(
+                    code=ErrorCode.PAYLOAD_TOO_LARGE,
+                    message=f"call is {len(body)} bytes; the gateway stores at most "
+                            f"{MAX_CALL_BYTES}", retryable=False))
+            raise
+        return None
 
     async def submit(self, call: ToolCall, timeout: float = 30.0) -> ToolResult:
         """Publish `call` and wait for its one ToolResult."""
+        tenant, agent = self._identity(call)
         waiting: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
 
         async def on_result(msg: Any) -> None:
-            if not waiting.done():
-                waiting.set_result(_result_decoder.decode(msg.data))
+            result = _decode_result(msg.data, call.call_id)
+            if result is not None and not waiting.done():
+                waiting.set_result(result)
 
         # Subscribe before publishing, so a fast result is not missed.
-        sub = await self._nc.subscribe(subjects.results_subject(call.call_id), cb=on_result)
+        subject = subjects.results_subject(tenant, agent, call.call_id)
+        sub = await self._nc.subscribe(subject, cb=on_result)
         try:
-            await self.publish(call)
-            # A call_id seen before already has its result stored (the publish
-            # itself was dropped as a duplicate): take it from the stream.
-            stored = await self.result(call.call_id)
+            refused = await self.publish(call)
+            if refused is not None:
+                return refused
+            # A call_id used before already has its result stored (the gateway
+            # answers a retry with the first call's result): take it from there.
+            stored = await self._stored(tenant, agent, call.call_id)
             if stored is not None and not waiting.done():
                 waiting.set_result(stored)
             try:
@@ -88,12 +179,16 @@ class GatewayClient:
         finally:
             await sub.unsubscribe()
 
-    async def call(self, tool: str, arguments: dict[str, Any], *, principal: Principal,
+    async def call(self, tool: str, arguments: dict[str, Any], *,
+                   principal: Principal | None = None, user: str = "", session: str = "",
                    task_id: str | None = None, context: dict[str, Any] | None = None,
                    call_id: str | None = None, timeout: float = 30.0) -> ToolResult:
+        """One call. Give `user` and `session` (this agent's tenant and name are added),
+        or a whole `principal` (whose tenant and agent must be this agent's)."""
         return await self.submit(ToolCall(
             call_id=call_id or new_call_id(), tool=tool, arguments=arguments,
-            principal=principal, task_id=task_id, context=context or {}), timeout=timeout)
+            principal=principal or self.principal(user, session), task_id=task_id,
+            context=context or {}), timeout=timeout)
 
     async def call_many(self, calls: Sequence[ToolCall],
                         timeout: float = 30.0) -> list[ToolResult]:
@@ -101,10 +196,14 @@ class GatewayClient:
         return list(await asyncio.gather(*(self.submit(c, timeout) for c in calls)))
 
     async def result(self, call_id: str) -> ToolResult | None:
-        """The stored result of `call_id`, or None if it has none (yet)."""
+        """The stored result of `call_id` (of this agent), or None if it has none (yet)."""
+        return await self._stored(*self._identity(), call_id)
+
+    async def _stored(self, tenant: str, agent: str, call_id: str) -> ToolResult | None:
         try:
-            msg = await self._js.get_last_msg(subjects.RESULTS_STREAM,
-                                              subjects.results_subject(call_id))
+            msg = await self._js.get_last_msg(
+                subjects.RESULTS_STREAM, subjects.results_subject(tenant, agent, call_id),
+                direct=True)
         except NotFoundError:
             return None
-        return _result_decoder.decode(msg.data or b"")
+        return _decode_result(msg.data or b"", call_id)

@@ -7,7 +7,7 @@ Emits: `ExecutionStarted`, then `ExecutionSucceeded` or `ExecutionFailed`
 a valid authorization of exactly these arguments.
 
 Invariant: redelivery never re-runs a side effect. The outcome of each call
-is recorded under its call_id (see outcomes.py) before it is published; a
+is recorded under (tenant, agent, call_id) (see outcomes.py) before it is published; a
 call found `started` but never finished (the executor died mid-run) is run
 again only if its tool is declared idempotent, else it fails with
 OUTCOME_UNKNOWN.
@@ -61,6 +61,12 @@ def durable_for(tool: str) -> str:
     return f"executor-{tool}"
 
 
+def outcome_key(event: CallAuthorized) -> str:
+    """Outcomes are kept per (tenant, agent, call_id): another agent's call_id is another call."""
+    principal = event.call.principal
+    return subjects.call_key(principal.tenant, principal.agent, event.call_id)
+
+
 class ToolRunner:
     """Executes the authorized calls of one tool."""
 
@@ -103,11 +109,12 @@ class ToolRunner:
                 service=SERVICE, reason=reason, **carried_fields(event)))
             return
         sha = event.authorization.arguments_sha256
+        key = outcome_key(event)
         # The common case first: nobody has seen this call, claim it in one round trip.
         attempt = 1
-        claimed = await self.outcomes.claim(event.call_id, self._started(sha, attempt))
+        claimed = await self.outcomes.claim(key, self._started(sha, attempt))
         if not claimed:
-            found = await self.outcomes.get(event.call_id)
+            found = await self.outcomes.get(key)
             if found is None:
                 raise RuntimeError("outcome record vanished between claim and read; retrying")
             record, revision = found
@@ -131,8 +138,7 @@ class ToolRunner:
                         retryable=False)), record.attempt)
                 return
             attempt = record.attempt + 1
-            claimed = await self.outcomes.reclaim(event.call_id, self._started(sha, attempt),
-                                                  revision)
+            claimed = await self.outcomes.reclaim(key, self._started(sha, attempt), revision)
         if not claimed:
             raise RuntimeError("another worker changed this call's record; retrying")
         if is_expired(event, utc_now()):
@@ -183,7 +189,7 @@ class ToolRunner:
             assert outcome.error is not None
             terminal = ExecutionFailed(status=outcome.status, error=outcome.error, **common)
         # Durable first, published second: a crash between the two replays, never re-runs.
-        await self.outcomes.finish(event.call_id, OutcomeRecord(
+        await self.outcomes.finish(outcome_key(event), OutcomeRecord(
             state="done", arguments_sha256=event.authorization.arguments_sha256,
             attempt=attempt, worker=self.worker, event=encode_event(terminal)))
         await self.publisher.emit(terminal)

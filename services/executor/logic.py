@@ -33,6 +33,13 @@ def refusal_reason(event: CallAuthorized, public_key: Ed25519PublicKey, tool: st
         return "authorization was issued for another call_id"
     if auth.tool != event.call.tool or auth.tool != tool:
         return f"authorization is for tool {auth.tool!r}, not {tool!r}"
+    principal = event.call.principal
+    signed = (auth.tenant, auth.agent, auth.user, auth.session, auth.task_id)
+    if signed != (principal.tenant, principal.agent, principal.user, principal.session,
+                  event.call.task_id):
+        return "authorization was issued for another principal, session or task"
+    if event.principal is not None and event.principal != principal:
+        return "the event's principal differs from the authorized call's"
     if arguments_sha256(event.call.arguments) != auth.arguments_sha256:
         return "arguments differ from the ones that were authorized"
     return None

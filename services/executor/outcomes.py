@@ -1,6 +1,7 @@
 """Per-call outcome records in a JetStream KV bucket: the executor's memory.
 
-Before a tool runs, a `started` record is created under the call_id (create
+Before a tool runs, a `started` record is created under the call's key
+(tenant.agent.call_id; create
 fails if any record exists, so two workers cannot both start one call).
 After it runs, the terminal event is stored as a `done` record *before* it
 is published. A redelivered or re-published call finds the record and
@@ -29,30 +30,30 @@ class OutcomeStore:
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
 
-    async def get(self, call_id: str) -> tuple[OutcomeRecord, int] | None:
+    async def get(self, key: str) -> tuple[OutcomeRecord, int] | None:
         try:
-            entry = await self._kv.get(call_id)
+            entry = await self._kv.get(key)
         except KeyNotFoundError:
             return None
         if entry.value is None:
             return None
         return msgspec.msgpack.decode(entry.value, type=OutcomeRecord), entry.revision or 0
 
-    async def claim(self, call_id: str, record: OutcomeRecord) -> bool:
+    async def claim(self, key: str, record: OutcomeRecord) -> bool:
         """Create the `started` record; False if a record already exists."""
         try:
-            await self._kv.create(call_id, msgspec.msgpack.encode(record))
+            await self._kv.create(key, msgspec.msgpack.encode(record))
         except KeyWrongLastSequenceError:
             return False
         return True
 
-    async def reclaim(self, call_id: str, record: OutcomeRecord, revision: int) -> bool:
+    async def reclaim(self, key: str, record: OutcomeRecord, revision: int) -> bool:
         """Replace an interrupted `started` record, if nobody changed it meanwhile."""
         try:
-            await self._kv.update(call_id, msgspec.msgpack.encode(record), last=revision)
+            await self._kv.update(key, msgspec.msgpack.encode(record), last=revision)
         except KeyWrongLastSequenceError:
             return False
         return True
 
-    async def finish(self, call_id: str, record: OutcomeRecord) -> None:
-        await self._kv.put(call_id, msgspec.msgpack.encode(record))
+    async def finish(self, key: str, record: OutcomeRecord) -> None:
+        await self._kv.put(key, msgspec.msgpack.encode(record))

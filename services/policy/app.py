@@ -147,7 +147,9 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         authorization = sign(Authorization(
             call_id=call.call_id, tool=call.tool, arguments_sha256=arguments_sha256(call.arguments),
             policy_version=decision.policy_version, approvals=sorted(set(approvers)),
-            expires_at=now + ttl), private_key)
+            expires_at=now + ttl, tenant=call.principal.tenant, agent=call.principal.agent,
+            user=call.principal.user, session=call.principal.session,
+            task_id=call.task_id), private_key)
         return CallAuthorized(
             event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
             service=SERVICE, call=call, policy_version=decision.policy_version,

@@ -19,9 +19,11 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from toolgate.contracts import subjects
+
 log = logging.getLogger("toolgate.policy")
 
-POLICIES_BUCKET = "toolgate_policies"
+POLICIES_BUCKET = subjects.POLICIES_BUCKET
 ACTIVE_KEY = "active"
 REWATCH_DELAY_S = 1.0
 REFRESH_S = 30.0

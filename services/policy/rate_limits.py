@@ -22,10 +22,11 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from toolgate.contracts import subjects
 from toolgate.contracts.calls import ErrorCode, ToolCall
 from toolgate.contracts.registry import RateLimit
 
-RATE_LIMITS_BUCKET = "toolgate_rate_limits"
+RATE_LIMITS_BUCKET = subjects.RATE_LIMITS_BUCKET
 RATE_LIMITED = ErrorCode.RATE_LIMITED
 WINDOW_RETENTION_S = 24 * 3600.0
 MAX_UPDATE_ATTEMPTS = 50

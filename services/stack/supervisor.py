@@ -20,8 +20,14 @@ from pathlib import Path
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
+from toolgate.services.settings import write_context
 from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
-from toolgate.services.stack.nats_auth import Credentials, connect_options, create_credentials
+from toolgate.services.stack.nats_auth import (
+    Credentials,
+    add_agent,
+    connect_options,
+    create_credentials,
+)
 from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.processes import kill_process, stop_process
 from toolgate.services.stack.topology import apply_topology
@@ -29,6 +35,9 @@ from toolgate.services.stack.topology import apply_topology
 log = logging.getLogger("toolgate.up")
 
 SERVICES = ("validator", "policy", "executor", "attacher", "approvals")
+# The identity `toolgate up` mints for first use (`toolgate agents add` makes more).
+DEFAULT_TENANT = "default"
+DEFAULT_AGENT = "researcher"
 # The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
 AUDIT_SERVICE = "audit"
 
@@ -100,6 +109,7 @@ class Stack:
     clickhouse_port: int = 0
     with_audit: bool = True
     clickhouse: EmbeddedClickHouse | None = None
+    default_agent_creds: Path | None = None
 
     @property
     def audit_url(self) -> str:
@@ -123,6 +133,9 @@ class Stack:
             # Keys are kept across runs; permissions are rendered afresh (the
             # executor gets one durable per tool of this registry).
             tools = load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR])).names()
+            # Minted before the server config is rendered, so it is preloaded.
+            self.default_agent_creds, _ = add_agent(self.data_dir, DEFAULT_TENANT,
+                                                    DEFAULT_AGENT)
             self.creds = create_credentials(self.data_dir, tools=tools)
         if not self.nats_url:
             self.nats = EmbeddedNats(
@@ -139,6 +152,22 @@ class Stack:
             self.services.append(service)
         if self.with_audit:
             self.start_audit()
+        self.record_context()
+
+    def record_context(self) -> None:
+        """Tell every later command in this folder what runs where, and whose creds are whose."""
+        creds = {role: str(self.creds.path(role).resolve())
+                 for role in self.creds.roles} if self.creds else {}
+        if self.default_agent_creds is not None:
+            creds["agent"] = str(self.default_agent_creds.resolve())
+        write_context(self.data_dir, {
+            "nats_url": self.url,
+            "clickhouse_url": self.audit_url if self.with_audit else None,
+            "data_dir": str(self.data_dir.resolve()),
+            "locked": self.locked,
+            "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
+            "creds": creds,
+        })
 
     def start_audit(self) -> None:
         if not self.clickhouse_url:
@@ -153,6 +182,8 @@ class Stack:
         self.services.append(service)
 
     def creds_of(self, role: str) -> Path | None:
+        if role == "agent":
+            return self.default_agent_creds
         return self.creds.path(role) if self.creds else None
 
     def restart_dead(self) -> None:
@@ -189,11 +220,12 @@ def run_until_signalled(stack: Stack) -> int:
         audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
         print(f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
               f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
-              f"  try:  toolgate call search_sources "
-              f"'{{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}}' "
-              f"--nats-url {stack.url}"
-              + (f" --creds {stack.creds_of('agent')}" if stack.creds else "")
-              + "\nPress Ctrl-C to stop.", flush=True)
+              + (f"  agent: {DEFAULT_TENANT}.{DEFAULT_AGENT}, creds "
+                 f"{stack.creds_of('agent')} (more: toolgate agents add TENANT AGENT)\n"
+                 if stack.creds else "")
+              + "  try:  toolgate call search_sources "
+              "'{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}'"
+              "\nPress Ctrl-C to stop.", flush=True)
         while not stopping:
             time.sleep(0.5)
             stack.restart_dead()

@@ -10,10 +10,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
-from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import BadRequestError, NotFoundError
 
 from toolgate.contracts import subjects
+from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.services.policy.bundle_store import policies_bucket_config
 from toolgate.services.policy.rate_limits import rate_limits_bucket_config
 
@@ -25,6 +32,11 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 class Topology:
     retention_s: float = 7 * DAY_S
     duplicate_window_s: float = 120.0
+    # Calls carry no trusted Nats-Msg-Id (the header is stream-wide, any agent
+    # could pre-empt another's): the validator dedupes on (tenant, agent,
+    # call_id); the server's window is kept as short as it allows.
+    calls_duplicate_window_s: float = 0.1
+    max_call_bytes: int = MAX_CALL_BYTES
     replicas: int = 1
 
     def streams(self) -> list[StreamConfig]:
@@ -33,17 +45,24 @@ class Topology:
             storage=StorageType.FILE,
             num_replicas=self.replicas,
             max_age=self.retention_s,
-            duplicate_window=self.duplicate_window_s,
-            max_msg_size=MAX_MESSAGE_BYTES,
         )
         return [
-            StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS], **common),
+            # A call larger than the cap is refused by the server before it is stored.
+            StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_FILTER],
+                         duplicate_window=self.calls_duplicate_window_s,
+                         max_msg_size=self.max_call_bytes, **common),
             StreamConfig(name=subjects.EVENTS_STREAM,
-                         subjects=[f"{subjects.EVENTS_PREFIX}.>"], **common),
-            # One message per subject: the latest result of a call is its result.
+                         subjects=[f"{subjects.EVENTS_PREFIX}.>"],
+                         duplicate_window=self.duplicate_window_s,
+                         max_msg_size=MAX_MESSAGE_BYTES, **common),
+            # Written once: the first result of a call is its result, a later
+            # publish on the subject is refused; read back by subject (direct get).
             StreamConfig(name=subjects.RESULTS_STREAM,
                          subjects=[f"{subjects.RESULTS_PREFIX}.>"],
-                         max_msgs_per_subject=1, **common),
+                         duplicate_window=self.duplicate_window_s,
+                         max_msg_size=MAX_MESSAGE_BYTES, max_msgs_per_subject=1,
+                         discard=DiscardPolicy.NEW, discard_new_per_subject=True,
+                         allow_direct=True, **common),
         ]
 
     def buckets(self) -> list[KeyValueConfig]:
@@ -53,6 +72,10 @@ class Topology:
             KeyValueConfig(bucket=subjects.OUTCOMES_BUCKET, history=1,
                            ttl=self.retention_s, storage=StorageType.FILE,
                            replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+            # (tenant, agent, call_id) -> the stored call that claimed it.
+            KeyValueConfig(bucket=subjects.CALL_IDS_BUCKET, history=1,
+                           ttl=self.retention_s, storage=StorageType.FILE,
+                           replicas=self.replicas, max_value_size=1024),
             # Approval states outlive their decision (single use: a late vote is refused).
             KeyValueConfig(bucket=subjects.APPROVALS_BUCKET, history=1,
                            ttl=self.retention_s, storage=StorageType.FILE,

@@ -1,12 +1,18 @@
 """The validator service.
 
-Consumes: `toolgate.calls` (raw `ToolCall` JSON from agents), durable `validator`.
+Consumes: `toolgate.calls.<tenant>.<agent>` (raw `ToolCall` JSON from agents),
+durable `validator`. The tenant and agent are the subject's: the server let
+only that agent's identity publish there.
 Emits: `ArgumentsValidated` (to policy), `ArgumentsRejected` (to the attacher:
-unknown tool, malformed call, bad arguments, oversized call), and
-`MessageDeadLettered` for a message with no usable call_id.
+unknown tool, malformed call, bad arguments, oversized call, a payload naming
+another principal), and `MessageDeadLettered` for a message with no usable
+call_id. A call_id this agent used before is a duplicate: it claims nothing,
+emits nothing (the first call's one result is the answer) and is logged.
 """
 
 from __future__ import annotations
+
+import logging
 
 from faststream import FastStream
 from faststream.nats.message import NatsMessage
@@ -24,10 +30,24 @@ from toolgate.contracts.events import (
 )
 from toolgate.services import bus
 from toolgate.services.settings import GatewaySettings
-from toolgate.services.validator.logic import CallChecker, CheckOutcome, Rejected, Validated
+from toolgate.services.validator.call_ids import CallIdClaims
+from toolgate.services.validator.logic import (
+    CallChecker,
+    CheckOutcome,
+    Identity,
+    Rejected,
+    Undeliverable,
+    Validated,
+)
 
 SERVICE = "validator"
 EXCERPT_BYTES = 512
+log = logging.getLogger("toolgate.validator")
+
+
+def identity_of(subject: str) -> Identity | None:
+    found = subjects.identity_of_calls_subject(subject)
+    return Identity(*found) if found else None
 
 
 def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> list[Event]:
@@ -50,7 +70,8 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
             payload_excerpt=raw[:EXCERPT_BYTES].decode("utf-8", "replace"),
             payload_bytes=len(raw)))
     if isinstance(outcome, Rejected):
-        fields = call_fields(outcome.call) if outcome.call else {"call_id": outcome.call_id}
+        fields = call_fields(outcome.call) if outcome.call else {
+            "call_id": outcome.call_id, "principal": outcome.principal}
         events.append(ArgumentsRejected(
             event_id=eid("rejected"), occurred_at=now, service=SERVICE,
             status=outcome.status, error=outcome.error, **fields))
@@ -61,14 +82,25 @@ def build_app(settings: GatewaySettings) -> FastStream:
     checker = CallChecker(settings.load_registry(), settings.max_call_bytes)
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
+    claims: list[CallIdClaims] = []  # bound once the broker is connected
 
-    @bus.durable_subscriber(broker, subjects.CALLS, subjects.CALLS_STREAM, SERVICE)
+    @bus.durable_subscriber(broker, subjects.CALLS_FILTER, subjects.CALLS_STREAM, SERVICE)
     async def on_call(msg: NatsMessage) -> None:
         delivery = bus.delivery_of(msg)
         raw: bytes = msg.body
 
         async def work() -> None:
-            for event in events_for(checker.check(raw), raw, delivery):
+            identity = identity_of(delivery.subject)
+            outcome: CheckOutcome = (
+                checker.check(raw, identity) if identity is not None else
+                Undeliverable(f"{delivery.subject!r} is not a calls subject"))
+            if isinstance(outcome, Validated | Rejected) and identity is not None:
+                key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
+                if not await claims[0].claim(key, delivery.message_id):
+                    log.info("call %s: duplicate call_id from %s.%s, answered by the first",
+                             outcome_call_id(outcome), identity.tenant, identity.agent)
+                    return
+            for event in events_for(outcome, raw, delivery):
                 await publisher.emit(event)
 
         async def give_up(exc: Exception) -> None:
@@ -76,4 +108,16 @@ def build_app(settings: GatewaySettings) -> FastStream:
 
         await bus.settle(msg, delivery, work, give_up)
 
-    return FastStream(broker)
+    app = FastStream(broker)
+
+    @app.on_startup
+    async def bind_claims() -> None:
+        await broker.connect()
+        claims.append(CallIdClaims(await broker.key_value(subjects.CALL_IDS_BUCKET,
+                                                          declare=False)))
+
+    return app
+
+
+def outcome_call_id(outcome: Validated | Rejected) -> str:
+    return outcome.call.call_id if isinstance(outcome, Validated) else outcome.call_id

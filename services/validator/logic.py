@@ -1,7 +1,14 @@
-"""Pure validation of one raw call: decode, check call_id, find the tool, check arguments."""
+"""Pure validation of one raw call: decode, check identity and call_id, find the tool,
+check arguments.
+
+The caller's tenant and agent come from the subject the call arrived on (the
+server let only that agent publish there), never from the payload: a payload
+naming someone else is refused, and every answer goes to the publisher.
+"""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +18,7 @@ import msgspec
 from toolgate.contracts.calls import (
     ErrorCode,
     ErrorDetail,
+    Principal,
     Status,
     ToolCall,
     ToolError,
@@ -20,6 +28,24 @@ from toolgate.contracts.registry import Registry
 
 MAX_DETAILS = 50
 CALL_ID_RULE = "a subject-safe token (letters, digits, '-', '_'; 1 to 128 characters)"
+# Deeper arguments are refused: nothing downstream (policy context, audit)
+# should have to walk a bomb, and msgspec itself gives up near 1,000.
+MAX_ARGUMENT_DEPTH = 64
+_CALL_ID_FIELD = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9_-]{1,128})"')
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who published the call, as the server authenticated it (from the subject)."""
+
+    tenant: str
+    agent: str
+
+    def principal(self, claimed: Principal | None = None) -> Principal:
+        """The call's principal: tenant and agent from the bus, user and session claimed."""
+        return Principal(tenant=self.tenant, agent=self.agent,
+                         user=claimed.user if claimed else "",
+                         session=claimed.session if claimed else "")
 
 
 @dataclass(frozen=True)
@@ -34,6 +60,7 @@ class Rejected:
     call_id: str
     status: Status
     error: ToolError
+    principal: Principal
     call: ToolCall | None = None
     # Also kept as a dead letter: the message itself was malformed.
     dead_letter_reason: str | None = None
@@ -58,6 +85,24 @@ def _read_call_id(raw: bytes) -> Any:
         return msgspec.json.decode(raw, type=_CallIdOnly).call_id
     except msgspec.DecodeError:
         return None
+    except RecursionError:
+        # Too deep even to skip: the first call_id field is the best guess. The
+        # answer still goes only to the publisher's own result subjects.
+        found = _CALL_ID_FIELD.search(raw)
+        return found.group(1).decode() if found else None
+
+
+def nesting_depth(value: Any, limit: int) -> int:
+    """How deeply `value` nests lists and objects, counting no further than `limit` + 1."""
+    depth, level = 0, [value]
+    while depth <= limit:
+        containers = [node for node in level if isinstance(node, dict | list)]
+        if not containers:
+            break
+        depth += 1
+        level = [child for node in containers
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    return depth
 
 
 def json_pointer(path: list[str | int]) -> str:
@@ -75,21 +120,35 @@ class CallChecker:
         }
         self._decoder = msgspec.json.Decoder(ToolCall)
 
-    def check(self, raw: bytes) -> CheckOutcome:
+    def check(self, raw: bytes, identity: Identity) -> CheckOutcome:
         if len(raw) > self.max_call_bytes:
-            return self._too_large(raw)
+            return self._too_large(raw, identity)
         try:
-            call = self._decoder.decode(raw)
+            claimed = self._decoder.decode(raw)
         except msgspec.DecodeError as exc:
-            return self._malformed(raw, str(exc))
-        if not is_valid_call_id(call.call_id):
-            return Undeliverable(f"call_id {call.call_id[:140]!r} is not {CALL_ID_RULE}")
+            return self._malformed(raw, str(exc), identity)
+        except RecursionError:
+            return self._too_deep(raw, identity, "the call")
+        if not is_valid_call_id(claimed.call_id):
+            return Undeliverable(f"call_id {claimed.call_id[:140]!r} is not {CALL_ID_RULE}")
+        principal = identity.principal(claimed.principal)
+        call = msgspec.structs.replace(claimed, principal=principal)
+        if (claimed.principal.tenant, claimed.principal.agent) != (identity.tenant,
+                                                                   identity.agent):
+            return Rejected(call.call_id, "denied", ToolError(
+                code=ErrorCode.PRINCIPAL_MISMATCH,
+                message=f"the call names tenant {claimed.principal.tenant[:64]!r} and agent "
+                        f"{claimed.principal.agent[:64]!r}, but it was sent by agent "
+                        f"{identity.agent!r} of tenant {identity.tenant!r}",
+                retryable=False), principal, call=call)
+        if nesting_depth(call.arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
+            return self._too_deep(raw, identity, "the arguments", call)
         spec = self.registry.get(call.tool)
         if spec is None:
             return Rejected(call.call_id, "unknown_tool", ToolError(
                 code=ErrorCode.TOOL_NOT_FOUND,
                 message=f"no tool named {call.tool[:200]!r} is registered",
-                retryable=False), call=call)
+                retryable=False), principal, call=call)
         errors = [
             ErrorDetail(path=json_pointer(list(err.instance_path)), message=err.message)
             for _, err in zip(range(MAX_DETAILS), self._validators[call.tool].iter_errors(
@@ -100,18 +159,29 @@ class CallChecker:
                 code=ErrorCode.SCHEMA_VALIDATION_FAILED,
                 message=f"arguments do not match the input_schema of {call.tool}: "
                         + "; ".join(f"{e.path or '/'}: {e.message}" for e in errors[:3]),
-                retryable=False, details=errors), call=call)
+                retryable=False, details=errors), principal, call=call)
         return Validated(call)
 
-    def _too_large(self, raw: bytes) -> CheckOutcome:
+    def _too_large(self, raw: bytes, identity: Identity) -> CheckOutcome:
         call_id = _read_call_id(raw)
         reason = f"call is {len(raw)} bytes; the limit is {self.max_call_bytes}"
         if not is_valid_call_id(call_id):
             return Undeliverable(f"{reason}; and it has no call_id that is {CALL_ID_RULE}")
         return Rejected(call_id, "invalid_arguments", ToolError(
-            code=ErrorCode.PAYLOAD_TOO_LARGE, message=reason, retryable=False))
+            code=ErrorCode.PAYLOAD_TOO_LARGE, message=reason, retryable=False),
+            identity.principal())
 
-    def _malformed(self, raw: bytes, problem: str) -> CheckOutcome:
+    def _too_deep(self, raw: bytes, identity: Identity, what: str,
+                  call: ToolCall | None = None) -> CheckOutcome:
+        call_id = call.call_id if call else _read_call_id(raw)
+        reason = f"{what} nest more than {MAX_ARGUMENT_DEPTH} levels of lists and objects"
+        if not is_valid_call_id(call_id):
+            return Undeliverable(f"{reason}; and it has no call_id that is {CALL_ID_RULE}")
+        return Rejected(call_id, "invalid_arguments", ToolError(
+            code=ErrorCode.NESTING_TOO_DEEP, message=reason, retryable=False),
+            call.principal if call else identity.principal(), call=call)
+
+    def _malformed(self, raw: bytes, problem: str, identity: Identity) -> CheckOutcome:
         call_id = _read_call_id(raw)
         reason = f"malformed ToolCall: {problem}"
         if call_id is not None and not is_valid_call_id(call_id):
@@ -120,4 +190,4 @@ class CallChecker:
             return Undeliverable(f"{reason}; and it has no call_id to answer to")
         return Rejected(call_id, "invalid_arguments", ToolError(
             code=ErrorCode.MALFORMED_CALL, message=reason, retryable=False),
-            dead_letter_reason=reason)
+            identity.principal(), dead_letter_reason=reason)
