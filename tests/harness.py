@@ -29,7 +29,7 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
 from toolgate.services.client.gateway_client import GatewayClient
-from toolgate.services.stack.nats_auth import connect_options
+from toolgate.services.stack.nats_auth import add_agent, connect_options, push_account_jwts
 from toolgate.services.stack.supervisor import AUDIT_SERVICE, SERVICES, ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -135,8 +135,15 @@ class Gateway:
             if not service.alive():
                 raise RuntimeError(f"{service.name} died: {service.log_path.read_text()[-3000:]}")
 
-    async def client(self) -> GatewayClient:
-        return await GatewayClient.connect(self.url, self.stack.creds_of("agent"))
+    async def agent_creds(self, tenant: str = "acme", agent: str = "researcher") -> Path:
+        """The creds of one agent identity, minted (and told to the server) on first use."""
+        creds, token = add_agent(self.data_dir, tenant, agent)
+        await push_account_jwts(self.url, self.data_dir, [token])
+        return creds
+
+    async def client(self, tenant: str = "acme", agent: str = "researcher") -> GatewayClient:
+        """A GatewayClient logged in as agent `agent` of tenant `tenant` (its own account)."""
+        return await GatewayClient.connect(self.url, await self.agent_creds(tenant, agent))
 
     def audit_client(self):  # type: ignore[no-untyped-def]
         """A clickhouse-connect client on the gateway's audit database."""
