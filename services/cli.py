@@ -25,6 +25,7 @@ from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.services import settings as env
 from toolgate.services.stack.nats_auth import CredentialsError
+from toolgate.services.stack.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
 SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 
@@ -62,10 +63,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     from toolgate.services.stack.supervisor import Stack, run_until_signalled
 
     executor_args = ["--concurrency", str(args.concurrency)]
+    from toolgate.services.stack.topology import Topology
+
     stack = Stack(data_dir=args.data_dir, nats_url=args.nats_url_given, nats_port=args.nats_port,
                   registry_dirs=list(args.registry or env.env_registry_dirs()),
                   executor_args=executor_args, clickhouse_url=args.clickhouse_url_given,
-                  clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit)
+                  clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit,
+                  topology=Topology(max_calls_per_agent=args.max_calls_per_agent))
     return run_until_signalled(stack)
 
 
@@ -276,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--clickhouse-port", type=int, default=0,
                     help="port of the embedded ClickHouse (0: any)")
     up.add_argument("--no-audit", action="store_true", help="run without ClickHouse and audit")
+    up.add_argument("--max-calls-per-agent", type=int, default=DEFAULT_MAX_CALLS_PER_AGENT,
+                    help="storage quota: calls each agent may have stored within the 7-day "
+                         "retention; over it a call is refused before storage "
+                         "(default %(default)s)")
     _add_runtime(up)
     up.set_defaults(func=cmd_up)
 

@@ -36,8 +36,10 @@ from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _encoder = msgspec.json.Encoder()
-# JetStream's answer to a message larger than the stream's max_msg_size.
+# JetStream's answers to a call it will not store: larger than max_msg_size, or
+# the agent's subject holds its quota of calls (max_msgs_per_subject, discard new).
 MESSAGE_TOO_LARGE_ERR_CODE = 10054
+SUBJECT_FULL_ERR_CODE = 10077
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -145,6 +147,12 @@ class GatewayClient:
                     code=ErrorCode.PAYLOAD_TOO_LARGE,
                     message=f"call is {len(body)} bytes; the gateway stores at most "
                             f"{MAX_CALL_BYTES}", retryable=False))
+            if exc.err_code == SUBJECT_FULL_ERR_CODE:
+                return failure(call.call_id, "denied", ToolError(
+                    code=ErrorCode.QUOTA_EXCEEDED,
+                    message=f"agent {tenant}.{agent} has stored its quota of calls; older "
+                            "ones expire with the retention, or the operator raises it",
+                    retryable=True))
             raise
         return None
 

@@ -30,7 +30,7 @@ from toolgate.services.stack.nats_auth import (
 )
 from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.processes import kill_process, stop_process
-from toolgate.services.stack.topology import apply_topology
+from toolgate.services.stack.topology import Topology, apply_topology
 
 log = logging.getLogger("toolgate.up")
 
@@ -110,6 +110,7 @@ class Stack:
     with_audit: bool = True
     clickhouse: EmbeddedClickHouse | None = None
     default_agent_creds: Path | None = None
+    topology: Topology = field(default_factory=Topology)
 
     @property
     def audit_url(self) -> str:
@@ -141,7 +142,8 @@ class Stack:
             self.nats = EmbeddedNats(
                 self.data_dir / "nats", port=self.nats_port,
                 config_file=self.creds.auth_config if self.creds else None).start()
-        asyncio.run(apply_topology(self.url, **connect_options(self.creds_of("admin"))))
+        asyncio.run(apply_topology(self.url, self.topology,
+                                   **connect_options(self.creds_of("admin"))))
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
             service = ServiceProcess(

@@ -25,6 +25,7 @@ from toolgate.services.policy.bundle_store import policies_bucket_config
 from toolgate.services.policy.rate_limits import rate_limits_bucket_config
 
 DAY_S = 24 * 3600.0
+DEFAULT_MAX_CALLS_PER_AGENT = 1_000_000
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
@@ -37,6 +38,11 @@ class Topology:
     # call_id); the server's window is kept as short as it allows.
     calls_duplicate_window_s: float = 0.1
     max_call_bytes: int = MAX_CALL_BYTES
+    # The storage quota, per agent identity: at most this many calls stored
+    # within the retention (each call has at most one result and one outcome
+    # record, so this bounds those too). Over it, the server refuses the
+    # publish before storing anything; other agents are unaffected.
+    max_calls_per_agent: int = DEFAULT_MAX_CALLS_PER_AGENT
     replicas: int = 1
 
     def streams(self) -> list[StreamConfig]:
@@ -48,9 +54,12 @@ class Topology:
         )
         return [
             # A call larger than the cap is refused by the server before it is stored.
+            # One subject per agent: the per-subject cap is the agent's quota.
             StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_FILTER],
                          duplicate_window=self.calls_duplicate_window_s,
-                         max_msg_size=self.max_call_bytes, **common),
+                         max_msg_size=self.max_call_bytes,
+                         max_msgs_per_subject=self.max_calls_per_agent,
+                         discard=DiscardPolicy.NEW, discard_new_per_subject=True, **common),
             StreamConfig(name=subjects.EVENTS_STREAM,
                          subjects=[f"{subjects.EVENTS_PREFIX}.>"],
                          duplicate_window=self.duplicate_window_s,
