@@ -16,7 +16,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from toolgate.services.stack.processes import kill_process, stop_process
+from toolgate.services.stack.processes import die_with_parent, kill_process, stop_process
 
 # Large enough that an oversized call reaches the validator and gets a precise
 # PAYLOAD_TOO_LARGE result instead of a bare publish error at the client.
@@ -103,7 +103,8 @@ class EmbeddedNats:
         # Its own session: Ctrl-C in a terminal reaches `toolgate up`, which
         # stops the services first and the server last.
         self.process = subprocess.Popen(args, start_new_session=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        preexec_fn=die_with_parent)
         _wait_for_port(self.host, self.port, self.process, self.log_path, timeout)
         return self
 

@@ -29,7 +29,7 @@ from toolgate.services.stack.nats_auth import (
     create_credentials,
 )
 from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.processes import kill_process, stop_process
+from toolgate.services.stack.processes import die_with_parent, kill_process, stop_process
 from toolgate.services.stack.topology import Topology, apply_topology
 
 log = logging.getLogger("toolgate.up")
@@ -78,7 +78,8 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
         self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=os.environ.copy())
+                                        start_new_session=True, env=os.environ.copy(),
+                                        preexec_fn=die_with_parent)
         log_file.close()
         self.started_at = time.monotonic()
 

@@ -1,0 +1,54 @@
+"""`toolgate up` as an operator runs it: a SIGKILL of it leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.system
+
+
+def children_of(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.update(int(child) for child in text)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_sigkill_of_up_takes_every_child_with_it(tmp_path: Path) -> None:
+    up = subprocess.Popen(
+        [sys.executable, "-m", "toolgate.services.cli", "up", "--nats-port", "0",
+         "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:  # bounded by the test timeout
+            if line.startswith("Press Ctrl-C"):
+                break
+        children = children_of(up.pid)
+        # nats-server, ClickHouse, five pipeline services and the audit sink.
+        assert len(children) >= 8, children
+        assert all(alive(pid) for pid in children)
+    finally:
+        os.kill(up.pid, signal.SIGKILL)
+        up.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in children if alive(pid)] == []
