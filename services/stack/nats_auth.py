@@ -36,6 +36,7 @@ import string
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ from toolgate.contracts import subjects
 from toolgate.contracts.events import TERMINAL_EVENTS
 from toolgate.services.stack import nats_jwt
 
-PERMISSIONS_FILE = Path(__file__).resolve().parents[2] / "infra" / "nats" / "permissions.yaml"
+# Package data (read where the package is installed, never from a source tree).
+PERMISSIONS_FILE = Path(str(files("toolgate.infra.nats").joinpath("permissions.yaml")))
 CREDS_DIR = "creds"
 AGENT_CREDS_DIR = "agents"
 AUTH_DIR = "auth"

@@ -1,0 +1,1 @@
+"""NATS roles and permissions (permissions.yaml), shipped as package data."""

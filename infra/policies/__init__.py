@@ -1,0 +1,1 @@
+"""Cedar policy bundles (default/) and examples (examples/), shipped as package data."""
