@@ -36,6 +36,26 @@ from toolgate.services.stack.nats_auth import broker_options
 
 log = logging.getLogger("toolgate")
 
+
+class _QuietSupervisor(logging.Filter):
+    """Drop FastStream's task-supervisor chatter: an INFO line each time a pull loop
+    ends, and a traceback when an idle fetch times out (it is restarted at once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text.startswith("callback for ") and text.endswith("is being executed..."):
+            return False
+        return not (text.endswith("raised an exception, retrying...\n"
+                                  "If this behavior causes issues, you can disable it via "
+                                  "setting the FASTSTREAM_SUPERVISOR_DISABLED env to 1. Also, "
+                                  "please consider opening issue on the repository: "
+                                  "https://github.com/ag2ai/faststream.")
+                    and record.exc_info is not None
+                    and isinstance(record.exc_info[1], TimeoutError))
+
+
+log.addFilter(_QuietSupervisor())
+
 # How often a stage tries an input before it gives up on it and dead-letters
 # it. JetStream's own max_deliver is unlimited on purpose: if dead-lettering
 # itself fails (NATS is down), the message must stay, not vanish.
