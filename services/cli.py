@@ -1,13 +1,22 @@
 """The `toolgate` command: parse, build a contract, call the library.
 
-    toolgate up                      the whole gateway on the embedded default
-    toolgate serve NAME              one service (validator|policy|executor|attacher)
-    toolgate agents add|list|revoke  one NATS identity per agent of each tenant
-    toolgate call TOOL 'JSON-ARGS'   publish one call, print its ToolResult
-    toolgate result CALL_ID          fetch a stored result again
-    toolgate schema                  JSON Schema of ToolCall and ToolResult
-    toolgate bench                   full pipeline vs. a pass-through floor
+    toolgate up                        the whole gateway on the embedded default
+    toolgate serve NAME                one service (validator|policy|executor|attacher|
+                                       approvals|audit)
+    toolgate agents add|list|revoke    one NATS identity per agent of each tenant
+    toolgate call TOOL 'JSON-ARGS'     publish one call, print its ToolResult
+    toolgate result CALL_ID            fetch a stored result again
+    toolgate approvals list|show|approve|deny|add-approver|inbox   humans decide
+    toolgate policy check|push|test    Cedar policy bundles
     toolgate audit trace|sql|replay|verify   the audit trail in ClickHouse
+    toolgate schema                    JSON Schema of the wire contract
+    toolgate bench [pipeline|policy|audit]   figures, printed
+
+After `toolgate up` in a folder, every command there finds the gateway through
+.toolgate/context.json; flags and TOOLGATE_* variables win.
+Exit codes: 0 done (for `call`: result ok), 1 a clear failure (for `call`: the
+result is an error), 2 bad input or configuration, 3 could not reach or wait
+for the gateway.
 """
 
 from __future__ import annotations
