@@ -236,7 +236,9 @@ def serve(
         # in same directory is already running", ...) are printed to stderr, i.e. the log;
         # the result object usually does not carry them.
         try:
-            res = _chdb.query(STARTUP_SQL, "TabSeparated", path=str(db_dir))
+            # chdb's C extension has no stubs.
+            res = _chdb.query(STARTUP_SQL, "TabSeparated",  # type: ignore[attr-defined]
+                              path=str(db_dir))
             if res.has_error():
                 outcome["error"] = res.error_message()
         except BaseException as e:  # noqa: BLE001
@@ -339,7 +341,7 @@ class EmbeddedClickHouse:
         return self.proc is not None and self.proc.poll() is None
 
     def rss_bytes(self) -> int | None:
-        if not self.running():
+        if not self.running() or self.proc is None:
             return None
         try:
             for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
