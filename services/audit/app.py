@@ -44,7 +44,7 @@ ACK_WAIT_S = 10.0
 MAX_ACK_PENDING = 20_000
 
 SOURCES = (
-    (subjects.CALLS_STREAM, subjects.CALLS),
+    (subjects.CALLS_STREAM, subjects.CALLS_FILTER),
     (subjects.EVENTS_STREAM, f"{subjects.EVENTS_PREFIX}.>"),
 )
 

@@ -1,7 +1,10 @@
 """From a stored JetStream message to one audit row. Pure: no I/O.
 
 Two sources: the raw call on TOOLGATE_CALLS becomes a `CallRequested` row,
-each event on TOOLGATE_EVENTS a row of its own type. Anything that does not
+each event on TOOLGATE_EVENTS a row of its own type. A raw call's tenant and
+agent are those of the subject it was stored under (the server let only that
+agent publish there), never the payload's word; a payload that names someone
+else is recorded as sent, with a note. Anything that does not
 decode is still recorded (`note` says why), with an event_id derived from
 the stream sequence, so a redelivered copy has the same id.
 
@@ -24,7 +27,7 @@ from toolgate.contracts import events as ev
 from toolgate.contracts.authorization import arguments_sha256, canonical_json
 from toolgate.contracts.calls import ToolCall, is_valid_call_id
 from toolgate.contracts.registry import AuditSpec, Registry
-from toolgate.contracts.subjects import CALLS_STREAM, EVENTS_STREAM
+from toolgate.contracts.subjects import CALLS_STREAM, EVENTS_STREAM, identity_of_calls_subject
 
 CALL_REQUESTED = "CallRequested"
 UNDECODABLE_EVENT = "UndecodableEvent"
@@ -120,8 +123,13 @@ class RowBuilder:
     def call_row(self, message: StoredMessage) -> dict[str, Any]:
         row = self._blank(message, derive_id(message, "requested"), CALL_REQUESTED)
         row["service"] = "agent"
+        sender = identity_of_calls_subject(message.subject)
+        if sender is not None:
+            row["tenant"], row["agent"] = sender
+        else:
+            row["note"] = f"not stored under an agent's calls subject: {message.subject[:200]}"
         if len(message.data) > self.max_call_bytes:
-            row["note"] = f"oversized call: {len(message.data)} bytes, excerpt kept"
+            _add_note(row, f"oversized call: {len(message.data)} bytes, excerpt kept")
             row["payload"] = {"excerpt": _excerpt(message.data), "bytes": len(message.data)}
             return self._finish(row)
         try:
@@ -129,10 +137,10 @@ class RowBuilder:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return self._finish(self._undecodable_call(row, message, exc))
         if not is_valid_call_id(call.call_id):
-            row["note"] = "call_id is not a subject-safe token"
+            _add_note(row, "call_id is not a subject-safe token")
         else:
             row["call_id"] = call.call_id
-        self._principal(row, call)
+        self._principal(row, call, sender)
         audit = self.audit_of(call.tool)
         if audit.arguments != "none":
             row["arguments_sha256"] = arguments_sha256(call.arguments)
@@ -144,7 +152,7 @@ class RowBuilder:
 
     def _undecodable_call(self, row: dict[str, Any], message: StoredMessage,
                           exc: Exception) -> dict[str, Any]:
-        row["note"] = f"not a decodable ToolCall: {exc}"
+        _add_note(row, f"not a decodable ToolCall: {exc}")
         # Recover what names the call, for queries by call_id or tool.
         try:
             loose = msgspec.json.decode(message.data)
@@ -237,10 +245,18 @@ class RowBuilder:
         return document
 
     # -- common -----------------------------------------------------------------------
-    def _principal(self, row: dict[str, Any], call: ToolCall) -> None:
+    def _principal(self, row: dict[str, Any], call: ToolCall,
+                   sender: tuple[str, str] | None) -> None:
+        """Tenant and agent from the bus; user and session are the platform's word."""
         principal = call.principal
-        row.update(tool=call.tool, task_id=call.task_id or "", tenant=principal.tenant,
-                   user=principal.user, agent=principal.agent, session=principal.session)
+        row.update(tool=call.tool, task_id=call.task_id or "", user=principal.user,
+                   session=principal.session)
+        claimed = (principal.tenant, principal.agent)
+        if sender is None:
+            row["tenant"], row["agent"] = claimed
+        elif claimed != sender:
+            _add_note(row, f"the payload names tenant {principal.tenant[:64]!r} and agent "
+                           f"{principal.agent[:64]!r}; sent by {sender[0]}.{sender[1]}")
 
     def _blank(self, message: StoredMessage, event_id: str, event_type: str) -> dict[str, Any]:
         row: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "")
@@ -254,7 +270,7 @@ class RowBuilder:
         payload = row["payload"]
         text = payload if isinstance(payload, str) else canonical_json(payload).decode()
         if len(text) > MAX_PAYLOAD_CHARS:
-            row["note"] = (row["note"] + "; " if row["note"] else "") + "payload truncated"
+            _add_note(row, "payload truncated")
             text = canonical_json({"truncated": True, "chars": len(text),
                                    "sha256": hashlib.sha256(text.encode()).hexdigest(),
                                    "excerpt": text[:EXCERPT_CHARS]}).decode()
@@ -263,6 +279,10 @@ class RowBuilder:
 
 
 _MISSING = object()
+
+
+def _add_note(row: dict[str, Any], text: str) -> None:
+    row["note"] = f"{row['note']}; {text}" if row["note"] else text
 
 
 def _output_of(event: ev.Event) -> Any:

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from tests.integration.test_audit_store import StoredJsMessage
+from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal, ToolCall, ToolError, ToolResult, failure, success
 from toolgate.contracts.events import (
@@ -127,8 +128,10 @@ def messages(all_stories: list[Story]) -> list[StoredJsMessage]:
     found, seq = [], 0
     for s in all_stories:
         seq += 1
+        # Stored under the subject of the agent that sent it, as the server does.
+        sender = subjects.calls_subject(s.call.principal.tenant, s.call.principal.agent)
         found.append(StoredJsMessage("TOOLGATE_CALLS", seq, msgspec.json.encode(s.call),
-                                     stored_at=s.events[0].occurred_at - timedelta(
+                                     subject=sender, stored_at=s.events[0].occurred_at - timedelta(
                                          microseconds=300)))
         for event in s.events:
             seq += 1

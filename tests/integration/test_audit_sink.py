@@ -20,6 +20,7 @@ from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.topology import apply_topology
 
 P = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+CALLS_SUBJECT = subjects.calls_subject(P.tenant, P.agent)
 CALLS = 3000
 
 
@@ -31,10 +32,9 @@ async def publish_backlog(url: str) -> int:
     for i in range(CALLS):
         call = ToolCall(call_id=f"c-{i}", tool="search_sources", arguments={"query": f"q{i}"},
                         principal=P)
-        pending.append(js.publish(subjects.CALLS, msgspec.json.encode(call),
-                                  headers={"Nats-Msg-Id": call.call_id}))
+        pending.append(js.publish(CALLS_SUBJECT, msgspec.json.encode(call)))
     await asyncio.gather(*pending)
-    await js.publish(subjects.CALLS, b"{not a call")
+    await js.publish(CALLS_SUBJECT, b"{not a call")
     await js.publish(f"{subjects.EVENTS_PREFIX}.Bogus.x", b"\x00 not an event")
     total = 0
     for stream in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM):

@@ -35,7 +35,7 @@ class StoredJsMessage:
     stream: str
     seq: int
     data: bytes
-    subject: str = "toolgate.calls"
+    subject: str = "toolgate.calls.acme.researcher"
     stored_at: datetime = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     acks: list[str] = field(default_factory=list)
 

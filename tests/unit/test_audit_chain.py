@@ -24,7 +24,7 @@ BUILDER = RowBuilder(load_registry())
 
 def rows(n: int, start: int = 1) -> list[dict]:  # type: ignore[type-arg]
     return [BUILDER.row_for(StoredMessage(
-        "TOOLGATE_CALLS", seq, T0, "toolgate.calls", msgspec.json.encode(ToolCall(
+        "TOOLGATE_CALLS", seq, T0, "toolgate.calls.acme.a", msgspec.json.encode(ToolCall(
             call_id=f"c-{seq}", tool="search_sources", arguments={"n": seq}, principal=P))))
         for seq in range(start, start + n)]
 

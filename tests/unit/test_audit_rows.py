@@ -57,9 +57,11 @@ def builder() -> RowBuilder:
     return RowBuilder(registry(), max_call_bytes=4096)
 
 
-def stored_call(call: ToolCall | bytes, seq: int = 7) -> StoredMessage:
+def stored_call(call: ToolCall | bytes, seq: int = 7,
+                subject: str = "toolgate.calls.acme.researcher") -> StoredMessage:
+    """A call as the calls stream stores it: under the subject of the agent that sent it."""
     data = call if isinstance(call, bytes) else msgspec.json.encode(call)
-    return StoredMessage("TOOLGATE_CALLS", seq, T0, "toolgate.calls", data)
+    return StoredMessage("TOOLGATE_CALLS", seq, T0, subject, data)
 
 
 def stored_event(event: Event, seq: int = 9) -> StoredMessage:
@@ -106,6 +108,31 @@ class TestCallRequested:
         assert (row["call_id"], row["tool"]) == ("c-9", "echo")
         # echo's audit is `hash`: the raw excerpt would show the arguments.
         assert json.loads(row["payload"])["excerpt"] == "[redacted]"
+
+    def test_tenant_and_agent_are_the_senders_not_the_payloads(self, builder):
+        spoof = ToolCall(call_id="c-1", tool="open_echo", arguments={"payload": 1},
+                         principal=Principal(tenant="globex", user="u-mallory",
+                                             agent="admin", session="s-x"))
+        row = builder.row_for(stored_call(spoof, subject="toolgate.calls.acme.researcher"))
+        assert (row["tenant"], row["agent"]) == ("acme", "researcher")
+        assert (row["user"], row["session"]) == ("u-mallory", "s-x")  # the platform's word
+        assert "'globex'" in row["note"] and "sent by acme.researcher" in row["note"]
+        # The payload is kept as sent: the auditor sees what was claimed.
+        assert json.loads(row["payload"])["call"]["principal"]["tenant"] == "globex"
+
+    def test_a_call_that_names_its_sender_has_no_note(self, builder):
+        row = builder.row_for(stored_call(call_of("open_echo")))
+        assert row["note"] == ""
+
+    def test_undecodable_and_oversized_calls_still_name_their_sender(self, builder):
+        for data in (b"{not json", b'{"x": "' + b"a" * 10_000 + b'"}'):
+            row = builder.row_for(stored_call(data, subject="toolgate.calls.globex.writer"))
+            assert (row["tenant"], row["agent"]) == ("globex", "writer")
+
+    def test_a_call_under_no_agents_subject_keeps_the_payloads_word_with_a_note(self, builder):
+        row = builder.row_for(stored_call(call_of("open_echo"), subject="toolgate.calls"))
+        assert (row["tenant"], row["agent"]) == ("acme", "researcher")
+        assert row["note"].startswith("not stored under an agent's calls subject")
 
     def test_oversized_call_keeps_an_excerpt(self, builder):
         row = builder.row_for(stored_call(b'{"x": "' + b"a" * 10_000 + b'"}'))
@@ -216,7 +243,7 @@ class TestEventColumns:
 class _AckedMessage:
     """A message as a pull consumer delivers it: the ack subject says where it is stored."""
 
-    subject = "toolgate.calls"
+    subject = "toolgate.calls.acme.researcher"
     data = b"{}"
 
     def __init__(self, reply: str) -> None:
