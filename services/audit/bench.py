@@ -70,6 +70,8 @@ def call_story(i: int) -> tuple[ToolCall, list[Event]]:
                   arguments_sha256=arguments_sha256(call.arguments))
     auth = Authorization(call_id=call.call_id, tool=call.tool, arguments_sha256="0" * 64,
                          policy_version="bench", expires_at=now + timedelta(hours=1),
+                         tenant=PRINCIPAL.tenant, agent=PRINCIPAL.agent, user=PRINCIPAL.user,
+                         session=PRINCIPAL.session, task_id=call.task_id,
                          key_id="k", signature="s" * 88)
     return call, [
         ArgumentsValidated(event_id=f"{i}-v", call=call, **common),
@@ -85,11 +87,13 @@ async def fill_backlog(nats_url: str, calls: int) -> int:
     """Publish `calls` stories (with publish acks); returns the rows they make."""
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
+    # Where the agent's own identity would have published them.
+    calls_subject = subjects.calls_subject(PRINCIPAL.tenant, PRINCIPAL.agent)
     for start in range(0, calls, 500):
         pending = []
         for i in range(start, min(start + 500, calls)):
             call, events = call_story(i)
-            pending.append(js.publish(subjects.CALLS, msgspec.json.encode(call)))
+            pending.append(js.publish(calls_subject, msgspec.json.encode(call)))
             pending += [js.publish(subjects.subject_of(e), encode_event(e)) for e in events]
         await asyncio.gather(*pending)
     await nc.close()
@@ -142,15 +146,19 @@ def _count(client: Client | None) -> int:
         return 0
 
 
-async def _burst(nats_url: str, calls: int, creds: Path | None) -> float:
+async def _burst(nats_url: str, calls: int, agent_creds: Path | None,
+                 admin_creds: Path | None) -> float:
     """Rows the pipeline produces per second under a burst of echo calls."""
     from toolgate.services.client.gateway_client import GatewayClient
     from toolgate.services.stack.nats_auth import connect_options
 
-    # The operator's credentials: they may publish calls and read stream info.
-    async with await GatewayClient.connect(nats_url, creds) as client:
-        await client.call("echo", {}, principal=PRINCIPAL, timeout=60)  # warm-up
-        nc = await nats.connect(nats_url, **connect_options(creds))
+    # The calls come from an agent's own identity, as on a real gateway; the
+    # operator's credentials read the streams' counters.
+    identity = (PRINCIPAL.tenant, PRINCIPAL.agent) if agent_creds is None else None
+    async with await GatewayClient.connect(nats_url, agent_creds, identity=identity) as client:
+        principal = client.principal(PRINCIPAL.user, PRINCIPAL.session)
+        await client.call("echo", {}, principal=principal, timeout=60)  # warm-up
+        nc = await nats.connect(nats_url, **connect_options(admin_creds))
         js = nc.jetstream()
 
         async def stored() -> int:
@@ -160,7 +168,7 @@ async def _burst(nats_url: str, calls: int, creds: Path | None) -> float:
         before = await stored()
         started = time.perf_counter()
         await asyncio.gather(*(client.submit(ToolCall(
-            call_id=f"burst-{i}", tool="echo", arguments={"payload": i}, principal=PRINCIPAL),
+            call_id=f"burst-{i}", tool="echo", arguments={"payload": i}, principal=principal),
             timeout=300) for i in range(calls)))
         elapsed = time.perf_counter() - started
         rows = await stored() - before
@@ -174,7 +182,8 @@ def measure_pipeline_peak(tmp: Path, calls: int) -> float:
     stack = Stack(data_dir=tmp / "pipeline", with_audit=False)
     stack.start()
     try:
-        return asyncio.run(_burst(stack.url, calls, stack.creds_of("admin")))
+        return asyncio.run(_burst(stack.url, calls, stack.creds_of("agent"),
+                                  stack.creds_of("admin")))
     finally:
         stack.stop()
 

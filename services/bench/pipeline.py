@@ -5,6 +5,11 @@ receive on one wildcard subscription, match by call_id. Latency is measured
 one call at a time (p50/p99); throughput with a burst published at once.
 The floor has as many hops as the pipeline has services, each its own
 process like the services, doing no work.
+
+On a private gateway the pipeline's calls come from an agent's own identity
+(its account imports its calls subject and its results, as on a real
+gateway); against `--nats-url` they are published with the operator's
+credentials as agent `bench` of tenant `bench`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from nats.aio.client import Client
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.bench import floor
-from toolgate.services.stack.nats_auth import connect_options
+from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
 from toolgate.services.stack.supervisor import Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
@@ -45,8 +50,15 @@ class Figures:
 Send = Callable[[Client, str, bytes], Awaitable[None]]
 
 
+def principal_for(creds: Path | None) -> Principal:
+    """The bench's principal: the agent `creds` speak for, else bench.bench."""
+    identity = identity_of_creds(creds) if creds is not None else None
+    tenant, agent = identity or (PRINCIPAL.tenant, PRINCIPAL.agent)
+    return Principal(tenant=tenant, user=PRINCIPAL.user, agent=agent, session=PRINCIPAL.session)
+
+
 async def _measure(nc: Client, send: Send, out_wildcard: str, id_of: Callable[[str], str],
-                   calls: int, burst: int, prefix: str) -> Figures:
+                   calls: int, burst: int, prefix: str, principal: Principal) -> Figures:
     waiting: dict[str, asyncio.Future[None]] = {}
 
     async def on_out(msg: object) -> None:
@@ -61,7 +73,7 @@ async def _measure(nc: Client, send: Send, out_wildcard: str, id_of: Callable[[s
         waiting[call_id] = loop.create_future()
         future = waiting[call_id]
         body = msgspec.json.encode(ToolCall(call_id=call_id, tool="echo", arguments={},
-                                            principal=PRINCIPAL))
+                                            principal=principal))
         await send(nc, call_id, body)
         await asyncio.wait_for(future, 60)
 
@@ -84,17 +96,20 @@ async def _measure(nc: Client, send: Send, out_wildcard: str, id_of: Callable[[s
 
 async def _pipeline(nats_url: str, calls: int, burst: int, run: str,
                     creds: Path | None) -> Figures:
+    principal = principal_for(creds)
     nc = await nats.connect(nats_url, **connect_options(creds))
     js = nc.jetstream()
+    calls_subject = subjects.calls_subject(principal.tenant, principal.agent)
 
     async def send(_: Client, call_id: str, body: bytes) -> None:
-        await js.publish(subjects.CALLS, body, stream=subjects.CALLS_STREAM,
-                         headers={"Nats-Msg-Id": call_id})
+        # As GatewayClient publishes: no Nats-Msg-Id (the gateway dedupes by call_id).
+        await js.publish(calls_subject, body, stream=subjects.CALLS_STREAM)
 
     try:
-        return await _measure(nc, send, f"{subjects.RESULTS_PREFIX}.*",
+        results = subjects.agent_results_prefix(principal.tenant, principal.agent)
+        return await _measure(nc, send, f"{results}.*",
                               lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
-                              f"pipe-{run}")
+                              f"pipe-{run}", principal)
     finally:
         await nc.close()
 
@@ -106,14 +121,15 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str,
     await js.add_stream(floor.stream_config())
 
     async def send(_: Client, call_id: str, body: bytes) -> None:
+        # The agent's publish: no Nats-Msg-Id, like the pipeline's first hop.
         await js.publish(floor.hop_subject(0), body, stream=floor.STREAM,
-                         headers={"Nats-Msg-Id": call_id, floor.CALL_HEADER: call_id})
+                         headers={floor.CALL_HEADER: call_id})
 
     hops = [_start_hop(nats_url, i, creds) for i in range(HOPS)]
     try:
         return await _measure(nc, send, floor.out_subject("*"),
                               lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
-                              f"floor-{run}")
+                              f"floor-{run}", principal_for(None))
     finally:
         for hop in hops:
             hop.terminate()
@@ -141,17 +157,18 @@ def run_bench(args: argparse.Namespace) -> int:
         stack = None
         nats_url = args.nats_url
         # The floor declares its own stream and subjects: on a locked bus that is the operator's.
-        creds = args.creds
+        creds = agent_creds = args.creds
         if nats_url is None:
             stack = Stack(data_dir=Path(tmp))
             stack.start()
             nats_url = stack.url
-            creds = stack.creds_of("admin")
-            asyncio.run(_wait_for_pipeline(nats_url, creds))
+            creds, agent_creds = stack.creds_of("admin"), stack.creds_of("agent")
+            asyncio.run(_wait_for_pipeline(nats_url, agent_creds))
         try:
             print(f"toolgate bench: {args.calls} sequential calls, burst of {args.burst}, "
                   f"tool 'echo', {HOPS} hops, NATS {nats_url}")
-            pipeline = asyncio.run(_pipeline(nats_url, args.calls, args.burst, run, creds))
+            pipeline = asyncio.run(_pipeline(nats_url, args.calls, args.burst, run,
+                                             agent_creds))
             base = asyncio.run(_floor(nats_url, args.calls, args.burst, run, creds))
         finally:
             if stack is not None:
@@ -169,10 +186,11 @@ async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float =
     from toolgate.services.client.gateway_client import GatewayClient
 
     deadline = time.monotonic() + timeout
+    principal = principal_for(creds)
     async with await GatewayClient.connect(nats_url, creds) as client:
         while True:
             try:
-                await client.call("echo", {}, principal=PRINCIPAL, timeout=5)
+                await client.call("echo", {}, principal=principal, timeout=5)
                 return
             except TimeoutError:
                 if time.monotonic() > deadline:
