@@ -1,0 +1,20 @@
+"""Lint and types are part of the test command, so `.ci/run` checks them too."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.harness import REPO_ROOT
+
+
+def test_ruff_finds_nothing() -> None:
+    found = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=REPO_ROOT,
+                           capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout + found.stderr
+
+
+def test_mypy_finds_nothing_in_services_and_contracts() -> None:
+    found = subprocess.run([sys.executable, "-m", "mypy", "services", "contracts"],
+                           cwd=REPO_ROOT, capture_output=True, text=True)
+    assert found.returncode == 0, found.stdout + found.stderr
