@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     trace = commands.add_parser("trace", help="one call's story, in order")
     trace.add_argument("call_id")
+    for name in ("tenant", "agent"):
+        trace.add_argument(f"--{name}", default=None,
+                           help=f"only the call of this {name} (a call_id is per agent)")
     add_clickhouse_url(trace)
     trace.set_defaults(func=cmd_trace)
 
@@ -50,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     replay.add_argument("call_id", nargs="?", default=None)
     replay.add_argument("--since", type=_utc_time, default=None,
                         help="replay calls requested since this ISO time (UTC)")
-    for name in ("tool", "agent", "user"):
+    for name in ("tool", "tenant", "agent", "user"):
         replay.add_argument(f"--{name}", default=None, help=f"only calls of this {name}")
     replay.add_argument("--status", default=None, help="only calls that ended with this status")
     replay.add_argument("--limit", type=int, default=20)
@@ -59,7 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     replay.add_argument("--nats-url", default=env.env_nats_url(),
                         help="the running gateway (default: $TOOLGATE_NATS_URL or %(default)s)")
     replay.add_argument("--creds", type=Path, default=env.env_nats_creds(),
-                        help="agent credentials on a locked bus (default: $TOOLGATE_NATS_CREDS)")
+                        help="on a locked bus: the operator's (admin) creds, or the creds of "
+                             "the agent whose calls are replayed (default: "
+                             "$TOOLGATE_NATS_CREDS)")
     add_clickhouse_url(replay)
     replay.set_defaults(func=cmd_replay)
 
@@ -87,9 +92,16 @@ def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from toolgate.services.audit.trace import format_trace, read_call_events, story
+    from toolgate.services.audit.trace import format_trace, read_call_events, senders, story
 
-    steps = story(read_call_events(_client(args), args.call_id))
+    rows = read_call_events(_client(args), args.call_id, tenant=args.tenant, agent=args.agent)
+    several = senders(rows)
+    if len(several) > 1:
+        print(f"toolgate audit trace: call_id {args.call_id} was used by "
+              f"{', '.join(f'{t}.{a}' for t, a in several)}: give --tenant and --agent",
+              file=sys.stderr)
+        return 2
+    steps = story(rows)
     print(format_trace(args.call_id, steps))
     return 0 if steps else 1
 
@@ -115,7 +127,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("toolgate audit replay: give a CALL_ID or --since", file=sys.stderr)
         return 2
     recorded = find_recorded(_client(args), call_id=args.call_id, since=args.since,
-                             tool=args.tool, agent=args.agent, user=args.user,
+                             tool=args.tool, tenant=args.tenant, agent=args.agent,
+                             user=args.user,
                              status=args.status, include_replays=args.include_replays,
                              limit=args.limit)
     if not recorded:

@@ -1,11 +1,15 @@
 """`toolgate audit replay`: drive recorded calls through a running gateway again.
 
-A replayed call is a new call: new call_id `rp-<original>-<random>` and
-`context.replay_of = <original>`, so it is validated, decided and (where the
-policy says so) approved again, under today's registry and policy, and its
-own events are audited. Only calls whose arguments were recorded in full can
-be replayed; the original result is compared by status and by the SHA-256 of
-its data (which the audit keeps even when the data itself is redacted).
+A replayed call is a new call of the same agent: new call_id
+`rp-<original>-<random>` and `context.replay_of = <original>`, published on
+that agent's calls subject (tenant and agent are the ones the bus recorded for
+the original, not its payload's word), so it is validated, decided and (where
+the policy says so) approved again, under today's registry and policy, and its
+own events are audited. With the operator's (admin) creds any agent's calls
+can be replayed; with an agent's creds, only that agent's. Only calls whose
+arguments were recorded in full can be replayed; the original result is
+compared by status and by the SHA-256 of its data (which the audit keeps
+even when the data itself is redacted).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class RecordedCall:
     error_code: str = ""
     result: dict[str, Any] | None = None
     result_sha256: str = ""
+    # Who sent it, as the bus recorded it (a call is (tenant, agent, call_id)).
+    tenant: str = ""
+    agent: str = ""
 
 
 @dataclass(frozen=True)
@@ -68,10 +75,10 @@ def replay_call_id(original: str) -> str:
 def find_recorded(client: Client, call_id: str | None = None, since: datetime | None = None,
                   tool: str | None = None, agent: str | None = None, user: str | None = None,
                   status: str | None = None, include_replays: bool = False,
-                  limit: int = 20) -> list[RecordedCall]:
+                  limit: int = 20, tenant: str | None = None) -> list[RecordedCall]:
     where = ["event_type = 'CallRequested'", "call_id != ''"]
     params: dict[str, Any] = {"limit": limit}
-    filters = {"call_id": call_id, "tool": tool, "agent": agent, "user": user}
+    filters = {"call_id": call_id, "tool": tool, "tenant": tenant, "agent": agent, "user": user}
     for column, value in filters.items():
         if value:
             where.append(f"{column} = {{{column}:String}}")
@@ -80,31 +87,37 @@ def find_recorded(client: Client, call_id: str | None = None, since: datetime | 
         where.append("occurred_at >= {since:DateTime64(6, 'UTC')}")
         params["since"] = since
     if status:
-        where.append("call_id IN (SELECT call_id FROM events WHERE event_type = "
-                     "'ResultAttached' AND status = {status:String})")
+        where.append("(tenant, agent, call_id) IN (SELECT tenant, agent, call_id FROM events "
+                     "WHERE event_type = 'ResultAttached' AND status = {status:String})")
         params["status"] = status
     if not include_replays and not call_id:
         where.append(f"NOT startsWith(call_id, '{REPLAY_PREFIX}')")
+    # The same call_id from two agents is two calls: each is keyed by its sender too.
     requested = client.query(
-        f"SELECT call_id, payload, note FROM events WHERE {' AND '.join(where)} "
-        "ORDER BY occurred_at DESC LIMIT 1 BY call_id LIMIT {limit:UInt32}",
+        f"SELECT tenant, agent, call_id, payload, note FROM events WHERE {' AND '.join(where)} "
+        "ORDER BY occurred_at DESC LIMIT 1 BY tenant, agent, call_id LIMIT {limit:UInt32}",
         parameters=params).result_rows
-    ids = [r[0] for r in requested]
-    results = {r[0]: r[1:] for r in client.query(
-        "SELECT call_id, argMax(status, occurred_at), argMax(error_code, occurred_at), "
-        "argMax(payload, occurred_at), argMax(result_sha256, occurred_at) FROM events "
-        "WHERE event_type = 'ResultAttached' AND call_id IN {ids:Array(String)} GROUP BY call_id",
+    ids = sorted({r[2] for r in requested})
+    results = {tuple(r[:3]): r[3:] for r in client.query(
+        "SELECT tenant, agent, call_id, argMax(status, occurred_at), "
+        "argMax(error_code, occurred_at), argMax(payload, occurred_at), "
+        "argMax(result_sha256, occurred_at) FROM events "
+        "WHERE event_type = 'ResultAttached' AND call_id IN {ids:Array(String)} "
+        "GROUP BY tenant, agent, call_id",
         parameters={"ids": ids}).result_rows} if ids else {}
     recorded = []
-    for cid, payload, note in reversed(requested):  # oldest first
-        status_, code, result_payload, sha = results.get(cid, ("", "", "{}", ""))
-        call, why_not = _recorded_call(payload, note)
+    for tenant_, agent_, cid, payload, note in reversed(requested):  # oldest first
+        status_, code, result_payload, sha = results.get((tenant_, agent_, cid),
+                                                         ("", "", "{}", ""))
+        call, why_not = _recorded_call(payload, note, tenant_, agent_)
         recorded.append(RecordedCall(cid, call, why_not, status_, code,
-                                     json.loads(result_payload).get("result"), sha))
+                                     json.loads(result_payload).get("result"), sha,
+                                     tenant=tenant_, agent=agent_))
     return recorded
 
 
-def _recorded_call(payload: str, note: str) -> tuple[ToolCall | None, str]:
+def _recorded_call(payload: str, note: str, tenant: str,
+                   agent: str) -> tuple[ToolCall | None, str]:
     document = json.loads(payload)
     call = document.get("call")
     if call is None:
@@ -112,7 +125,11 @@ def _recorded_call(payload: str, note: str) -> tuple[ToolCall | None, str]:
     arguments = call.get("arguments")
     if isinstance(arguments, dict) and "redacted" in arguments and len(arguments) <= 2:
         return None, f"its arguments were not recorded (audit: {arguments['redacted']})"
-    return _call_decoder.decode(json.dumps(call)), ""
+    decoded = _call_decoder.decode(json.dumps(call))
+    if tenant and agent:  # the sender the bus recorded, whatever the payload claimed
+        decoded = msgspec.structs.replace(decoded, principal=msgspec.structs.replace(
+            decoded.principal, tenant=tenant, agent=agent))
+    return decoded, ""
 
 
 async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None = None,
@@ -122,6 +139,12 @@ async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None
         async def one(original: RecordedCall) -> Replayed:
             if original.call is None:
                 return Replayed(original, error=f"cannot replay: {original.why_not}")
+            sender = (original.call.principal.tenant, original.call.principal.agent)
+            if client.identity is not None and client.identity != sender:
+                return Replayed(original, error=(
+                    f"cannot replay: a call of {sender[0]}.{sender[1]}, and these creds "
+                    f"speak for {client.identity[0]}.{client.identity[1]} (replay it with "
+                    "that agent's creds or the operator's)"))
             call = msgspec.structs.replace(
                 original.call, call_id=replay_call_id(original.call_id),
                 context={**original.call.context, "replay_of": original.call_id})

@@ -193,6 +193,11 @@ class RowBuilder:
             principal = event.principal
             row.update(tenant=principal.tenant, user=principal.user, agent=principal.agent,
                        session=principal.session)
+        elif isinstance(event, ev.MessageDeadLettered):
+            # A call that could not be read still names its sender: the subject it came on.
+            sender = identity_of_calls_subject(event.source_subject)
+            if sender is not None:
+                row["tenant"], row["agent"] = sender
         self._event_columns(row, event)
         audit = self.audit_of(event.tool)
         output = _output_of(event)

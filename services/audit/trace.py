@@ -1,4 +1,8 @@
-"""`toolgate audit trace CALL_ID`: one call's story, in order, from the `events` view."""
+"""`toolgate audit trace CALL_ID`: one call's story, in order, from the `events` view.
+
+A call is (tenant, agent, call_id): two agents may use the same call_id for
+two calls, and then the sender must be named (`--tenant`, `--agent`).
+"""
 
 from __future__ import annotations
 
@@ -36,13 +40,26 @@ class TraceStep:
     text: str
 
 
-def read_call_events(client: Client, call_id: str) -> list[dict[str, Any]]:
+def read_call_events(client: Client, call_id: str, tenant: str | None = None,
+                     agent: str | None = None) -> list[dict[str, Any]]:
+    """The events of `call_id`; of one sender's call when `tenant` / `agent` are given."""
+    where, params = ["call_id = {call_id:String}"], {"call_id": call_id}
+    for column, value in (("tenant", tenant), ("agent", agent)):
+        if value:
+            where.append(f"{column} = {{{column}:String}}")
+            params[column] = value
     result = client.query(
-        f"SELECT {', '.join(TRACE_COLUMNS)} FROM events WHERE call_id = {{call_id:String}}",
-        parameters={"call_id": call_id})
+        f"SELECT {', '.join(TRACE_COLUMNS)} FROM events WHERE {' AND '.join(where)}",
+        parameters=params)
     rows = [dict(zip(TRACE_COLUMNS, r, strict=True)) for r in result.result_rows]
     rows.sort(key=lambda r: (r["occurred_at"], STAGE.get(r["event_type"], 9)))
     return rows
+
+
+def senders(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The (tenant, agent) pairs these rows name: more than one, and a call_id was reused
+    by several agents (each its own call)."""
+    return sorted({(r["tenant"], r["agent"]) for r in rows if r["tenant"] or r["agent"]})
 
 
 def story(rows: list[dict[str, Any]]) -> list[TraceStep]:

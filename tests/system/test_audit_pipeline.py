@@ -82,9 +82,16 @@ async def wait_until_audited(gateway: Gateway, timeout: float = 90.0) -> int:
     return expected
 
 
-def agent_bus(gateway: Gateway) -> list[str]:
-    """The flags of a command that talks to the gateway's locked bus as an agent."""
-    return ["--nats-url", gateway.url, "--creds", str(gateway.stack.creds_of("agent"))]
+def operator_bus(gateway: Gateway) -> list[str]:
+    """The flags of a command that talks to the gateway's locked bus as the operator
+    (it may publish on any agent's calls subject and read any agent's results)."""
+    return ["--nats-url", gateway.url, "--creds", str(gateway.stack.creds_of("admin"))]
+
+
+def agent_bus(gateway: Gateway, tenant: str, agent: str) -> list[str]:
+    """The same, logged in as one agent: it may replay only its own calls."""
+    creds = asyncio.run(gateway.agent_creds(tenant, agent))
+    return ["--nats-url", gateway.url, "--creds", str(creds)]
 
 
 def audit_cli(*argv: str) -> int:
@@ -109,7 +116,8 @@ def story(audited: Gateway) -> dict[str, str]:
                                                 "source_url": "https://x.org"},
                               principal=ALICE, task_id="mine", call_id=ids["denied"])
         nc = await audited.connect()
-        await nc.jetstream().publish(subjects.CALLS, b"{garbage")
+        await nc.jetstream().publish(subjects.calls_subject(ALICE.tenant, ALICE.agent),
+                                     b"{garbage")
         await nc.close()
         await wait_until_audited(audited)
 
@@ -160,22 +168,24 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
 
 def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
     url = audited.stack.audit_url
-    assert audit_cli("replay", story["search"], *agent_bus(audited),
+    assert audit_cli("replay", story["search"], *operator_bus(audited),
                      "--clickhouse-url", url) == 0
     out = capsys.readouterr().out
     assert "SAME result" in out and f"rp-{story['search']}-" in out
     asyncio.run(wait_until_audited(audited))
     client = audited.audit_client()
-    [(call_id, payload)] = client.query(
-        "SELECT call_id, payload FROM events WHERE event_type = 'CallRequested' "
+    [(call_id, tenant, agent, payload)] = client.query(
+        "SELECT call_id, tenant, agent, payload FROM events WHERE event_type = 'CallRequested' "
         f"AND startsWith(call_id, 'rp-{story['search']}')").result_rows
     assert json.loads(payload)["call"]["context"] == {"replay_of": story["search"]}
+    # A new call of the same agent, on that agent's calls subject.
+    assert (tenant, agent) == (ALICE.tenant, ALICE.agent)
     statuses = [r[0] for r in client.query(
         f"SELECT event_type FROM events WHERE call_id = '{call_id}'").result_rows]
     assert {"ArgumentsValidated", "CallAuthorized", "ResultAttached"} <= set(statuses)
     # By time and filters: the one ok search_sources call (earlier replays are left out).
     assert audit_cli("replay", "--since", "2000-01-01T00:00:00", "--tool", "search_sources",
-                     "--status", "ok", *agent_bus(audited), "--clickhouse-url", url) == 0
+                     "--status", "ok", *operator_bus(audited), "--clickhouse-url", url) == 0
     out = capsys.readouterr().out
     assert out.count("SAME result") == 1 and f'"call_id": "{story["search"]}"' in out
     # A call whose arguments were kept only as a hash cannot be replayed, and says why.
@@ -188,9 +198,50 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
         await wait_until_audited(audited)
 
     asyncio.run(submit())
-    assert audit_cli("replay", echo.call_id, *agent_bus(audited),
+    assert audit_cli("replay", echo.call_id, *operator_bus(audited),
                      "--clickhouse-url", url) == 1
     assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
+
+
+def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys):
+    url = audited.stack.audit_url
+    assert audit_cli("replay", story["search"], *agent_bus(audited, "acme", "researcher"),
+                     "--clickhouse-url", url) == 0
+    assert "SAME result" in capsys.readouterr().out
+    # Another agent's creds cannot publish acme.researcher's call: refused before sending.
+    assert audit_cli("replay", story["search"], *agent_bus(audited, "acme", "writer"),
+                     "--clickhouse-url", url) == 1
+    out = capsys.readouterr().out
+    assert "cannot replay: a call of acme.researcher" in out and "acme.writer" in out
+    assert "SAME result" not in out
+
+
+def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
+    """The same call_id from another agent is another call: traced and replayed apart."""
+    url = audited.stack.audit_url
+    shared = new_call_id()
+
+    async def both() -> None:
+        async with await audited.client("acme", "researcher") as researcher, \
+                await audited.client("acme", "writer") as writer:
+            first = await researcher.call("search_sources", SEARCH, user="u-alice",
+                                          session="s-1", call_id=shared)
+            second = await writer.call("search_sources", {**SEARCH, "limit": 50},
+                                       user="u-carol", session="s-2", call_id=shared)
+        assert (first.status, second.status) == ("ok", "invalid_arguments")
+        await wait_until_audited(audited)
+
+    asyncio.run(both())
+    assert audit_cli("trace", shared, "--clickhouse-url", url) == 2
+    assert "acme.researcher, acme.writer" in capsys.readouterr().err
+    assert audit_cli("trace", shared, "--tenant", "acme", "--agent", "writer",
+                     "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert "requested search_sources by agent writer for user u-carol" in out
+    assert "arguments rejected: invalid_arguments" in out and "researcher" not in out
+    # Each replayed as its own agent's call, compared with its own recorded result.
+    assert audit_cli("replay", shared, *operator_bus(audited), "--clickhouse-url", url) == 0
+    assert capsys.readouterr().out.count("SAME result") == 2
 
 
 def test_verify_finds_the_chains_intact(audited, story, capsys):

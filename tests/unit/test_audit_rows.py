@@ -20,6 +20,7 @@ from toolgate.contracts.events import (
     Event,
     ExecutionFailed,
     ExecutionSucceeded,
+    MessageDeadLettered,
     ResultAttached,
     call_fields,
     encode_event,
@@ -216,6 +217,17 @@ class TestEventColumns:
             error=ToolError(code="OUTPUT_SCHEMA_VIOLATION", message="x")))))
         assert (row["status"], row["error_code"]) == ("invalid_tool_result",
                                                       "OUTPUT_SCHEMA_VIOLATION")
+
+    def test_a_dead_letter_of_a_call_names_the_sender_of_that_call(self, builder):
+        letter = MessageDeadLettered(
+            event_id="d-1", call_id="c-7", occurred_at=T0, service="validator",
+            reason="malformed ToolCall", source_subject="toolgate.calls.globex.writer")
+        row = builder.row_for(stored_event(letter))
+        assert (row["call_id"], row["tenant"], row["agent"]) == ("c-7", "globex", "writer")
+        other = MessageDeadLettered(
+            event_id="d-2", call_id="", occurred_at=T0, service="executor",
+            reason="gave up", source_subject="toolgate.evt.CallAuthorized.echo")
+        assert builder.row_for(stored_event(other))["tenant"] == ""
 
     def test_an_undecodable_event_is_recorded(self, builder):
         message = StoredMessage("TOOLGATE_EVENTS", 3, T0, "toolgate.evt.X.y", b"\xff\x00junk")
