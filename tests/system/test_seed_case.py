@@ -103,13 +103,34 @@ async def test_save_evidence_into_another_task_is_denied(shared_gateway: Gateway
 
 
 async def test_agent_not_allowed_for_tool_is_denied(shared_gateway: Gateway) -> None:
-    intruder = Principal(tenant="acme", user="u-alice", agent="browser-bot", session="s-1")
-    async with await shared_gateway.client() as client:
+    # The agent is who the bus says it is: browser-bot logs in as itself.
+    async with await shared_gateway.client("acme", "browser-bot") as client:
         result = await client.call("save_evidence", {
             "task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
-            principal=intruder, task_id="task_c04")
+            user="u-alice", session="s-1", task_id="task_c04")
     assert result.status == "denied"
     assert result.error is not None and result.error.code == "TOOL_NOT_ALLOWED"
+
+
+async def test_a_payload_naming_another_agent_is_denied_and_never_runs(
+        shared_gateway: Gateway) -> None:
+    """browser-bot cannot borrow researcher's rights by writing researcher into the payload."""
+    call_id = new_call_id()
+    async with await shared_gateway.client("acme", "browser-bot") as client:
+        result = await client.call("save_evidence", {
+            "task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
+            principal=ALICE, task_id="task_c04", call_id=call_id)
+        assert await client.result(call_id) == result  # stored for the sender
+    assert result.status == "denied"
+    assert result.error is not None and result.error.code == "PRINCIPAL_MISMATCH"
+    events = events_of(await shared_gateway.events(), call_id)
+    assert count_types(events)["ArgumentsRejected"] == 1
+    assert not {"CallAuthorized", "ExecutionStarted"} & set(count_types(events))
+    # Every event of the call names the sender, never the principal it claimed.
+    assert {(e.principal.tenant, e.principal.agent) for e in events if e.principal} == {
+        ("acme", "browser-bot")}
+    async with await shared_gateway.client("acme", "researcher") as researcher:
+        assert await researcher.result(call_id) is None  # nothing landed in ALICE's results
 
 
 async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) -> None:
