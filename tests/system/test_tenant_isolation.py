@@ -63,10 +63,10 @@ _result_decoder = msgspec.json.Decoder(ToolResult)
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """One gateway for the module: none of these attacks breaks it.
 
-    Its registry is the built-in tools plus count_runs, not conftest's full test
-    registry: with all eight test tools the executor's user JWT is over 4 KB and
-    nats-server (max_control_line 4096) refuses its CONNECT, so that gateway
-    never becomes ready.
+    Its registry is the built-in tools plus count_runs, all these tests use. (With
+    conftest's full test registry the executor's user JWT is over 4 KB, above
+    nats-server's default max_control_line of 4096: at commit 7c3223c the server
+    refused the executor's CONNECT and that gateway never became ready.)
     """
     base = tmp_path_factory.mktemp("isolation")
     registry = base / "registry"
