@@ -130,6 +130,16 @@ class Gateway:
         finally:
             await nc.close()
 
+    async def settled(self, stream: str, durable: str) -> bool:
+        """True once durable `durable` has been handed and has acked everything in `stream`
+        it filters: whatever it does with a message stored before this call is done."""
+        nc = await self.connect()
+        try:
+            info = await nc.jsm().consumer_info(stream, durable)
+        finally:
+            await nc.close()
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
     def _check_services_alive(self) -> None:
         for service in self.stack.services:
             if not service.alive():

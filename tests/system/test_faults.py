@@ -6,9 +6,11 @@ import asyncio
 from datetime import timedelta
 
 import msgspec
+import nats
 import pytest
+from nats.js.errors import APIError
 
-from tests.harness import Gateway, count_types, events_of
+from tests.harness import Gateway, count_types, events_of, publish_event
 from tests.tools.faulty import runs_of
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -21,8 +23,10 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.services.client.gateway_client import new_call_id
+from toolgate.services.client.gateway_client import MESSAGE_TOO_LARGE_ERR_CODE, new_call_id
 from toolgate.services.executor.tools.save_evidence import read_evidence
+from toolgate.services.stack.nats_auth import connect_options
+from toolgate.services.validator.logic import MAX_ARGUMENT_DEPTH
 
 pytestmark = pytest.mark.system
 
@@ -48,27 +52,87 @@ async def test_same_call_id_twice_runs_once_and_gets_the_same_result(
     assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
 
 
-async def test_republish_outside_the_dedupe_window_replays_instead_of_running(
+async def test_republish_by_the_same_agent_emits_nothing_and_keeps_the_first_result(
         shared_gateway: Gateway) -> None:
-    """Without Nats-Msg-Id the stream cannot drop it: the executor's record must."""
+    """v2: no Nats-Msg-Id; the validator's claim on (tenant, agent, call_id) stops it.
+
+    (v1 let the second copy through to the executor, which replayed its recorded
+    outcome and a second ResultAttached followed; now nothing follows at all.)
+    """
     call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     async with await shared_gateway.client() as client:
         first = await client.submit(call)
-        nc = await shared_gateway.connect()
-        await nc.jetstream().publish(subjects.CALLS, msgspec.json.encode(call))
+        # The agent's own raw publish, as any NATS client of that identity would send it.
+        nc = await nats.connect(shared_gateway.url, **connect_options(
+            await shared_gateway.agent_creds(BOB.tenant, BOB.agent)))
+        ack = await nc.jetstream().publish(subjects.calls_subject(BOB.tenant, BOB.agent),
+                                           msgspec.json.encode(call))
         await nc.close()
+        assert not ack.duplicate  # stored: the stream itself does not dedupe calls
 
-        async def replayed() -> bool:
-            events = events_of(await shared_gateway.events(), call.call_id)
-            return count_types(events)["ResultAttached"] == 2
+        async def validator_done() -> bool:
+            return await shared_gateway.settled(subjects.CALLS_STREAM, "validator")
 
-        await _wait_for(replayed)
+        await _wait_for(validator_done)
         again = await client.result(call.call_id)
     assert again == first
     assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
-    outcomes = [e for e in events_of(await shared_gateway.events(), call.call_id)
-                if type(e).__name__ == "ExecutionSucceeded"]
+    types = count_types(events_of(await shared_gateway.events(), call.call_id))
+    assert types["ArgumentsValidated"] == 1 and types["ExecutionStarted"] == 1
+    assert types["ResultAttached"] == 1
+
+
+async def test_the_same_call_id_from_another_agent_is_another_call(
+        shared_gateway: Gateway) -> None:
+    call_id = new_call_id()
+    async with await shared_gateway.client("acme", "researcher") as researcher, \
+            await shared_gateway.client("acme", "writer") as writer:
+        mine = await researcher.call("count_runs", {}, user="u-bob", session="s-9",
+                                     call_id=call_id)
+        theirs = await writer.call("count_runs", {"n": 2}, user="u-carol", session="s-2",
+                                   call_id=call_id)
+        assert mine.ok and theirs.ok
+        # Each agent reads its own result under the shared call_id, and only its own.
+        assert await researcher.result(call_id) == mine
+        assert await writer.result(call_id) == theirs
+    assert runs_of(shared_gateway.data_dir).count(call_id) == 2
+    senders = {(e.principal.tenant, e.principal.agent)
+               for e in events_of(await shared_gateway.events(), call_id)
+               if type(e).__name__ == "ExecutionSucceeded" and e.principal}
+    assert senders == {("acme", "researcher"), ("acme", "writer")}
+
+
+async def test_a_second_authorization_of_a_finished_call_replays_instead_of_running(
+        shared_gateway: Gateway) -> None:
+    """Invariant 2: a genuine authorization delivered again (a redelivery, a copy under
+    another event id) replays the recorded outcome; the stored result stays the first."""
+    call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
+    async with await shared_gateway.client() as client:
+        first = await client.submit(call)
+        genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
+                       if isinstance(e, CallAuthorized))
+        await publish_event(shared_gateway.url, msgspec.structs.replace(
+            genuine, event_id=new_call_id()), **shared_gateway.admin)
+
+        async def replayed() -> bool:
+            events = events_of(await shared_gateway.events(), call.call_id)
+            return sum(1 for e in events if type(e).__name__ == "ExecutionSucceeded") == 2
+
+        await _wait_for(replayed)
+
+        async def attacher_done() -> bool:
+            return await shared_gateway.settled(subjects.EVENTS_STREAM,
+                                                "attacher-ExecutionSucceeded")
+
+        await _wait_for(attacher_done)
+        again = await client.result(call.call_id)
+    assert again == first
+    assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
+    events = events_of(await shared_gateway.events(), call.call_id)
+    outcomes = [e for e in events if type(e).__name__ == "ExecutionSucceeded"]
     assert [e.replayed for e in outcomes] == [False, True]
+    # Results are written once: the replayed outcome attaches nothing new.
+    assert count_types(events)["ResultAttached"] == 1
 
 
 async def test_executor_killed_mid_run_every_call_one_result_evidence_once(
@@ -119,39 +183,55 @@ async def test_interrupted_non_idempotent_call_is_not_run_again(gateway: Gateway
     assert runs_of(gateway.data_dir).count(call.call_id) == 1
 
 
-async def test_malformed_and_oversized_calls_get_clear_answers(shared_gateway: Gateway) -> None:
-    nc = await shared_gateway.connect()
+async def test_malformed_oversized_and_deep_calls_get_clear_answers(
+        shared_gateway: Gateway) -> None:
+    # What any NATS client of the agent's identity can publish on its own calls subject.
+    nc = await nats.connect(shared_gateway.url, **connect_options(
+        await shared_gateway.agent_creds(BOB.tenant, BOB.agent)))
     js = nc.jetstream()
+    mine = subjects.calls_subject(BOB.tenant, BOB.agent)
     missing_tool_id = new_call_id()
-    oversized_id = new_call_id()
     async with await shared_gateway.client() as client:
-        waiting = {cid: asyncio.create_task(_result_of(client, cid))
-                   for cid in (missing_tool_id, oversized_id)}
-        await js.publish(subjects.CALLS, b"{not json at all")
-        await js.publish(subjects.CALLS, b'{"call_id": "bad.id.with.dots", "tool": "echo"}')
-        await js.publish(subjects.CALLS, msgspec.json.encode(
+        waiting = asyncio.create_task(_result_of(client, missing_tool_id))
+        await js.publish(mine, b"{not json at all")
+        await js.publish(mine, b'{"call_id": "bad.id.with.dots", "tool": "echo"}')
+        await js.publish(mine, msgspec.json.encode(
             {"call_id": missing_tool_id, "arguments": {}, "principal": msgspec.to_builtins(BOB)}))
-        big = ToolCall(call_id=oversized_id, tool="echo",
+        missing_tool = await waiting
+
+        # v2: a call over MAX_CALL_BYTES is refused by the server before it is stored
+        # (v1 stored 5 MB and the validator answered); the client answers it locally.
+        big = ToolCall(call_id=new_call_id(), tool="echo",
                        arguments={"payload": "x" * (5 * 1024 * 1024)}, principal=BOB)
-        await js.publish(subjects.CALLS, msgspec.json.encode(big))
-        missing_tool = await waiting[missing_tool_id]
-        oversized = await waiting[oversized_id]
+        with pytest.raises(APIError) as refused:
+            await js.publish(mine, msgspec.json.encode(big))
+        assert refused.value.err_code == MESSAGE_TOO_LARGE_ERR_CODE
+        oversized = await client.submit(big)
+        assert await client.result(big.call_id) is None  # nothing stored, nothing ran
+
+        deep: object = "leaf"
+        for _ in range(MAX_ARGUMENT_DEPTH + 1):
+            deep = [deep]
+        too_deep = await client.call("echo", {"payload": deep}, user="u-bob", session="s-9")
     await nc.close()
     assert missing_tool.status == "invalid_arguments"
     assert missing_tool.error is not None and missing_tool.error.code == "MALFORMED_CALL"
     assert "tool" in missing_tool.error.message
     assert oversized.status == "invalid_arguments"
     assert oversized.error is not None and oversized.error.code == "PAYLOAD_TOO_LARGE"
+    assert too_deep.status == "invalid_arguments"
+    assert too_deep.error is not None and too_deep.error.code == "NESTING_TOO_DEEP"
 
     async def dead_letters_recorded() -> bool:
         events = await shared_gateway.events()
         return len([e for e in events if isinstance(e, MessageDeadLettered)]) >= 3
 
     await _wait_for(dead_letters_recorded)
-    reasons = [e.reason for e in await shared_gateway.events()
-               if isinstance(e, MessageDeadLettered)]
-    assert any("malformed ToolCall" in r for r in reasons)
-    assert any("subject-safe" in r for r in reasons)
+    letters = [e for e in await shared_gateway.events() if isinstance(e, MessageDeadLettered)]
+    assert any("malformed ToolCall" in e.reason for e in letters)
+    assert any("subject-safe" in e.reason for e in letters)
+    assert {e.source_subject for e in letters if e.service == "validator"} == {mine}
+    assert big.call_id not in {e.call_id for e in await shared_gateway.events()}
     assert shared_gateway.all_alive()
 
 
@@ -213,6 +293,30 @@ async def test_arguments_altered_after_authorization_are_refused(
 
     await _wait_for(refused)
     assert altered_call.call_id not in runs_of(shared_gateway.data_dir)
+
+
+async def test_a_genuine_authorization_moved_to_another_principal_is_refused(
+        shared_gateway: Gateway) -> None:
+    """v2: the policy signs the six-tuple, and the outcome key is (tenant, agent, call_id):
+    a signed decision for BOB's call, moved to another tenant's identity, must not run
+    as a new call of that tenant."""
+    call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
+    async with await shared_gateway.client() as client:
+        assert (await client.submit(call)).ok
+    genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
+                   if isinstance(e, CallAuthorized))
+    other = msgspec.structs.replace(BOB, tenant="globex")
+    moved = msgspec.structs.replace(
+        genuine, event_id=new_call_id(), principal=other,
+        call=msgspec.structs.replace(genuine.call, principal=other))
+    await publish_event(shared_gateway.url, moved, **shared_gateway.admin)
+
+    async def refused() -> bool:
+        return any(isinstance(e, ExecutionRefused) and e.principal == other
+                   for e in events_of(await shared_gateway.events(), call.call_id))
+
+    await _wait_for(refused)
+    assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
 
 
 async def test_nats_server_restart_loses_no_call(gateway: Gateway) -> None:
