@@ -25,6 +25,12 @@ class ToolContext:
     data_dir: Path
     settings: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def idempotency_key(self) -> str:
+        """(tenant, agent, call_id): a call_id is only unique per agent, so a tool that
+        dedupes side effects keys them by this, never by the call_id alone."""
+        return f"{self.principal.tenant}.{self.principal.agent}.{self.call_id}"
+
 
 class ToolRefused(Exception):
     """The tool will not do this (a host outside the allow-list, say): not retryable."""

@@ -35,7 +35,7 @@ import re
 import string
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -370,6 +370,9 @@ class AgentRecord:
     user: str  # its user's public key
     created_at: str
     revoked_at: str | None = None
+    # Every user key this agent ever had that was revoked -> when (unix seconds).
+    # Kept for good: re-adding an agent mints a new user key and leaves these refused.
+    revocations: dict[str, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -402,16 +405,12 @@ def list_agents(data_dir: Path) -> list[AgentRecord]:
     return [_read_record(p) for p in sorted(directory.glob("*.json"))]
 
 
-def _agent_account_jwt(keys: AuthKeys, data_dir: Path, record: AgentRecord,
-                       issued_at: int | None = None) -> str:
+def _agent_account_jwt(keys: AuthKeys, data_dir: Path, record: AgentRecord) -> str:
     seed = (_agents_dir(data_dir) / f"{record.name}.nk").read_text().strip()
-    revocations = None
-    if record.revoked_at is not None:
-        # Every user JWT of this account issued up to now is refused from here on.
-        revocations = {record.user: int(issued_at or time.time())}
     claims_imports = _agent_imports(keys.toolgate_account, record.tenant, record.agent)
+    # A revocation refuses every JWT of that user key issued up to its time.
     return nats_jwt.account_jwt(keys.operator, seed, record.name, imports=claims_imports,
-                                revocations=revocations,
+                                revocations=dict(record.revocations) or None,
                                 limits={"conn": 16, "leaf": 0, "exports": 0})
 
 
@@ -428,7 +427,7 @@ def add_agent(data_dir: Path, tenant: str, agent: str) -> tuple[Path, str]:
     record = _read_record(meta) if meta.exists() else None
     if record is not None and record.revoked_at is None and creds.exists():
         return creds, _agent_account_jwt(keys, data_dir, record)
-    # New, or revoked: a new user key (the revoked one stays refused).
+    # New, or revoked: a new user key; the revoked ones stay in `revocations`.
     account_seed = _seed(_agents_dir(data_dir) / f"{name}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed = nats_jwt.new_seed(nkeys.PREFIX_BYTE_USER)
     publish, subscribe = agent_permissions(tenant, agent)
@@ -443,7 +442,8 @@ def add_agent(data_dir: Path, tenant: str, agent: str) -> tuple[Path, str]:
         "Secret: anyone with this file acts as this agent. Keep it mode 0600."))
     record = AgentRecord(tenant=tenant, agent=agent, account=nats_jwt.public_key(account_seed),
                          user=nats_jwt.public_key(user_seed),
-                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         revocations=dict(record.revocations) if record else {})
     _write_private(meta, json.dumps(record.__dict__))
     return creds, _agent_account_jwt(keys, data_dir, record)
 
@@ -462,8 +462,13 @@ def revoke_agent(data_dir: Path, tenant: str, agent: str) -> str:
         raise AgentError(f"no agent {name} (see `toolgate agents list`)")
     record = _read_record(meta)
     if record.revoked_at is None:
-        record = AgentRecord(**{**record.__dict__, "revoked_at": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        now = time.time()
+        record = AgentRecord(**{
+            **record.__dict__,
+            "revoked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            # +1: JWT times are whole seconds; a creds file minted this very second
+            # must be refused too.
+            "revocations": {**record.revocations, record.user: int(now) + 1}})
         _write_private(meta, json.dumps(record.__dict__))
     agent_creds_path(data_dir, tenant, agent).unlink(missing_ok=True)
     return _agent_account_jwt(AuthKeys.load(data_dir), data_dir, record)

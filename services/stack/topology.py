@@ -16,6 +16,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
@@ -26,6 +27,9 @@ from toolgate.services.policy.rate_limits import rate_limits_bucket_config
 
 DAY_S = 24 * 3600.0
 DEFAULT_MAX_CALLS_PER_AGENT = 1_000_000
+# An always-empty stream the calls stream sources from (see Topology.streams).
+NO_DEDUPE_SOURCE = "TOOLGATE_NO_DEDUPE"
+NO_DEDUPE_SUBJECT = "toolgate.internal.no-dedupe"
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
@@ -33,10 +37,6 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 class Topology:
     retention_s: float = 7 * DAY_S
     duplicate_window_s: float = 120.0
-    # Calls carry no trusted Nats-Msg-Id (the header is stream-wide, any agent
-    # could pre-empt another's): the validator dedupes on (tenant, agent,
-    # call_id); the server's window is kept as short as it allows.
-    calls_duplicate_window_s: float = 0.1
     max_call_bytes: int = MAX_CALL_BYTES
     # The storage quota, per agent identity: at most this many calls stored
     # within the retention (each call has at most one result and one outcome
@@ -54,9 +54,15 @@ class Topology:
         )
         return [
             # A call larger than the cap is refused by the server before it is stored.
+            # Calls must not be deduplicated by Nats-Msg-Id: the header is stream-wide,
+            # so one agent could make another's call vanish by publishing its id
+            # first. The validator dedupes on (tenant, agent, call_id) instead.
+            # NATS turns duplicate tracking off only for a stream that has sources
+            # (window 0 otherwise means "2 minutes"): hence an empty source.
+            StreamConfig(name=NO_DEDUPE_SOURCE, subjects=[NO_DEDUPE_SUBJECT], **common),
             # One subject per agent: the per-subject cap is the agent's quota.
             StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_FILTER],
-                         duplicate_window=self.calls_duplicate_window_s,
+                         sources=[StreamSource(name=NO_DEDUPE_SOURCE)],
                          max_msg_size=self.max_call_bytes,
                          max_msgs_per_subject=self.max_calls_per_agent,
                          discard=DiscardPolicy.NEW, discard_new_per_subject=True, **common),

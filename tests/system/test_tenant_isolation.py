@@ -563,12 +563,6 @@ async def test_evidence_with_a_shared_call_id_is_kept_per_tenant_and_stored_once
         assert await acme.result(call_id) == first
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: Nats-Msg-Id dedupe on TOOLGATE_CALLS is stream-wide (window 0.1 s). A client "
-    "that sets Nats-Msg-Id=<call_id> on its call (ordinary JetStream practice; toolgate's "
-    "own clients do not) has its call dropped by the server as a duplicate (PubAck "
-    "duplicate=True, nothing stored, no result ever) if another tenant published the "
-    "same header in the 0.1 s before."))
 async def test_victim_setting_nats_msg_id_is_not_pre_empted(gw: Gateway) -> None:
     mallory = await RawAgent.connect(gw, *MALLORY)
     acme = await RawAgent.connect(gw, *ACME)
@@ -597,12 +591,6 @@ async def test_victim_setting_nats_msg_id_is_not_pre_empted(gw: Gateway) -> None
         await acme.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (same tenant, another agent): save_evidence keys its rows by call_id alone "
-    "within DATA_DIR/tools/save_evidence/<tenant>/<task>.sqlite3 (INSERT OR IGNORE), so "
-    "acme.writer using a call_id first makes acme.researcher's own call with that call_id "
-    "report stored=true, duplicate=true while its claim is never written (the writer's "
-    "row stands in for it); the executor itself keys by (tenant, agent, call_id)."))
 async def test_same_call_id_from_another_agent_of_acme_does_not_swallow_evidence(
         gw: Gateway) -> None:
     call_id = new_call_id()
@@ -829,11 +817,6 @@ async def test_revoked_agent_is_cut_off_and_refused_and_acme_keeps_working(
         await acme_echo(acme, secret())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: `toolgate agents add` after `revoke` writes a fresh AgentRecord (revoked_at "
-    "None), so the re-issued account JWT carries no revocation and the revoked user JWT "
-    "(same account key) is accepted again: a leaked creds file works again as soon as "
-    "the operator re-issues the agent."))
 async def test_revoked_creds_stay_refused_after_the_agent_is_added_again(
         gw: Gateway, tmp_path: Path) -> None:
     added = toolgate_cli(gw, "add", *MALLORY)

@@ -3,10 +3,11 @@
 Where it writes is the runtime's choice, never the model's:
 `<ctx.data_dir>/<tenant>/<task_id>.sqlite3`, one SQLite file per task.
 
-The call_id is the idempotency key. The executor may run a call again after
-a crash (the tool is declared idempotent); INSERT OR IGNORE on the call_id
-primary key makes the second run store nothing and report a duplicate, with
-the same evidence_id as the first.
+The call's identity (agent, call_id; the tenant is the file) is the
+idempotency key. The executor may run a call again after a crash (the tool is
+declared idempotent); INSERT OR IGNORE on that primary key makes the second
+run store nothing and report a duplicate, with the same evidence_id as the
+first. The same call_id from another agent is another call and another row.
 """
 
 from __future__ import annotations
@@ -32,12 +33,14 @@ BUSY_TIMEOUT_MS = 4000
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evidence (
-    call_id    TEXT PRIMARY KEY,
+    agent      TEXT NOT NULL,
+    call_id    TEXT NOT NULL,
     claim      TEXT NOT NULL,
     source_url TEXT NOT NULL,
     quote      TEXT NOT NULL DEFAULT '',
     confidence TEXT,
-    saved_at   TEXT NOT NULL
+    saved_at   TEXT NOT NULL,
+    PRIMARY KEY (agent, call_id)
 )
 """
 
@@ -55,6 +58,7 @@ def save_evidence(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
     path = evidence_path(ctx.data_dir, tenant, task_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     row = (
+        ctx.principal.agent,
         ctx.call_id,
         arguments["claim"],
         arguments["source_url"],
@@ -66,8 +70,8 @@ def save_evidence(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
         with closing(_connect(path)) as conn:
             cursor = conn.execute(
                 "INSERT OR IGNORE INTO evidence"
-                " (call_id, claim, source_url, quote, confidence, saved_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                " (agent, call_id, claim, source_url, quote, confidence, saved_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             duplicate = cursor.rowcount == 0
@@ -75,16 +79,17 @@ def save_evidence(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
         raise ToolUnavailable(f"evidence store unavailable: {exc}") from exc
 
     return {
-        "evidence_id": evidence_id(ctx.call_id),
+        "evidence_id": evidence_id(ctx.idempotency_key),
         "task_id": task_id,
         "stored": True,
         "duplicate": duplicate,
     }
 
 
-def evidence_id(call_id: str) -> str:
-    """Derived from the call_id, so a re-run reports the same id without a lookup."""
-    return "ev_" + hashlib.sha256(call_id.encode()).hexdigest()[:16]
+def evidence_id(idempotency_key: str) -> str:
+    """Derived from (tenant, agent, call_id), so a re-run reports the same id without a
+    lookup."""
+    return "ev_" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:16]
 
 
 def evidence_path(data_dir: Path, tenant: str, task_id: str) -> Path:
@@ -93,16 +98,18 @@ def evidence_path(data_dir: Path, tenant: str, task_id: str) -> Path:
 
 def read_evidence(data_dir: Path, tenant: str, task_id: str) -> list[dict[str, Any]]:
     """Every evidence row of one task, oldest first ([] when nothing was saved)."""
+    tenant = _token(tenant, "tenant")
     path = evidence_path(data_dir, tenant, task_id)
     if not path.exists():
         return []
     with closing(_connect(path)) as conn:
         conn.row_factory = sqlite3.Row
         rows = conn.execute(
-            "SELECT call_id, claim, source_url, quote, confidence, saved_at"
-            " FROM evidence ORDER BY saved_at, call_id"
+            "SELECT agent, call_id, claim, source_url, quote, confidence, saved_at"
+            " FROM evidence ORDER BY saved_at, agent, call_id"
         ).fetchall()
-    return [{"evidence_id": evidence_id(row["call_id"]), **dict(row)} for row in rows]
+    return [{"evidence_id": evidence_id(f"{tenant}.{row['agent']}.{row['call_id']}"),
+             **dict(row)} for row in rows]
 
 
 def _token(value: object, name: str) -> str:
