@@ -1,15 +1,22 @@
 """The locked bus: nats-server itself enforces who may publish and consume what.
 
-A real nats-server runs with the authorization config rendered from
-infra/nats/permissions.yaml; every client logs in with a role's nkey
-credentials. A refused operation is a "Permissions Violation" sent by the
-server (and logged by it), not a check in our code.
+A real nats-server runs in operator mode with the config rendered by
+services/stack/nats_auth.py: the service roles are users of the account
+TOOLGATE with the allow lists of infra/nats/permissions.yaml, the approvers'
+user is in the account APPROVERS, and each agent is an account of its own
+that imports only its calls subject and its own results. Every client logs
+in with a standard creds file. A refused operation is a "Permissions
+Violation" sent by the server (and logged by it), not a check in our code.
+
+(Attacks by another tenant on a whole running gateway are in
+tests/system/test_tenant_isolation.py; here each role and each agent
+identity is held to its own allow list.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -19,12 +26,10 @@ from typing import Any
 import msgspec
 import nats
 import pytest
-from faststream.nats import NatsBroker
 from nats.aio.client import Client
-from nats.errors import NoServersError
+from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -40,20 +45,26 @@ from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.services import bus
 from toolgate.services.client.gateway_client import GatewayClient, new_call_id
 from toolgate.services.settings import GatewaySettings
-from toolgate.services.stack import nats_auth
+from toolgate.services.stack import nats_auth, nats_jwt
 from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.topology import Topology
+from toolgate.services.stack.topology import apply_topology
 
 TOOLS = load_registry(BUILTIN_TOOLS_DIR).names()
+ACME = ("acme", "researcher")
+# Another agent of the same tenant, and an agent of another tenant with the same name.
+WRITER = ("acme", "writer")
+GLOBEX = ("globex", "researcher")
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
-# Buckets the services use: created here if the topology does not declare them.
-SERVICE_BUCKETS = ("toolgate_policies", "toolgate_rate_limits", "toolgate_approvals")
 VOTE_SUBJECT = "toolgate.approvals.vote"
+# How long a refused request is waited on (no answer comes): never a figure under test.
+REFUSED_S = 1.0
+SERVICE_ROLES = ("validator", "policy", "approvals", "executor", "attacher", "audit")
 
 
 @dataclass
 class LockedBus:
     nats: EmbeddedNats
+    data_dir: Path
     creds: nats_auth.Credentials
     errors: dict[str, list[str]] = field(default_factory=dict)
     clients: list[Client] = field(default_factory=list)
@@ -62,112 +73,147 @@ class LockedBus:
     def url(self) -> str:
         return self.nats.url
 
-    async def connect(self, role: str) -> Client:
-        """A raw nats-py client logged in as `role`; server errors land in errors[role]."""
-        seen = self.errors.setdefault(role, [])
+    async def _login(self, who: str, creds: Path) -> Client:
+        seen = self.errors.setdefault(who, [])
 
         async def on_error(exc: Exception) -> None:
             seen.append(str(exc))
 
         nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False,
-                                **nats_auth.connect_options(self.creds.path(role)))
+                                **nats_auth.connect_options(creds))
         self.clients.append(nc)
         return nc
+
+    async def connect(self, role: str) -> Client:
+        """A raw nats-py client logged in as `role`; server errors land in errors[role]."""
+        return await self._login(role, self.creds.path(role))
+
+    async def connect_agent(self, tenant: str, agent: str) -> Client:
+        """A raw client of one agent identity; server errors land in errors["tenant.agent"]."""
+        return await self._login(f"{tenant}.{agent}",
+                                 nats_auth.agent_creds_path(self.data_dir, tenant, agent))
 
     def server_violations(self) -> list[str]:
         return [line for line in self.nats.log_path.read_text().splitlines()
                 if "Violation" in line]
 
-    async def wait_for_error(self, role: str, fragment: str, timeout: float = 5.0) -> str:
+    async def wait_for_error(self, who: str, fragment: str, timeout: float = 5.0) -> str:
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
-            found = [e for e in self.errors.get(role, []) if fragment.lower() in e.lower()]
+            found = [e for e in self.errors.get(who, []) if fragment.lower() in e.lower()]
             if found:
                 return found[0]
             await asyncio.sleep(0.05)
-        raise AssertionError(f"no server error {fragment!r} for {role}: {self.errors.get(role)}")
+        raise AssertionError(f"no server error {fragment!r} for {who}: {self.errors.get(who)}")
 
-
-async def apply_topology_as_admin(bus_: LockedBus) -> None:
-    """What topology.apply_topology does, logged in as admin (it takes a URL only today)."""
-    nc = await bus_.connect("admin")
-    js = nc.jetstream()
-    topology = Topology()
-    for config in topology.streams():
-        await js.add_stream(config)
-    declared = {bucket.bucket for bucket in topology.buckets()}
-    for bucket in topology.buckets():
-        await js.create_key_value(bucket)
-    for name in set(SERVICE_BUCKETS) - declared:
-        await js.create_key_value(KeyValueConfig(bucket=name, history=1,
-                                                 storage=StorageType.FILE))
+    async def refused_publish(self, who: str, subject: str) -> None:
+        """The server's own word that `who` may not publish to `subject`."""
+        await self.wait_for_error(who, f'permissions violation for publish to "{subject}"')
+        assert any(f'Publish Violation - Subject "{subject}"' in line
+                   for line in self.server_violations()), subject
 
 
 @pytest.fixture
-def locked_nats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LockedBus]:
-    creds = nats_auth.create_credentials(tmp_path / "data", tools=TOOLS)
-    nats_dir = tmp_path / "nats"
-    nats_dir.mkdir()
-    # nats-server resolves an include relative to the including file, even an
-    # absolute one; EmbeddedNats writes its config into nats_dir, so run from
-    # there and pass a path that means the same thing to both.
-    monkeypatch.chdir(nats_dir)
-    server = EmbeddedNats(nats_dir, config_file=Path(os.path.relpath(creds.auth_config)))
-    server.start()
-    yield LockedBus(server, creds)
+def locked_nats(tmp_path: Path) -> Iterator[LockedBus]:
+    data_dir = tmp_path / "data"
+    for tenant, agent in (ACME, WRITER, GLOBEX):  # minted first: preloaded by the server
+        nats_auth.add_agent(data_dir, tenant, agent)
+    creds = nats_auth.create_credentials(data_dir, tools=TOOLS)
+    server = EmbeddedNats(data_dir / "nats", config_file=creds.auth_config).start()
+    yield LockedBus(server, data_dir, creds)
     server.stop()
 
 
 @pytest.fixture
 async def locked(locked_nats: LockedBus) -> AsyncIterator[LockedBus]:
-    await apply_topology_as_admin(locked_nats)
+    await apply_topology(locked_nats.url,
+                         **nats_auth.connect_options(locked_nats.creds.path("admin")))
     yield locked_nats
     for nc in locked_nats.clients:
         if not nc.is_closed:
             await nc.close()
 
 
-def a_call(tool: str = "echo", **arguments: Any) -> ToolCall:
+def a_call(tool: str = "echo", principal: Principal = ALICE, **arguments: Any) -> ToolCall:
     return ToolCall(call_id=new_call_id(), tool=tool, arguments=arguments or {"payload": 1},
-                    principal=ALICE)
+                    principal=principal)
 
 
 def forged_authorization(call: ToolCall) -> bytes:
     sha = arguments_sha256(call.arguments)
+    p = call.principal
     return encode_event(CallAuthorized(
         event_id=f"forged-{call.call_id}", call_id=call.call_id, occurred_at=utc_now(),
         service="policy", tool=call.tool, call=call, policy_version="v1",
         authorization=Authorization(call_id=call.call_id, tool=call.tool,
                                     arguments_sha256=sha, policy_version="v1",
-                                    expires_at=utc_now() + timedelta(minutes=5))))
+                                    expires_at=utc_now() + timedelta(minutes=5),
+                                    tenant=p.tenant, agent=p.agent, user=p.user,
+                                    session=p.session)))
+
+
+def user_permissions(creds: Path) -> dict[str, Any]:
+    token, _ = nats_jwt.read_creds(creds.read_text())
+    return dict(nats_jwt.decode_claims(token)["nats"])
 
 
 # ---------------------------------------------------------------- credentials
 
 
 def test_credentials_are_private_and_kept_when_created_again(tmp_path: Path) -> None:
+    agent_creds, _ = nats_auth.add_agent(tmp_path, *ACME)
     first = nats_auth.create_credentials(tmp_path, tools=TOOLS)
-    assert set(first.roles) >= {"admin", "agent", "validator", "policy", "approvals",
-                                "executor", "attacher", "audit"}
+    # One user per service role, the approvers' user and the system user; no shared
+    # "agent" role: each agent is an account of its own.
+    assert set(first.roles) >= {"admin", "approver", "sys", *SERVICE_ROLES}
+    assert "agent" not in first.roles
     for role in first.roles:
         assert first.path(role).stat().st_mode & 0o777 == 0o600
     assert first.directory.stat().st_mode & 0o777 == 0o700
+    assert agent_creds.stat().st_mode & 0o777 == 0o600
+    assert agent_creds.parent.stat().st_mode & 0o777 == 0o700
+    # The server config holds JWTs (public claims) only, never a seed.
     config = first.auth_config.read_text()
-    for role in first.roles:  # the server config holds public keys only, never a seed
-        assert first.public_keys[role] in config
-        assert nats_auth.read_seed(first.path(role).read_text()) not in config
+    seeds = [nats_jwt.read_creds(first.path(role).read_text())[1] for role in first.roles]
+    seeds.append(nats_jwt.read_creds(agent_creds.read_text())[1])
+    seeds += [p.read_text().strip() for p in (tmp_path / "auth").rglob("*.nk")]
+    assert len(seeds) > len(first.roles) + 4  # operator, accounts, users, the agent
+    assert all(seed not in config for seed in seeds)
+    agent_account = nats_auth.list_agents(tmp_path)[0].account
+    assert agent_account in config  # the agent's account JWT is preloaded
+
     again = nats_auth.create_credentials(tmp_path, tools=[*TOOLS, "another_tool"])
     assert again.public_keys == first.public_keys
-    assert "executor-another_tool" in again.auth_config.read_text()
+    executor = user_permissions(again.path("executor"))["pub"]["allow"]
+    assert any(".executor-another_tool." in s for s in executor), executor
 
 
-def test_connect_options_carry_the_seed_and_the_roles_inbox(tmp_path: Path) -> None:
+def test_agent_creds_name_the_agent_and_allow_only_its_own_subjects(tmp_path: Path) -> None:
+    creds, _ = nats_auth.add_agent(tmp_path, *ACME)
+    assert nats_auth.identity_of_creds(creds) == ACME
+    service = nats_auth.create_credentials(tmp_path, tools=TOOLS).path("validator")
+    assert nats_auth.identity_of_creds(service) is None
+    claims = user_permissions(creds)
+    results = subjects.agent_results_prefix(*ACME)
+    assert claims["pub"]["allow"] == [
+        subjects.calls_subject(*ACME),
+        f"{subjects.direct_get_prefix(subjects.RESULTS_STREAM)}.{results}.>"]
+    assert sorted(claims["sub"]["allow"]) == sorted(["_INBOX.>", f"{results}.>"])
+    # Adding an agent again gives the same identity back; a bad name is refused.
+    assert nats_auth.add_agent(tmp_path, *ACME)[0] == creds
+    with pytest.raises(nats_auth.AgentError):
+        nats_auth.add_agent(tmp_path, "acme", "research.*")
+
+
+def test_connect_options_log_in_with_a_creds_file(tmp_path: Path) -> None:
     creds = nats_auth.create_credentials(tmp_path, tools=TOOLS)
-    agent = nats_auth.connect_options(creds.path("agent"))
-    assert agent["inbox_prefix"] == "_INBOX_agent"
-    assert nats_auth.public_key_of(agent["nkeys_seed_str"]) == creds.public_keys["agent"]
-    assert nats_auth.connect_options(creds.path("executor"))["inbox_prefix"] == "_INBOX"
+    path = creds.path("executor")
+    assert nats_auth.connect_options(path) == {"user_credentials": str(path)}
     assert nats_auth.connect_options(None) == {}
+    with pytest.raises(nats_auth.CredentialsError):
+        nats_auth.connect_options(tmp_path / "missing.creds")
+    with pytest.raises(nats_auth.CredentialsError):
+        creds.path("agent")  # no such role any more
 
 
 def test_every_event_type_named_in_the_permissions_exists() -> None:
@@ -182,7 +228,7 @@ def test_every_event_type_named_in_the_permissions_exists() -> None:
                     f"{role.role}: {subject} names no event type")
 
 
-# ---------------------------------------------------------------- the agent
+# ---------------------------------------------------------------- an agent
 
 
 async def test_connection_without_credentials_is_refused(locked: LockedBus) -> None:
@@ -191,28 +237,47 @@ async def test_connection_without_credentials_is_refused(locked: LockedBus) -> N
                            connect_timeout=2)
 
 
-async def test_agent_publishes_a_call_and_gets_a_publish_ack(locked: LockedBus) -> None:
-    js = (await locked.connect("agent")).jetstream()
+async def test_agent_publishes_a_call_on_its_own_subject_and_gets_a_publish_ack(
+        locked: LockedBus) -> None:
+    js = (await locked.connect_agent(*ACME)).jetstream()
     call = a_call()
-    ack = await js.publish(subjects.CALLS, msgspec.json.encode(call),
-                           stream=subjects.CALLS_STREAM, headers={"Nats-Msg-Id": call.call_id})
+    ack = await js.publish(subjects.calls_subject(*ACME), msgspec.json.encode(call),
+                           stream=subjects.CALLS_STREAM)
     assert ack.stream == subjects.CALLS_STREAM and ack.seq == 1
-    assert locked.errors["agent"] == []
+    assert locked.errors["acme.researcher"] == []
+    # Stored in toolgate's stream under the subject the server let this agent use.
+    admin = (await locked.connect("admin")).jetstream()
+    stored = await admin.get_msg(subjects.CALLS_STREAM, 1)
+    assert stored.subject == subjects.calls_subject(*ACME)
+    assert stored.data == msgspec.json.encode(call)
+
+
+async def test_agent_cannot_publish_on_any_other_calls_subject(locked: LockedBus) -> None:
+    agent = await locked.connect_agent(*ACME)
+    js = agent.jetstream(timeout=REFUSED_S)
+    for tenant, name in (WRITER, GLOBEX, ("acme", "*")):
+        other = subjects.calls_subject(tenant, name)
+        with pytest.raises((NatsTimeout, NoRespondersError)):  # no publish ack
+            await js.publish(other, msgspec.json.encode(a_call()))
+        await locked.refused_publish("acme.researcher", other)
+    assert agent.is_connected  # refused, not disconnected
+    admin = (await locked.connect("admin")).jetstream()
+    assert (await admin.stream_info(subjects.CALLS_STREAM)).state.messages == 0
 
 
 async def test_server_refuses_an_agent_publishing_to_an_executor_subject(
         locked: LockedBus) -> None:
-    agent = await locked.connect("agent")
+    agent = await locked.connect_agent(*ACME)
     call = a_call()
     forged = subjects.event_subject(CallAuthorized, "echo")  # toolgate.evt.CallAuthorized.echo
     with pytest.raises(NatsTimeout):  # no publish ack: the server dropped the message
-        await agent.jetstream().publish(forged, forged_authorization(call), timeout=1.0,
+        await agent.jetstream().publish(forged, forged_authorization(call), timeout=REFUSED_S,
                                         headers={"Nats-Msg-Id": f"forged-{call.call_id}"})
-    error = await locked.wait_for_error("agent", "permissions violation for publish")
-    assert forged.lower() in error.lower()
-    assert any(f'Publish Violation - Subject "{forged}"' in line
-               for line in locked.server_violations()), locked.server_violations()
-    assert agent.is_connected  # refused, not disconnected
+    await locked.refused_publish("acme.researcher", forged)
+    # The server names the agent's own account in its log line.
+    assert any("/acme.researcher/" in line and forged in line
+               for line in locked.server_violations())
+    assert agent.is_connected
 
     admin = (await locked.connect("admin")).jetstream()
     with pytest.raises(NotFoundError):
@@ -220,57 +285,106 @@ async def test_server_refuses_an_agent_publishing_to_an_executor_subject(
     assert (await admin.stream_info(subjects.EVENTS_STREAM)).state.messages == 0
 
 
-async def test_agent_cannot_read_internal_events_or_other_inboxes(locked: LockedBus) -> None:
-    agent = await locked.connect("agent")
-    for subject in (f"{subjects.EVENTS_PREFIX}.>", "_INBOX.>", ">"):
+async def test_agent_cannot_read_internal_events_calls_or_other_agents_results(
+        locked: LockedBus) -> None:
+    agent = await locked.connect_agent(*ACME)
+    for subject in (f"{subjects.EVENTS_PREFIX}.>", f"{subjects.CALLS_PREFIX}.>",
+                    f"{subjects.RESULTS_PREFIX}.>",
+                    f"{subjects.agent_results_prefix(*WRITER)}.>",
+                    f"{subjects.agent_results_prefix(*GLOBEX)}.>", ">"):
         await agent.subscribe(subject)
-        await locked.wait_for_error("agent", f'subscription to "{subject}"')
-    js = agent.jetstream()
+        await locked.wait_for_error("acme.researcher", f'subscription to "{subject}"')
+    js = agent.jetstream(timeout=REFUSED_S)
     with pytest.raises(NatsTimeout):  # cannot make itself a consumer of the executor's queue
         await js.pull_subscribe(subjects.event_filter(CallAuthorized, "echo"),
                                 durable="executor-echo", stream=subjects.EVENTS_STREAM)
-    await locked.wait_for_error("agent", "$js.api.consumer.info.toolgate_events.executor-echo")
+    await locked.wait_for_error("acme.researcher",
+                                "$js.api.consumer.info.toolgate_events.executor-echo")
+    with pytest.raises(NatsTimeout):  # nor read toolgate's buckets
+        await js.key_value(subjects.OUTCOMES_BUCKET)
+    await locked.refused_publish("acme.researcher",
+                                 f"$JS.API.STREAM.INFO.KV_{subjects.OUTCOMES_BUCKET}")
 
 
-async def test_agent_reads_results_and_pending_notices(locked: LockedBus) -> None:
+async def test_agent_reads_its_results_and_pending_notices_and_no_one_else_does(
+        locked: LockedBus) -> None:
     call_id = new_call_id()
-    agent = await locked.connect("agent")
+    result = subjects.results_subject(*ACME, call_id)
+    pending = subjects.pending_subject(*ACME, call_id)
+    agent = await locked.connect_agent(*ACME)
     got: asyncio.Queue[str] = asyncio.Queue()
 
     async def on_msg(msg: Any) -> None:
         await got.put(msg.subject)
 
-    await agent.subscribe(subjects.results_subject(call_id), cb=on_msg)
-    await agent.subscribe(subjects.pending_subject(call_id), cb=on_msg)
+    await agent.subscribe(result, cb=on_msg)
+    await agent.subscribe(pending, cb=on_msg)
     await agent.flush()
     approvals = (await locked.connect("approvals")).jetstream()
     attacher = (await locked.connect("attacher")).jetstream()
-    await approvals.publish(subjects.pending_subject(call_id), b"{}",
-                            stream=subjects.RESULTS_STREAM)
-    await attacher.publish(subjects.results_subject(call_id), b'{"ok": true}',
-                           stream=subjects.RESULTS_STREAM)
+    await approvals.publish(pending, b"{}", stream=subjects.RESULTS_STREAM)
+    await attacher.publish(result, b'{"ok": true}', stream=subjects.RESULTS_STREAM)
     received = {await asyncio.wait_for(got.get(), 5), await asyncio.wait_for(got.get(), 5)}
-    assert received == {subjects.pending_subject(call_id), subjects.results_subject(call_id)}
-    stored = await agent.jetstream().get_last_msg(subjects.RESULTS_STREAM,
-                                                  subjects.results_subject(call_id))
+    assert received == {pending, result}
+    # Read again later by subject, through the agent's own scoped direct get.
+    stored = await agent.jetstream().get_last_msg(subjects.RESULTS_STREAM, result, direct=True)
     assert stored.data == b'{"ok": true}'
-    assert locked.errors["agent"] == [] and locked.server_violations() == []
+    assert locked.errors["acme.researcher"] == [] and locked.server_violations() == []
+
+    # Written once: the first result stays.
+    with pytest.raises(APIError):
+        await attacher.publish(result, b'{"ok": false}', stream=subjects.RESULTS_STREAM)
+    again = await agent.jetstream().get_last_msg(subjects.RESULTS_STREAM, result, direct=True)
+    assert again.data == b'{"ok": true}'
+
+    # Another agent of the same tenant, and one of another tenant, can neither
+    # subscribe to it nor read it back.
+    direct = f"{subjects.direct_get_prefix(subjects.RESULTS_STREAM)}.{result}"
+    for tenant, name in (WRITER, GLOBEX):
+        who = f"{tenant}.{name}"
+        other = await locked.connect_agent(tenant, name)
+        await other.subscribe(result)
+        await locked.wait_for_error(who, f'subscription to "{result}"')
+        with pytest.raises((NatsTimeout, NoRespondersError)):
+            await other.jetstream(timeout=REFUSED_S).get_last_msg(
+                subjects.RESULTS_STREAM, result, direct=True)
+        await locked.refused_publish(who, direct)
+
+
+async def test_an_agent_added_while_the_server_runs_can_call_at_once(
+        locked: LockedBus) -> None:
+    """`toolgate agents add` on a running gateway: the account JWT is pushed, no restart."""
+    tenant, name = ("initech", "planner")
+    creds, token = nats_auth.add_agent(locked.data_dir, tenant, name)
+    with pytest.raises((NoServersError, nats.errors.Error, OSError)):  # not yet pushed
+        await nats.connect(locked.url, allow_reconnect=False, max_reconnect_attempts=0,
+                           connect_timeout=2, **nats_auth.connect_options(creds))
+    await nats_auth.push_account_jwts(locked.url, locked.data_dir, [token])
+    js = (await locked.connect_agent(tenant, name)).jetstream()
+    ack = await js.publish(subjects.calls_subject(tenant, name), b"{}")
+    assert ack.stream == subjects.CALLS_STREAM
+    with pytest.raises(NatsTimeout):
+        await js.publish(subjects.calls_subject(*ACME), b"{}", timeout=REFUSED_S)
+    await locked.refused_publish(f"{tenant}.{name}", subjects.calls_subject(*ACME))
 
 
 # ---------------------------------------------------------------- the services
 
 
 async def test_validator_consumes_its_durable_and_emits_validated(locked: LockedBus) -> None:
-    agent = (await locked.connect("agent")).jetstream()
+    agent = (await locked.connect_agent(*ACME)).jetstream()
     call = a_call()
-    await agent.publish(subjects.CALLS, msgspec.json.encode(call), stream=subjects.CALLS_STREAM,
-                        headers={"Nats-Msg-Id": call.call_id})
+    await agent.publish(subjects.calls_subject(*ACME), msgspec.json.encode(call),
+                        stream=subjects.CALLS_STREAM)
     validator = await locked.connect("validator")
     js = validator.jetstream()
-    sub = await js.pull_subscribe(subjects.CALLS, durable="validator",
+    sub = await js.pull_subscribe(subjects.CALLS_FILTER, durable="validator",
                                   stream=subjects.CALLS_STREAM,
-                                  config=bus.consumer_config("validator", subjects.CALLS))
+                                  config=bus.consumer_config("validator", subjects.CALLS_FILTER))
     [msg] = await sub.fetch(1, timeout=5)
+    assert msg.subject == subjects.calls_subject(*ACME)
+    claims = await js.key_value(subjects.CALL_IDS_BUCKET)
+    await claims.create(subjects.call_key(*ACME, call.call_id), b"1")
     event = ArgumentsValidated(event_id="v1", call_id=call.call_id, occurred_at=utc_now(),
                                service="validator", tool=call.tool, call=call)
     ack = await js.publish(subjects.subject_of(event), encode_event(event),
@@ -281,22 +395,27 @@ async def test_validator_consumes_its_durable_and_emits_validated(locked: Locked
     assert locked.errors["validator"] == [] and locked.server_violations() == []
 
     # ...and nothing else: not an authorization, not a call, not another's durable.
+    limited = validator.jetstream(timeout=REFUSED_S)
     with pytest.raises(NatsTimeout):
-        await js.publish(subjects.event_subject(CallAuthorized, "echo"), b"{}", timeout=1.0)
-    await locked.wait_for_error("validator", "publish to \"toolgate.evt.callauthorized.echo\"")
+        await limited.publish(subjects.event_subject(CallAuthorized, "echo"), b"{}")
+    await locked.refused_publish("validator", "toolgate.evt.CallAuthorized.echo")
     with pytest.raises(NatsTimeout):
-        await js.publish(subjects.CALLS, b"{}", timeout=1.0)
-    await locked.wait_for_error("validator", 'publish to "toolgate.calls"')
+        await limited.publish(subjects.calls_subject(*ACME), b"{}")
+    await locked.refused_publish("validator", subjects.calls_subject(*ACME))
     with pytest.raises(NatsTimeout):
-        await js.pull_subscribe(subjects.event_filter(ArgumentsValidated), durable="policy",
-                                stream=subjects.EVENTS_STREAM)
+        await limited.publish(subjects.results_subject(*ACME, call.call_id), b"{}")
+    await locked.refused_publish("validator", subjects.results_subject(*ACME, call.call_id))
+    with pytest.raises(NatsTimeout):
+        await limited.pull_subscribe(subjects.event_filter(ArgumentsValidated),
+                                     durable="policy", stream=subjects.EVENTS_STREAM)
+    await locked.wait_for_error("validator", "$js.api.consumer.info.toolgate_events.policy")
 
 
 async def test_executor_cannot_publish_calls_nor_widen_its_consumer(locked: LockedBus) -> None:
-    js = (await locked.connect("executor")).jetstream()
+    js = (await locked.connect("executor")).jetstream(timeout=REFUSED_S)
     with pytest.raises(NatsTimeout):
-        await js.publish(subjects.CALLS, msgspec.json.encode(a_call()), timeout=1.0)
-    await locked.wait_for_error("executor", 'permissions violation for publish to "toolgate.calls"')
+        await js.publish(subjects.calls_subject(*ACME), msgspec.json.encode(a_call()))
+    await locked.refused_publish("executor", subjects.calls_subject(*ACME))
     with pytest.raises(NatsTimeout):  # its durable, but over every tool's authorizations
         await js.pull_subscribe(subjects.event_filter(CallAuthorized, "*"),
                                 durable="executor-echo", stream=subjects.EVENTS_STREAM)
@@ -305,16 +424,19 @@ async def test_executor_cannot_publish_calls_nor_widen_its_consumer(locked: Lock
 
 
 async def test_executor_keeps_outcomes_in_its_bucket_only(locked: LockedBus) -> None:
-    js = (await locked.connect("executor")).jetstream()
-    kv = await js.key_value(subjects.OUTCOMES_BUCKET)
-    revision = await kv.create("call_1", b"started")
-    assert (await kv.get("call_1")).value == b"started"
-    await kv.update("call_1", b"started again", last=revision)
-    await kv.put("call_1", b"done")
-    assert (await kv.get("call_1")).value == b"done"
+    nc = await locked.connect("executor")
+    kv = await nc.jetstream().key_value(subjects.OUTCOMES_BUCKET)
+    key = subjects.call_key(*ACME, "call_1")
+    revision = await kv.create(key, b"started")
+    assert (await kv.get(key)).value == b"started"
+    await kv.update(key, b"started again", last=revision)
+    await kv.put(key, b"done")
+    assert (await kv.get(key)).value == b"done"
     assert locked.errors["executor"] == [] and locked.server_violations() == []
     with pytest.raises(NatsTimeout):
-        await js.key_value("toolgate_approvals")
+        await nc.jetstream(timeout=REFUSED_S).key_value(subjects.APPROVALS_BUCKET)
+    await locked.refused_publish("executor",
+                                 f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
 
 
 async def test_policy_reads_and_watches_policies_but_cannot_write_them(
@@ -348,29 +470,51 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
 
     await approvals.subscribe(VOTE_SUBJECT, queue="approvals", cb=answer)
     await approvals.flush()
+    # The approver is in the account APPROVERS: its request crosses to TOOLGATE's
+    # approvals service through the import, and the answer comes back.
     approver = await locked.connect("approver")
     reply = await approver.request(VOTE_SUBJECT, b"yes", timeout=5)
     assert reply.data == b"counted:yes"
-    assert reply.subject.startswith("_INBOX_approver.")
-    kv = await approver.jetstream().key_value("toolgate_approvals")
-    watcher = await kv.watchall()
-    assert await watcher.updates(timeout=5) is None  # empty bucket, read through a watch
-    await watcher.stop()
     assert locked.errors["approvals"] == [] and locked.errors["approver"] == []
     assert locked.server_violations() == []
 
-    # An approver cannot grant by event, nor write the approval state itself.
-    with pytest.raises(NatsTimeout):
-        await approver.jetstream().publish(f"{subjects.EVENTS_PREFIX}.ApprovalGranted.echo",
-                                           b"{}", timeout=1.0)
-    with pytest.raises(NatsTimeout):
-        await kv.put("call_1", b"granted")
-    await locked.wait_for_error("approver", 'publish to "$kv.toolgate_approvals.call_1"')
+    # An approver cannot grant by event, nor touch the approval state (nor any stream:
+    # its account has none).
+    limited = approver.jetstream(timeout=REFUSED_S)
+    granted = f"{subjects.EVENTS_PREFIX}.ApprovalGranted.echo"
+    with pytest.raises((NatsTimeout, NoRespondersError)):
+        await limited.publish(granted, b"{}")
+    await locked.refused_publish("approver", granted)
+    with pytest.raises((NatsTimeout, NoRespondersError)):
+        await limited.key_value(subjects.APPROVALS_BUCKET)
+    await locked.refused_publish("approver",
+                                 f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
+    await approver.publish(f"$KV.{subjects.APPROVALS_BUCKET}.call_1", b"granted")
+    await locked.refused_publish("approver", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
     # The approvals service may tell an agent it waits, but not give its result.
+    result = subjects.results_subject(*ACME, "call_1")
     with pytest.raises(NatsTimeout):
-        await approvals.jetstream().publish(subjects.results_subject("call_1"), b"{}",
-                                            timeout=1.0)
-    await locked.wait_for_error("approvals", 'publish to "toolgate.results.call_1"')
+        await approvals.jetstream().publish(result, b"{}", timeout=REFUSED_S)
+    await locked.refused_publish("approvals", result)
+
+
+async def test_audit_reads_calls_and_events_and_publishes_nothing(locked: LockedBus) -> None:
+    agent = (await locked.connect_agent(*ACME)).jetstream()
+    await agent.publish(subjects.calls_subject(*ACME), b"{}", stream=subjects.CALLS_STREAM)
+    audit = await locked.connect("audit")
+    js = audit.jetstream()
+    sub = await js.pull_subscribe(subjects.CALLS_FILTER, durable="audit",
+                                  stream=subjects.CALLS_STREAM,
+                                  config=bus.consumer_config("audit", subjects.CALLS_FILTER))
+    [msg] = await sub.fetch(1, timeout=5)
+    await msg.ack_sync()
+    assert locked.errors["audit"] == []
+    limited = audit.jetstream(timeout=REFUSED_S)
+    for subject in (subjects.calls_subject(*ACME), subjects.event_subject(CallAuthorized, "echo"),
+                    subjects.results_subject(*ACME, "call_1")):
+        with pytest.raises(NatsTimeout):
+            await limited.publish(subject, b"{}")
+        await locked.refused_publish("audit", subject)
 
 
 def every_consumer() -> list[tuple[str, str, str, str]]:
@@ -387,9 +531,11 @@ def every_consumer() -> list[tuple[str, str, str, str]]:
 async def test_each_service_can_create_and_drain_each_of_its_durables(locked: LockedBus) -> None:
     # One stored message per stream, so every consumer has something to fetch and ack.
     admin = (await locked.connect("admin")).jetstream()
-    await admin.publish(subjects.CALLS, b"{}")
-    await admin.publish(subjects.results_subject("c1"), b"{}")
-    for role, stream, durable, filter_subject in every_consumer():
+    await admin.publish(subjects.calls_subject(*ACME), b"{}")
+    await admin.publish(subjects.results_subject(*ACME, "c1"), b"{}")
+    consumers = every_consumer()
+    assert {role for role, *_ in consumers} == set(SERVICE_ROLES)
+    for role, stream, durable, filter_subject in consumers:
         if stream == subjects.EVENTS_STREAM:
             await admin.publish(filter_subject.replace("*", "echo").replace(">", "X.echo"),
                                 b"{}")
@@ -406,46 +552,51 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
 
 
 async def test_the_pipeline_runs_with_each_service_on_its_own_credentials(
-        locked_nats: LockedBus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real services, in this process, each logged in as its own role, serve an agent.
-
-    Until `--creds` reaches bus.make_broker, the broker it builds is given the
-    credentials of the role its name starts with.
-    """
+        locked: LockedBus, tmp_path: Path) -> None:
+    """The real services, in this process, each logged in as its own role, serve two
+    agents; each agent gets its own results and reads back only its own."""
     from toolgate.services.approvals.app import build_app as approvals_app
     from toolgate.services.attacher.app import build_app as attacher_app
     from toolgate.services.executor.app import build_app as executor_app
     from toolgate.services.policy.app import build_app as policy_app
     from toolgate.services.validator.app import build_app as validator_app
 
-    locked = locked_nats
-    await apply_topology_as_admin(locked)
+    def settings(role: str) -> GatewaySettings:
+        return GatewaySettings(nats_url=locked.url, data_dir=tmp_path / "data",
+                               nats_creds=locked.creds.path(role))
 
-    def logged_in_broker(*args: Any, **kwargs: Any) -> NatsBroker:
-        if "security" not in kwargs:
-            role = str(kwargs["name"]).split("@", 1)[0]
-            kwargs.update(nats_auth.broker_options(locked.creds.path(role)))
-        return NatsBroker(*args, **kwargs)
-
-    monkeypatch.setattr(bus, "NatsBroker", logged_in_broker)
-    settings = GatewaySettings(nats_url=locked.url, data_dir=tmp_path / "data")
-    apps = [policy_app(settings), approvals_app(settings), validator_app(settings),
-            executor_app(settings, concurrency=2), attacher_app(settings)]
+    apps = [policy_app(settings("policy")), approvals_app(settings("approvals")),
+            validator_app(settings("validator")),
+            executor_app(settings("executor"), concurrency=2),
+            attacher_app(settings("attacher"))]
     started = []
     try:
         for app in apps:
             await app.start()
             started.append(app)
-        client = await GatewayClient.connect(
-            locked.url, **nats_auth.connect_options(locked.creds.path("agent")))
-        async with client:
-            ok = await client.call("echo", {"payload": {"hello": "locked bus"}},
-                                   principal=ALICE, timeout=20)
+        acme = await GatewayClient.connect(
+            locked.url, nats_auth.agent_creds_path(locked.data_dir, *ACME))
+        globex = await GatewayClient.connect(
+            locked.url, nats_auth.agent_creds_path(locked.data_dir, *GLOBEX))
+        async with acme, globex:
+            assert (acme.identity, globex.identity) == (ACME, GLOBEX)
+            ok = await acme.call("echo", {"payload": {"hello": "locked bus"}},
+                                 user="u-alice", session="s-1", timeout=20)
             assert ok.ok and ok.data == {"payload": {"hello": "locked bus"}}, ok
-            bad = await client.call("echo", {"nope": 1}, principal=ALICE, timeout=20)
+            bad = await acme.call("echo", {"nope": 1}, principal=ALICE, timeout=20)
             assert bad.status == "invalid_arguments", bad
-            assert await client.result(ok.call_id) == ok
+            # The same call_id from another tenant's agent is its own call.
+            theirs = await globex.call("echo", {"payload": "globex"}, user="u-g",
+                                       session="s-g", call_id=ok.call_id, timeout=20)
+            assert theirs.ok and theirs.data == {"payload": "globex"}, theirs
+            assert await acme.result(ok.call_id) == ok
+            assert await globex.result(ok.call_id) == theirs
     finally:
         for app in reversed(started):
             await app.stop()
     assert locked.server_violations() == []
+    admin = await locked.connect("admin")
+    stored = [json.loads((await admin.jetstream().get_last_msg(
+        subjects.RESULTS_STREAM, subjects.results_subject(*who, ok.call_id))).data or b"{}")
+        for who in (ACME, GLOBEX)]
+    assert [s["data"] for s in stored] == [ok.data, theirs.data]
