@@ -46,9 +46,11 @@ the original is kept in `ToolCall.context["provider_call_id"]`. Since a
 toolgate call_id in a `from_*` result (calls *and* immediate rejections) back
 to the provider's id::
 
-    items = from_openai_chat(message, principal=principal)
+    # The principal's tenant and agent are the gateway client's own identity
+    # (wire contract v2: the bus says who is calling; the payload must agree).
+    items = from_openai_chat(message, principal=gateway.principal(user, session))
     ids = provider_id_map(items)
-    results = [i if isinstance(i, ToolResult) else await gateway.call(i) for i in items]
+    results = [i if isinstance(i, ToolResult) else await gateway.submit(i) for i in items]
     messages += [to_openai_chat(r, provider_call_id=ids[r.call_id]) for r in results]
 
 **Observation content.** What the model reads back is the JSON encoding of
