@@ -1,10 +1,13 @@
 """The approvals service.
 
 Consumes: `ApprovalRequested` (all tools), durable `approvals`: stores the
-request's state in the KV bucket `toolgate_approvals` (idempotent on
-redelivery) and publishes a `PendingNotice` on `toolgate.results.<call_id>.pending`.
-Answers: votes, core NATS request/reply on `toolgate.approvals.vote`
-(queue group `approvals`; see protocol.py).
+request's state in the KV bucket `toolgate_approvals` under the call key
+`tenant.agent.call_id` (idempotent on redelivery) and publishes a
+`PendingNotice` on `toolgate.results.<tenant>.<agent>.<call_id>.pending`.
+Answers: approvers, core NATS request/reply on `toolgate.approvals.>`
+(whoami, list, show, vote; queue group `approvals`; see protocol.py). Each
+request is authenticated by the approver's token and sees only the calls of
+the approver's tenants.
 Emits: `ApprovalGranted` (one per approval; the one completing the quorum has
 `quorum_reached`, which the policy re-checks into CallAuthorized or
 CallDenied), `ApprovalDenied`, `ApprovalExpired` (terminal: the attacher
@@ -12,7 +15,7 @@ turns them into results).
 
 Every replica runs an expiry sweeper. It is safe to run many: a request
 expires through an optimistic KV update that only one writer wins, and the
-event ids are derived from the call_id, so a repeat publish is a duplicate.
+event ids are derived from the call key, so a repeat publish is a duplicate.
 The KV state is also an outbox: `emitted` counts the events known to be
 published; the sweeper publishes whatever a crashed replica left unpublished.
 """
@@ -31,7 +34,7 @@ from faststream import FastStream
 from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import PendingNotice, is_valid_call_id
+from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
 from toolgate.services import bus
 from toolgate.services.approvals import protocol
@@ -39,7 +42,9 @@ from toolgate.services.approvals.approvers import ApproverBook
 from toolgate.services.approvals.logic import (
     SERVICE,
     ApprovalState,
+    Approver,
     Ballot,
+    InvalidIdentity,
     Refusal,
     VoteOutcome,
     apply_vote,
@@ -49,23 +54,40 @@ from toolgate.services.approvals.logic import (
     pending_notice_id,
     same_person,
 )
-from toolgate.services.approvals.store import ApprovalStore, ensure_bucket
+from toolgate.services.approvals.store import ApprovalStore
 from toolgate.services.settings import GatewaySettings
 
 log = logging.getLogger("toolgate.approvals")
 
 DEFAULT_SWEEP_INTERVAL_S = 5.0
+DEFAULT_MAX_PAYLOAD = 1024 * 1024  # nats-server's default; the connection tells the real one
 
 Clock = Callable[[], datetime]
 
 
 async def _message_itself(msg: NatsMessage) -> NatsMessage:
-    """Hand the vote handler the message undecoded (the broker runs without FastDepends)."""
+    """Hand the request handler the message undecoded (the broker runs without FastDepends)."""
     return msg
 
 
-def refused(code: str, message: str) -> VoteOutcome:
-    return VoteOutcome(accepted=False, code=code, message=message)
+def refused(code: str, message: str, call: str = "") -> VoteOutcome:
+    return VoteOutcome(accepted=False, call=call, code=code, message=message)
+
+
+def _refusal_for(subject: str) -> Callable[[str, str], msgspec.Struct]:
+    """How to say no on `subject`, in that operation's reply shape."""
+    if subject == protocol.VOTE_SUBJECT:
+        return refused
+    if subject == protocol.LIST_SUBJECT:
+        return lambda code, message: protocol.ListReply(ok=False, code=code, message=message)
+    if subject == protocol.SHOW_SUBJECT:
+        return lambda code, message: protocol.ShowReply(ok=False, code=code, message=message)
+    return lambda code, message: protocol.WhoamiReply(ok=False, code=code, message=message)
+
+
+def unknown_call(text: str) -> str:
+    # The same words whether the call does not exist or belongs to another tenant.
+    return f"no approval was requested for call {text!r} that you may see"
 
 
 class ApprovalsService:
@@ -77,6 +99,7 @@ class ApprovalsService:
         self.book = book
         self.clock = clock
         self.store: ApprovalStore | None = None  # bound once the broker is connected
+        self.max_reply_bytes = DEFAULT_MAX_PAYLOAD - protocol.REPLY_HEADROOM_BYTES
 
     def _store(self) -> ApprovalStore:
         if self.store is None:
@@ -84,14 +107,20 @@ class ApprovalsService:
         return self.store
 
     async def on_requested(self, event: ApprovalRequested) -> None:
-        state, revision = await self._store().create(new_state(event))
+        fresh = new_state(event)
+        state, revision = await self._store().create(fresh)
+        if state.request_event_id != fresh.request_event_id \
+                and state.arguments_sha256 != fresh.arguments_sha256:
+            # The call key is taken by this call's first request: that one stands.
+            log.warning("approval request %s for %s ignored: the call already has one "
+                        "(for other arguments)", event.event_id, state.key)
         if state.is_open and not state.is_due(self.clock()):
             await self.publisher.publish_pending(PendingNotice(
                 call_id=state.call_id,
                 message=f"waiting for {state.required_approvals} human approval(s) "
                         f"of this {state.risk}-risk call",
                 expires_at=state.expires_at.isoformat()),
-                state.call.principal, message_id=pending_notice_id(state.call_id))
+                state.call.principal, message_id=pending_notice_id(state.key))
         await self.publish_outbox(state, revision)
 
     async def publish_outbox(self, state: ApprovalState, revision: int) -> None:
@@ -108,24 +137,91 @@ class ApprovalsService:
                 return None
             return msgspec.structs.replace(current, emitted=done)
 
-        await self._store().change(state.call_id, mark)
+        await self._store().change(state.key, mark)
 
-    async def vote(self, raw: bytes) -> VoteOutcome:
+    # ------------------------------------------------------------ approvers' requests
+
+    async def handle(self, subject: str, raw: bytes) -> msgspec.Struct:
+        """Answer one approver request on `subject` (see protocol.py)."""
+        fail = _refusal_for(subject)
+        decoder = protocol.request_decoders.get(subject)
+        if decoder is None:
+            return fail(Refusal.BAD_REQUEST,
+                        f"no such operation {subject!r}; one of "
+                        f"{', '.join(sorted(protocol.request_decoders))}")
         if len(raw) > protocol.MAX_REQUEST_BYTES:
-            return refused(Refusal.BAD_REQUEST, "the vote request is too large")
+            return fail(Refusal.BAD_REQUEST, "the request is too large")
         try:
-            request = protocol.request_decoder.decode(raw)
+            request = decoder.decode(raw)
         except msgspec.DecodeError as exc:
-            return refused(Refusal.BAD_REQUEST, f"not a vote request: {exc}")
+            return fail(Refusal.BAD_REQUEST, f"not a valid request: {exc}")
         approver = self.book.authenticate(request.token)
         if approver is None:
-            return refused(Refusal.INVALID_TOKEN, "unknown or invalid approver token")
+            return fail(Refusal.INVALID_TOKEN, "unknown or invalid approver token")
+        if isinstance(request, protocol.VoteRequest):
+            return await self.vote(approver, request)
+        if isinstance(request, protocol.ShowRequest):
+            return await self.show(approver, request.call)
+        if isinstance(request, protocol.ListRequest):
+            return await self.list_pending(approver)
+        return protocol.WhoamiReply(ok=True, approver=protocol.Identity.of(approver))
+
+    async def resolve(self, approver: Approver, text: str) -> tuple[str | None, str, str]:
+        """(call key, "", "") of the call `text` names among those `approver` may see,
+        or (None, code, message)."""
+        ref = protocol.parse_call_ref(text)
+        if ref is None:
+            return None, Refusal.UNKNOWN_CALL, (
+                f"not a call: {text[:200]!r}; give TENANT.AGENT.CALL_ID (or a CALL_ID)")
+        if ref.key is not None:
+            assert ref.tenant is not None
+            if not approver.may_vote_for(ref.tenant):
+                return None, Refusal.UNKNOWN_CALL, unknown_call(text)
+            return ref.key, "", ""
+        keys = sorted(s.key for s in await self._store().visible_to(approver, ref.call_id))
+        if not keys:
+            return None, Refusal.UNKNOWN_CALL, unknown_call(text)
+        if len(keys) > 1:
+            return None, Refusal.AMBIGUOUS_CALL, (
+                f"call_id {ref.call_id} names {len(keys)} calls (one per agent): give one "
+                f"of {', '.join(keys)}")
+        return keys[0], "", ""
+
+    async def list_pending(self, approver: Approver) -> protocol.ListReply:
+        states = await self._store().pending(approver, now=self.clock())
+        views: list[protocol.ApprovalView] = []
+        size = 512
+        for state in states:
+            if not approver.may_vote_for(state.tenant):
+                continue
+            view = protocol.view_of(state)
+            size += len(protocol.encode(view)) + 1
+            if size > self.max_reply_bytes:
+                break
+            views.append(view)
+        omitted = len(states) - len(views)
+        return protocol.ListReply(
+            ok=True, approver=protocol.Identity.of(approver), calls=views, omitted=omitted,
+            message=f"{omitted} more not shown: too large for one reply" if omitted else "")
+
+    async def show(self, approver: Approver, text: str) -> protocol.ShowReply:
+        key, code, message = await self.resolve(approver, text)
+        if key is None:
+            return protocol.ShowReply(ok=False, code=code, message=message)
+        found = await self._store().get(key)
+        if found is None or not approver.may_vote_for(found[0].tenant):
+            return protocol.ShowReply(ok=False, code=Refusal.UNKNOWN_CALL,
+                                      message=unknown_call(text))
+        return protocol.ShowReply(ok=True, approval=protocol.view_of(found[0]))
+
+    async def vote(self, approver: Approver, request: protocol.VoteRequest) -> VoteOutcome:
         if request.approver and not same_person(request.approver, approver.name):
             return refused(Refusal.INVALID_TOKEN,
                            f"this token does not belong to approver {request.approver!r}")
-        if not is_valid_call_id(request.call_id):
-            return refused(Refusal.UNKNOWN_CALL, "not a call id")
-        ballot = Ballot(call_id=request.call_id, decision=request.decision,
+        key, code, message = await self.resolve(approver, request.call)
+        if key is None:
+            return refused(code, message)
+        ballot = Ballot(call_key=key, decision=request.decision,
                         arguments_sha256=request.arguments_sha256, reason=request.reason,
                         vote_id=request.vote_id[:128])
         answer: list[VoteOutcome] = []
@@ -135,15 +231,14 @@ class ApprovalsService:
             answer[:] = [result]
             return new
 
-        found = await self._store().change(request.call_id, step)
-        if found is None:
-            return refused(Refusal.UNKNOWN_CALL,
-                           f"no approval was requested for call {request.call_id}")
+        found = await self._store().change(key, step)
+        if found is None or answer[0].code == Refusal.NOT_PERMITTED:
+            return refused(Refusal.UNKNOWN_CALL, unknown_call(request.call))
         state, revision = found
         # Durable (KV) first, events published second, reply last.
         await self.publish_outbox(state, revision)
         result = answer[0]
-        log.info("vote by %s on %s: %s -> %s %s", approver.name, request.call_id,
+        log.info("vote by %s on %s: %s -> %s %s", approver.name, key,
                  request.decision, "counted" if result.accepted else "refused",
                  result.code or result.status)
         return result
@@ -161,7 +256,7 @@ class ApprovalsService:
                     continue  # a vote or another replica got there first: next sweep looks
                 state, revision = due, written
                 expired += 1
-                log.info("approval of %s expired", state.call_id)
+                log.info("approval of %s expired", state.key)
             if state.unpublished:
                 await self.publish_outbox(state, revision)
         return expired
@@ -193,21 +288,27 @@ def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SW
             event = decode_event(msg.body)
             if not isinstance(event, ApprovalRequested):
                 raise TypeError(f"expected ApprovalRequested, got {type(event).__name__}")
-            await service.on_requested(event)
+            try:
+                await service.on_requested(event)
+            except InvalidIdentity as exc:  # no retry can mend it: dead-letter it now
+                log.error("approval request %s refused: %s", event.event_id, exc)
+                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
 
         async def give_up(exc: Exception) -> None:
             await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
 
         await bus.settle(msg, delivery, work, give_up)
 
-    @broker.subscriber(protocol.VOTE_SUBJECT, queue=protocol.QUEUE_GROUP,
+    @broker.subscriber(protocol.SERVICE_SUBJECTS, queue=protocol.QUEUE_GROUP,
                        decoder=_message_itself)
-    async def on_vote(msg: NatsMessage) -> bytes:
+    async def on_request(msg: NatsMessage) -> bytes:
+        subject = msg.raw_message.subject
         try:
-            result = await service.vote(msg.body)
-        except Exception as exc:  # the voter gets an answer, never silence
-            log.exception("vote failed")
-            result = refused(Refusal.INTERNAL, f"the vote could not be applied, retry: {exc!r}")
+            result = await service.handle(subject, msg.body)
+        except Exception as exc:  # the approver gets an answer, never silence
+            log.exception("request on %s failed", subject)
+            result = _refusal_for(subject)(
+                Refusal.INTERNAL, f"the request could not be answered, retry: {exc!r}")
         return protocol.encode(result)
 
     app = FastStream(broker)
@@ -217,7 +318,9 @@ def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SW
     async def bind_store() -> None:
         # Connect before the subscribers start, so no message meets an unbound store.
         await broker.connect()
-        service.store = ApprovalStore(await ensure_bucket(broker.connection.jetstream()))
+        service.store = await ApprovalStore.open(broker.connection.jetstream())
+        max_payload = broker.connection.max_payload or DEFAULT_MAX_PAYLOAD
+        service.max_reply_bytes = max(max_payload - protocol.REPLY_HEADROOM_BYTES, 4096)
 
     @app.after_startup
     async def start_sweeper() -> None:

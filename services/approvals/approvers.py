@@ -9,8 +9,17 @@ data directory, or the same file deployed to each).
     approvers:
       alice:
         token_sha256: 9f86d0...
-        tenants: []            # empty: every tenant
+        tenants: [acme]          # sees and votes on these tenants' calls only
         created_at: '2026-01-01T00:00:00+00:00'
+      sec-desk:
+        token_sha256: 2c26b4...
+        tenants: []
+        all_tenants: true        # operator-wide, only when given explicitly
+        created_at: '2026-01-01T00:00:00+00:00'
+
+An approver belongs to tenants: `add_approver` refuses an approver with no
+tenant unless `all_tenants` is asked for. An entry with neither (a file of
+an older toolgate, where empty meant every tenant) sees nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any, Final
 
 import yaml
 
+from toolgate.contracts import subjects
 from toolgate.contracts.events import utc_now
 from toolgate.services.approvals.logic import SYSTEM_APPROVER, Approver, same_person
 
@@ -59,12 +69,22 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     return approvers
 
 
-def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None,
-                 rotate: bool = False) -> str:
-    """Create (or with `rotate`, re-key) an approver; return the new token, shown once."""
+def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None, *,
+                 all_tenants: bool = False, rotate: bool = False) -> str:
+    """Create (or with `rotate`, re-key) an approver of `tenants` (or, explicitly, of
+    every tenant); return the new token, shown once."""
     if not NAME_PATTERN.fullmatch(name) or same_person(name, SYSTEM_APPROVER):
         raise ApproverError(f"not an acceptable approver name: {name!r} "
                             "(letters, digits, . _ @ -; at most 64)")
+    tenants = sorted(set(tenants or []))
+    bad = [t for t in tenants if not subjects.is_identity_token(t)]
+    if bad:
+        raise ApproverError(f"not a tenant name: {bad[0]!r} (letters, digits, _ -; at most 64)")
+    if all_tenants and tenants:
+        raise ApproverError("give --tenant or --all-tenants, not both")
+    if not tenants and not all_tenants:
+        raise ApproverError("an approver belongs to tenants: give --tenant TENANT "
+                            "(repeatable), or --all-tenants for an operator-wide approver")
     path = approvers_path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     approvers = _read(path)
@@ -74,8 +94,11 @@ def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None,
     for old in existing:
         del approvers[old]
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    approvers[name] = {"token_sha256": token_hash(token), "tenants": list(tenants or []),
-                       "created_at": utc_now().isoformat()}
+    entry: dict[str, Any] = {"token_sha256": token_hash(token), "tenants": tenants,
+                             "created_at": utc_now().isoformat()}
+    if all_tenants:
+        entry["all_tenants"] = True
+    approvers[name] = entry
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -106,8 +129,12 @@ class ApproverBook:
             for name, entry in _read(self.path).items():
                 if not isinstance(entry, dict) or not isinstance(entry.get("token_sha256"), str):
                     continue
-                tenants = tuple(str(t) for t in entry.get("tenants") or ())
-                by_hash[entry["token_sha256"]] = Approver(name=str(name), tenants=tenants)
+                tenants = entry.get("tenants") or ()
+                if not isinstance(tenants, list | tuple):
+                    tenants = ()
+                by_hash[entry["token_sha256"]] = Approver(
+                    name=str(name), tenants=tuple(sorted({str(t) for t in tenants})),
+                    all_tenants=entry.get("all_tenants") is True)
             self._by_hash = by_hash
             self._stamp = stamp
 

@@ -1,16 +1,23 @@
 """`toolgate approvals ...`: humans decide on calls that wait for approval.
 
-    toolgate approvals list                         pending calls, with their arguments
-    toolgate approvals show CALL_ID                 one call's approval, any state
-    toolgate approvals approve CALL_ID --reason R   vote yes (on the arguments shown)
-    toolgate approvals deny CALL_ID --reason R      vote no: the call will not run
-    toolgate approvals add-approver NAME            create an approver; prints its token once
-    toolgate approvals inbox [--port N]             the web inbox
-    toolgate approvals serve                        the approvals service itself
+    toolgate approvals list                        pending calls of your tenants, with arguments
+    toolgate approvals show CALL                   one call's approval, any state
+    toolgate approvals approve CALL --reason R     vote yes (on the arguments shown)
+    toolgate approvals deny CALL --reason R        vote no: the call will not run
+    toolgate approvals add-approver NAME --tenant T [--tenant T2 ...]
+                                                   create an approver; prints its token once
+    toolgate approvals inbox [--port N]            the web inbox
+    toolgate approvals serve                       the approvals service itself
 
-Votes carry the approver's token (--token or $TOOLGATE_APPROVER_TOKEN) and
-the SHA-256 of the arguments the approver saw (--sha256; without it, the
-command shows the call and votes on exactly the hash it shows).
+CALL is a call key, TENANT.AGENT.CALL_ID, as `list` prints it (a call_id is
+unique only per agent); a bare CALL_ID is accepted when just one call you
+may see has it. Every command but add-approver and serve asks the approvals
+service, with the approver's token (--token or $TOOLGATE_APPROVER_TOKEN),
+over NATS as the approver role (--creds; default $TOOLGATE_NATS_CREDS, else
+the approver creds `toolgate up` made). An approver sees and votes on the
+calls of their own tenants only. Votes carry the SHA-256 of the arguments
+the approver saw (--sha256; without it, the command shows the call and
+votes on exactly the hash it shows).
 """
 
 from __future__ import annotations
@@ -31,22 +38,35 @@ from toolgate.services.approvals.render import as_text
 
 ENV_TOKEN = "TOOLGATE_APPROVER_TOKEN"
 ENV_CREDS = "TOOLGATE_NATS_CREDS"
+APPROVER_ROLE = "approver"
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _nats(parser: argparse.ArgumentParser, creds_default: Path | None, creds_help: str) -> None:
     parser.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="NATS server URL (default: $TOOLGATE_NATS_URL or %(default)s)")
+                        help="NATS server URL (default: $TOOLGATE_NATS_URL, else what "
+                             "`toolgate up` recorded, else %(default)s)")
+    parser.add_argument("--creds", type=Path, default=creds_default, help=creds_help)
+
+
+def _approver(parser: argparse.ArgumentParser) -> None:
+    """Options of the commands that ask the approvals service as an approver."""
+    _nats(parser, env.env_nats_creds(APPROVER_ROLE),
+          f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
+          "approver creds `toolgate up` recorded)")
     parser.add_argument("--token", default=os.environ.get(ENV_TOKEN),
                         help=f"the approver's token (default: ${ENV_TOKEN})")
+    parser.add_argument("--timeout", type=float, default=5.0,
+                        help="seconds to wait for the service's answer")
+
+
+def _data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
                         help="state directory holding approvers.yaml "
                              "(default: $TOOLGATE_DATA_DIR or .toolgate)")
-    parser.add_argument("--creds", type=Path, default=os.environ.get(ENV_CREDS) or None,
-                        help=f"NATS credentials file of a locked bus (default: ${ENV_CREDS})")
 
 
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Log in to a locked bus with --creds (the `approver` role); nothing otherwise."""
+    """Log in to a locked bus with --creds; nothing otherwise (an open bus)."""
     if not getattr(args, "creds", None):
         return {}
     from toolgate.services.stack.nats_auth import connect_options as from_creds
@@ -61,34 +81,37 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = approvals.add_subparsers(dest="approvals_command", required=True)
 
-    listing = commands.add_parser("list", help="pending calls, with arguments and hash")
-    _common(listing)
+    listing = commands.add_parser("list", help="pending calls of your tenants, with "
+                                               "arguments and hash")
+    _approver(listing)
     listing.set_defaults(func=cmd_list)
 
     show = commands.add_parser("show", help="one call's approval")
-    show.add_argument("call_id")
-    _common(show)
+    show.add_argument("call", metavar="CALL", help="TENANT.AGENT.CALL_ID (or a CALL_ID)")
+    _approver(show)
     show.set_defaults(func=cmd_show)
 
     for name, decision in (("approve", "approve"), ("deny", "deny")):
         vote = commands.add_parser(name, help=f"{name} a pending call")
-        vote.add_argument("call_id")
+        vote.add_argument("call", metavar="CALL", help="TENANT.AGENT.CALL_ID (or a CALL_ID)")
         vote.add_argument("--reason", required=True, help="why (kept in the audit)")
         vote.add_argument("--sha256", default=None,
                           help="the arguments hash you were shown (default: show the call "
                                "now and vote on its hash)")
         vote.add_argument("--approver", default=None,
                           help="your approver name; must own the token")
-        vote.add_argument("--timeout", type=float, default=5.0)
-        _common(vote)
+        _approver(vote)
         vote.set_defaults(func=cmd_vote, decision=decision)
 
     add = commands.add_parser("add-approver", help="create an approver and print its token")
     add.add_argument("name")
     add.add_argument("--tenant", action="append", default=[],
-                     help="limit the approver to this tenant; repeatable (default: all)")
+                     help="a tenant whose calls the approver sees and decides; repeatable "
+                          "(one is required, unless --all-tenants)")
+    add.add_argument("--all-tenants", action="store_true",
+                     help="an operator-wide approver: every tenant's calls (explicit only)")
     add.add_argument("--rotate", action="store_true", help="replace an existing approver's token")
-    _common(add)
+    _data_dir(add)
     add.set_defaults(func=cmd_add_approver)
 
     inbox = commands.add_parser("inbox", help="serve the web inbox")
@@ -96,13 +119,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     inbox.add_argument("--host", default="127.0.0.1",
                        help="interface to listen on (default loopback; put TLS in front "
                             "before exposing it)")
-    _common(inbox)
+    _approver(inbox)
     inbox.set_defaults(func=cmd_inbox)
 
     serve = commands.add_parser("serve", help="run the approvals service")
     serve.add_argument("--sweep-interval", type=float, default=5.0,
                        help="seconds between expiry sweeps")
-    _common(serve)
+    _nats(serve, Path(os.environ[ENV_CREDS]) if os.environ.get(ENV_CREDS) else None,
+          f"NATS credentials of the approvals role (default: ${ENV_CREDS})")
+    _data_dir(serve)
     serve.set_defaults(func=cmd_serve)
     return approvals
 
@@ -110,81 +135,108 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 async def _client(args: argparse.Namespace) -> Any:
     from toolgate.services.approvals.client import ApprovalsClient
 
-    return await ApprovalsClient.connect(args.nats_url, **connect_options(args))
+    return await ApprovalsClient.connect(args.nats_url, token=args.token,
+                                         **connect_options(args))
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    async def run() -> list[Any]:
+def _needs_token(args: argparse.Namespace) -> bool:
+    if args.token:
+        return True
+    print(f"an approver token is needed: --token or ${ENV_TOKEN}", file=sys.stderr)
+    return False
+
+
+def _run(args: argparse.Namespace, work: Any) -> int:
+    """Run `work(client)`; report a refusal or a missing service as the exit code."""
+    from toolgate.services.approvals.client import Refused, ServiceUnavailable
+
+    async def run() -> int:
         async with await _client(args) as client:
-            return list(await client.pending())
-
-    states = asyncio.run(run())
-    if not states:
-        print("no calls are waiting for approval")
-        return 0
-    now = utc_now()
-    print("\n\n".join(as_text(s, now) for s in states))
-    return 0
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    async def run() -> Any:
-        async with await _client(args) as client:
-            return await client.get(args.call_id)
-
-    state = asyncio.run(run())
-    if state is None:
-        print(f"no approval was requested for {args.call_id}", file=sys.stderr)
-        return 1
-    print(as_text(state, utc_now()))
-    return 0
-
-
-def cmd_vote(args: argparse.Namespace) -> int:
-    from toolgate.services.approvals.client import ServiceUnavailable
-
-    if not args.token:
-        print(f"an approver token is needed: --token or ${ENV_TOKEN}", file=sys.stderr)
-        return 2
-
-    async def run() -> VoteOutcome | None:
-        async with await _client(args) as client:
-            sha = args.sha256
-            if sha is None:
-                state = await client.get(args.call_id)
-                if state is None:
-                    print(f"no approval was requested for {args.call_id}", file=sys.stderr)
-                    return None
-                print(as_text(state, utc_now()))
-                print(f"\n{args.decision} on arguments sha256 {state.arguments_sha256}")
-                sha = state.arguments_sha256
-            return await client.vote(args.call_id, args.decision, arguments_sha256=sha,
-                                     reason=args.reason, token=args.token,
-                                     approver=args.approver, timeout=args.timeout)
+            return int(await work(client))
 
     try:
-        outcome = asyncio.run(run())
+        return asyncio.run(run())
+    except Refused as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
     except ServiceUnavailable as exc:
         print(str(exc), file=sys.stderr)
         return 3
-    if outcome is None:
-        return 1
-    if not outcome.accepted:
-        print(f"refused ({outcome.code}): {outcome.message}", file=sys.stderr)
-        return 1
-    print(outcome.message)
-    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if not _needs_token(args):
+        return 2
+
+    async def work(client: Any) -> int:
+        reply = await client.list_pending(timeout=args.timeout)
+        who = reply.approver
+        scope = "every tenant" if who.all_tenants else "tenants " + ", ".join(who.tenants)
+        print(f"approver {who.name} ({scope})", file=sys.stderr)
+        if not reply.calls:
+            print("no calls are waiting for approval")
+            return 0
+        now = utc_now()
+        print("\n\n".join(as_text(view, now) for view in reply.calls))
+        if reply.omitted:
+            print(f"\n{reply.message}", file=sys.stderr)
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if not _needs_token(args):
+        return 2
+
+    async def work(client: Any) -> int:
+        reply = await client.show(args.call, timeout=args.timeout)
+        if not reply.ok:
+            print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+            return 1
+        print(as_text(reply.approval, utc_now()))
+        return 0
+
+    return _run(args, work)
+
+
+def cmd_vote(args: argparse.Namespace) -> int:
+    if not _needs_token(args):
+        return 2
+
+    async def work(client: Any) -> int:
+        call, sha = args.call, args.sha256
+        if sha is None:
+            reply = await client.show(call, timeout=args.timeout)
+            if not reply.ok:
+                print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+                return 1
+            print(as_text(reply.approval, utc_now()))
+            call, sha = reply.approval.key, reply.approval.arguments_sha256
+            print(f"\n{args.decision} on arguments sha256 {sha}")
+        outcome: VoteOutcome = await client.vote(
+            call, args.decision, arguments_sha256=sha, reason=args.reason,
+            approver=args.approver, timeout=args.timeout)
+        if not outcome.accepted:
+            print(f"refused ({outcome.code}): {outcome.message}", file=sys.stderr)
+            return 1
+        print(f"{outcome.call}: {outcome.message}")
+        return 0
+
+    return _run(args, work)
 
 
 def cmd_add_approver(args: argparse.Namespace) -> int:
     try:
-        token = add_approver(args.data_dir, args.name, tenants=args.tenant, rotate=args.rotate)
+        token = add_approver(args.data_dir, args.name, tenants=args.tenant,
+                             all_tenants=args.all_tenants, rotate=args.rotate)
     except ApproverError as exc:
         print(str(exc), file=sys.stderr)
         return 2
     print(token)
-    print(f"approver {args.name} added to {args.data_dir / 'approvers.yaml'}; the token is "
-          f"shown only now (set it as ${ENV_TOKEN})", file=sys.stderr)
+    scope = "every tenant" if args.all_tenants else "tenants " + ", ".join(sorted(set(args.tenant)))
+    print(f"approver {args.name} ({scope}) added to {args.data_dir / 'approvers.yaml'}; "
+          f"the token is shown only now (set it as ${ENV_TOKEN})", file=sys.stderr)
     return 0
 
 
@@ -193,8 +245,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s inbox %(levelname)s %(message)s")
-    return serve_inbox(args.nats_url, args.data_dir, args.host, args.port,
-                       connect_options(args))
+    return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -4,8 +4,11 @@ A small server-rendered site on the standard library's http.server (no web
 framework to install). An approver logs in with their token (form POST; the
 server keeps the session and gives the browser only a random, HttpOnly,
 SameSite=Strict cookie) or sends `Authorization: Bearer <token>` on each
-request. Votes go through the same client as the CLI; the approvals service
-authenticates the token again and applies the rules.
+request. The inbox holds no approver list and reads no bucket: it is a
+client of the approvals service like the CLI (NATS as the approver role),
+and the service authenticates the token on every request and answers with
+the calls of that approver's tenants only. A token rotated or removed ends
+the session at its next request.
 
 Arguments come from a model: every value is HTML-escaped and invisible
 characters are made visible; a Content-Security-Policy that allows no script
@@ -26,21 +29,20 @@ from dataclasses import dataclass, field
 from html import escape
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
 
 from toolgate.contracts.events import utc_now
-from toolgate.services.approvals.approvers import ApproverBook
-from toolgate.services.approvals.client import ApprovalsClient, ServiceUnavailable
+from toolgate.services.approvals.client import ApprovalsClient, Refused, ServiceUnavailable
 from toolgate.services.approvals.logic import (
     MAX_REASON_CHARS,
-    ApprovalState,
     Approver,
+    Refusal,
     same_person,
 )
+from toolgate.services.approvals.protocol import ApprovalView, ListReply
 from toolgate.services.approvals.render import pretty_arguments, time_left, visible, votes_line
 
 log = logging.getLogger("toolgate.approvals.inbox")
@@ -87,10 +89,9 @@ class Session:
 class Inbox:
     """The inbox server: HTTP in threads, NATS in one asyncio loop of its own."""
 
-    def __init__(self, nats_url: str, data_dir: Path, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, nats_url: str, host: str = "127.0.0.1", port: int = 0,
                  connect_options: dict[str, Any] | None = None) -> None:
         self.nats_url = nats_url
-        self.book = ApproverBook(data_dir)
         self.host = host
         self.port = port
         self.connect_options = connect_options or {}
@@ -149,8 +150,16 @@ class Inbox:
 
     # ------------------------------------------------------------ sessions
 
+    def authenticate(self, token: str) -> Approver | None:
+        """Ask the approvals service whose token this is (ServiceUnavailable if none answers)."""
+        token = token.strip()
+        if not token:
+            return None
+        identity = self.run(self.client.whoami(token))
+        return identity.approver() if identity is not None else None
+
     def login(self, token: str) -> tuple[str, Session] | None:
-        approver = self.book.authenticate(token.strip())
+        approver = self.authenticate(token)
         if approver is None:
             return None
         sid = secrets.token_urlsafe(32)
@@ -169,10 +178,6 @@ class Inbox:
             if time.monotonic() - session.seen > SESSION_IDLE_S:
                 del self.sessions[sid]
                 return None
-            # The token may have been rotated or removed since login.
-            if self.book.authenticate(session.token) != session.approver:
-                del self.sessions[sid]
-                return None
             session.seen = time.monotonic()
             return session
 
@@ -180,12 +185,26 @@ class Inbox:
         with self._sessions_lock:
             self.sessions.pop(sid or "", None)
 
+    def forget_token(self, token: str) -> None:
+        """The service no longer knows this token: end every session that holds it."""
+        with self._sessions_lock:
+            gone = [sid for sid, session in self.sessions.items()
+                    if hmac.compare_digest(session.token.encode(), token.encode())]
+            for sid in gone:
+                del self.sessions[sid]
+
     # ------------------------------------------------------------ pages
 
-    def pending_for(self, approver: Approver) -> list[ApprovalState]:
-        now = utc_now()
-        states: list[ApprovalState] = self.run(self.client.pending())
-        return [s for s in states if approver.may_vote_for(s.tenant) and now < s.expires_at]
+    def pending_for(self, token: str) -> ListReply | None:
+        """What the service lets this token see now; None if the token is no longer valid."""
+        try:
+            reply: ListReply = self.run(self.client.list_pending(token))
+        except Refused as exc:
+            if exc.code == Refusal.INVALID_TOKEN:
+                self.forget_token(token)
+                return None
+            raise
+        return reply
 
 
 def page(title: str, body: str) -> bytes:
@@ -206,13 +225,13 @@ def login_page(message: str = "") -> bytes:
 </form>""")
 
 
-def call_html(state: ApprovalState, approver: Approver, csrf: str) -> str:
+def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
     p = state.call.principal
     now = utc_now()
     own = same_person(approver.name, state.requester)
     voted = next((v for v in state.votes if same_person(v.approver, approver.name)), None)
     rows = [
-        ("call id", f"<code>{h(state.call_id)}</code>"),
+        ("call", f"<code class=key>{h(state.key)}</code>"),
         ("requester", f"{h(state.requester)} <small>(tenant {h(p.tenant)}, agent {h(p.agent)}, "
                       f"session {h(p.session)}"
                       + (f", task {h(state.call.task_id)}" if state.call.task_id else "")
@@ -240,13 +259,14 @@ def call_html(state: ApprovalState, approver: Approver, csrf: str) -> str:
         action = f"""
 <form method=post action=/vote class=vote>
 <input type=hidden name=csrf value="{h(csrf)}">
-<input type=hidden name=call_id value="{h(state.call_id)}">
+<input type=hidden name=call value="{h(state.key)}">
 <input type=hidden name=arguments_sha256 value="{h(state.arguments_sha256)}">
 <label>Reason <textarea name=reason required maxlength={MAX_REASON_CHARS}></textarea></label>
 {approve}<button type=submit name=decision value=deny class=deny>Deny</button>
 </form>"""
     return f"""
-<article class=call id="call-{h(state.call_id)}" data-call-id="{h(state.call_id)}">
+<article class=call id="call-{h(state.key)}" data-call-key="{h(state.key)}"
+ data-call-id="{h(state.call_id)}">
 <h2><span class=tool>{h(state.call.tool)}</span>
 <span class="risk risk-{h(state.risk)}">{h(state.risk)}</span></h2>
 <dl>{dl}</dl>
@@ -256,8 +276,8 @@ def call_html(state: ApprovalState, approver: Approver, csrf: str) -> str:
 </article>"""
 
 
-def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalState],
-               flash: tuple[str, bool] | None) -> bytes:
+def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalView],
+               flash: tuple[str, bool] | None, omitted: int = 0) -> bytes:
     note = ""
     if flash:
         message, refused = flash
@@ -265,10 +285,16 @@ def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalState
     calls = "".join(call_html(s, approver, session_csrf) for s in states)
     if not calls:
         calls = "<p id=empty>No calls are waiting for approval.</p>"
+    if omitted:
+        calls += (f"<p id=omitted>{omitted} more calls are waiting: decide these first, "
+                  "or use <code>toolgate approvals list</code>.</p>")
+    scope = ("every tenant" if approver.all_tenants
+             else "tenant " + ", ".join(approver.tenants))
     return page("toolgate approvals", f"""
 <header><h1>Pending approvals</h1>
 <form method=post action=/logout><input type=hidden name=csrf value="{h(session_csrf)}">
-<span id=who>{h(approver.name)}</span> <button type=submit>Log out</button></form></header>
+<span id=who>{h(approver.name)}</span> <small id=scope>({h(scope)})</small>
+<button type=submit>Log out</button></form></header>
 {note}
 <p><a href="/">Refresh</a></p>
 {calls}""")
@@ -335,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
         """(approver, token, session): a Bearer token, else the session cookie."""
         bearer = self._bearer()
         if bearer is not None:
-            approver = self.owner.book.authenticate(bearer)
+            approver = self.owner.authenticate(bearer)
             return (approver, bearer, None) if approver else None
         session = self.owner.session(self._sid())
         if session is None:
@@ -355,26 +381,32 @@ class _Handler(BaseHTTPRequestHandler):
         if path != "/":
             self._send(404, page("not found", "<p>Not found.</p>"))
             return
-        identity = self._identity()
-        if identity is None:
-            if self._bearer() is not None:
-                self._send(401, login_page("unknown or invalid token"))
-            else:
-                self._send(200, login_page())
-            return
-        approver, _, session = identity
         try:
-            states = self.owner.pending_for(approver)
+            identity = self._identity()
+            if identity is None:
+                if self._bearer() is not None:
+                    self._send(401, login_page("unknown or invalid token"))
+                else:
+                    self._send(200, login_page())
+                return
+            approver, token, session = identity
+            reply = self.owner.pending_for(token)
         except Exception as exc:
             log.warning("listing pending approvals failed: %r", exc)
-            self._send(503, page("unavailable", "<p>NATS is unavailable; retry shortly.</p>"))
+            self._send(503, page("unavailable", "<p>The approvals service is unavailable; "
+                                                "retry shortly.</p>"))
             return
+        if reply is None:  # the token was rotated or removed meanwhile
+            self._send(401, login_page("your token is no longer valid: log in again"))
+            return
+        if reply.approver is not None:
+            approver = reply.approver.approver()
         flash = None
         csrf = ""
         if session is not None:
             flash, session.flash = session.flash, None
             csrf = session.csrf
-        self._send(200, inbox_page(approver, csrf, states, flash))
+        self._send(200, inbox_page(approver, csrf, list(reply.calls), flash, reply.omitted))
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
@@ -383,7 +415,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, page("bad request", "<p>Bad request.</p>"))
             return
         if path == "/login":
-            found = self.owner.login(form.get("token", ""))
+            try:
+                found = self.owner.login(form.get("token", ""))
+            except Exception as exc:
+                log.warning("login failed: %r", exc)
+                self._send(503, login_page("the approvals service is unavailable; retry "
+                                           "shortly"))
+                return
             if found is None:
                 self._send(401, login_page("unknown or invalid token"))
                 return
@@ -391,11 +429,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._redirect("/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; "
                                                "Path=/"})
             return
-        identity = self._identity()
+        try:
+            identity = self._identity()
+        except Exception as exc:
+            log.warning("authenticating a request failed: %r", exc)
+            self._send(503, page("unavailable", "<p>The approvals service is unavailable; "
+                                                "retry shortly.</p>"))
+            return
         if identity is None:
             self._send(401, login_page("log in first"))
             return
-        approver, token, session = identity
+        _, token, session = identity
         if session is not None and not hmac.compare_digest(form.get("csrf", ""), session.csrf):
             self._send(403, page("forbidden", "<p>Stale or forged form: reload the page.</p>"))
             return
@@ -411,18 +455,21 @@ class _Handler(BaseHTTPRequestHandler):
         if decision not in ("approve", "deny"):
             self._send(400, page("bad request", "<p>Choose approve or deny.</p>"))
             return
-        call_id = form.get("call_id", "")
+        call = form.get("call", "")
         try:
             outcome = self.owner.run(self.owner.client.vote(
-                call_id, decision,  # type: ignore[arg-type]
+                call, decision,  # type: ignore[arg-type]
                 arguments_sha256=form.get("arguments_sha256", ""),
                 reason=form.get("reason", ""), token=token))
         except ServiceUnavailable as exc:
             message, refused = str(exc), True
             outcome = None
         else:
-            message = (f"{call_id}: {outcome.message}" if outcome.accepted
-                       else f"{call_id}: refused ({outcome.code}): {outcome.message}")
+            if outcome.code == Refusal.INVALID_TOKEN:
+                self.owner.forget_token(token)
+            shown = outcome.call or call
+            message = (f"{shown}: {outcome.message}" if outcome.accepted
+                       else f"{shown}: refused ({outcome.code}): {outcome.message}")
             refused = not outcome.accepted
         if session is None:  # an API client with a Bearer token
             self._json(200 if outcome and outcome.accepted else 409,
@@ -432,15 +479,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._redirect("/")
 
 
-def serve_inbox(nats_url: str, data_dir: Path, host: str, port: int,
+def serve_inbox(nats_url: str, host: str, port: int,
                 connect_options: dict[str, Any] | None = None) -> int:
     """Run the inbox until interrupted (the `toolgate approvals inbox` command)."""
-    inbox = Inbox(nats_url, data_dir, host=host, port=port,
-                  connect_options=connect_options).start()
+    inbox = Inbox(nats_url, host=host, port=port, connect_options=connect_options).start()
     print(f"approvals inbox: {inbox.url}", flush=True)
-    if not inbox.book.names():
-        print(f"no approvers yet: add one with `toolgate approvals add-approver NAME "
-              f"--data-dir {data_dir}`", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

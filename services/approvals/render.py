@@ -13,7 +13,7 @@ import unicodedata
 from datetime import datetime
 from typing import Any
 
-from toolgate.services.approvals.logic import ApprovalState
+from toolgate.services.approvals.protocol import ApprovalView
 
 
 def visible(text: str, keep_newlines: bool = False) -> str:
@@ -48,7 +48,7 @@ def time_left(expires_at: datetime, now: datetime) -> str:
     return f"in {seconds}s"
 
 
-def votes_line(state: ApprovalState) -> str:
+def votes_line(state: ApprovalView) -> str:
     approvers = state.approvers
     text = f"{len(approvers)} of {state.required_approvals}"
     if approvers:
@@ -59,11 +59,12 @@ def votes_line(state: ApprovalState) -> str:
     return text
 
 
-def as_text(state: ApprovalState, now: datetime) -> str:
-    """The block `toolgate approvals list/show` prints for one call."""
+def as_text(state: ApprovalView, now: datetime) -> str:
+    """The block `toolgate approvals list/show` prints for one call (headed by its call
+    key, TENANT.AGENT.CALL_ID, which `approve` and `deny` take)."""
     p = state.call.principal
     lines = [
-        f"{visible(state.call_id)}  {visible(state.call.tool)}  risk={visible(state.risk)}  "
+        f"{visible(state.key)}  {visible(state.call.tool)}  risk={visible(state.risk)}  "
         f"[{state.status}]",
         f"  requester:  {visible(state.requester)} (tenant {visible(p.tenant)}, "
         f"agent {visible(p.agent)}, session {visible(p.session)}"

@@ -1,5 +1,6 @@
 """The inbox over plain HTTP (the browser test is tests/system/test_approval_inbox.py):
-security headers, Bearer tokens, the CSRF check, refusals shown to the approver."""
+security headers, Bearer tokens, the CSRF check, refusals shown to the approver,
+only the approver's tenants' calls, and sessions that end with their token."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ from tests.integration.test_approvals_support import (
     publish_event,
 )
 from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.calls import Principal
+from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.inbox import Inbox
 from toolgate.services.stack.nats_server import EmbeddedNats
 
 ARGS = {"task_id": "task_c04", "claim": "<b>bold</b>", "source_url": "https://example.org"}
 SHA = arguments_sha256(ARGS)
+KEY = "acme.researcher.call_http"
+GLOBEX = Principal(tenant="globex", user="u-gina", agent="researcher", session="s-7")
+GLOBEX_ARGS = {"task_id": "task_g1", "claim": "globex-secret-claim", "source_url": "https://g"}
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -54,11 +60,15 @@ async def inbox(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tupl
     await prepare_bus(nats_server.url)
     data_dir = tmp_path / "data"
     tokens = approvers(data_dir, "bob", "u-alice")
+    tokens["gus"] = add_approver(data_dir, "gus", ["globex"])
     service = await ServiceProc(nats_server.url, data_dir,
                                 data_dir / "logs" / "approvals.log").start().ready()
     await publish_event(nats_server.url, approval_requested("call_http", ARGS, n=2))
+    # globex's call with the same call_id: none of acme's approvers may see it, and back.
+    await publish_event(nats_server.url, approval_requested("call_http", GLOBEX_ARGS,
+                                                            principal=GLOBEX))
     await asyncio.sleep(0.5)
-    server = await asyncio.to_thread(Inbox(nats_server.url, data_dir).start)
+    server = await asyncio.to_thread(Inbox(nats_server.url).start)
     yield server, tokens
     await asyncio.to_thread(server.stop)
     service.stop()
@@ -72,24 +82,26 @@ async def test_bearer_listing_and_voting(inbox: tuple[Inbox, dict]) -> None:
     assert "script-src" not in headers["Content-Security-Policy"]
     assert headers["Content-Security-Policy"].startswith("default-src 'none'")
     assert headers["X-Frame-Options"] == "DENY"
-    assert "call_http" in body and SHA in body
+    assert f'data-call-key="{KEY}"' in body and SHA in body
     assert "&lt;b&gt;bold&lt;/b&gt;" in body and "<b>bold" not in body
+    assert "globex" not in body and "globex-secret-claim" not in body
 
     status, _, body = await asyncio.to_thread(
         http, "POST", server.url + "/vote",
-        {"call_id": "call_http", "decision": "approve", "arguments_sha256": "0" * 64,
+        {"call": KEY, "decision": "approve", "arguments_sha256": "0" * 64,
          "reason": "ok"}, {"Authorization": f"Bearer {tokens['bob']}"})
     assert status == 409 and json.loads(body)["code"] == "ARGUMENTS_MISMATCH"
     status, _, body = await asyncio.to_thread(
         http, "POST", server.url + "/vote",
-        {"call_id": "call_http", "decision": "approve", "arguments_sha256": SHA,
+        {"call": KEY, "decision": "approve", "arguments_sha256": SHA,
          "reason": "ok"}, {"Authorization": f"Bearer {tokens['u-alice']}"})
     assert status == 409 and json.loads(body)["code"] == "SELF_APPROVAL"
     status, _, body = await asyncio.to_thread(
         http, "POST", server.url + "/vote",
-        {"call_id": "call_http", "decision": "approve", "arguments_sha256": SHA,
+        {"call": KEY, "decision": "approve", "arguments_sha256": SHA,
          "reason": "ok"}, {"Authorization": f"Bearer {tokens['bob']}"})
     assert status == 200 and json.loads(body)["approvers"] == ["bob"]
+    assert json.loads(body)["call"] == KEY
 
     status, _, _ = await asyncio.to_thread(
         http, "GET", server.url + "/", None, {"Authorization": "Bearer tgap_wrong"})
@@ -107,13 +119,51 @@ async def test_cookie_session_needs_the_form_csrf_token(inbox: tuple[Inbox, dict
     session = {"Cookie": cookie.split(";")[0]}
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert status == 200 and "call_http" in page
-    form = {"call_id": "call_http", "decision": "deny", "arguments_sha256": SHA,
-            "reason": "no"}
+    assert page.count("<article") == 1  # bob sees acme's call, not globex's of the same id
+    csrf = page.split('name=csrf value="')[1].split('"')[0]
+    call = page.split('name=call value="')[1].split('"')[0]
+    assert call == KEY
+    form = {"call": call, "decision": "deny", "arguments_sha256": SHA, "reason": "no"}
     status, _, _ = await asyncio.to_thread(http, "POST", server.url + "/vote", form, session)
     assert status == 403  # no csrf: a forged cross-site form
-    csrf = page.split('name=csrf value="')[1].split('"')[0]
     status, _, _ = await asyncio.to_thread(
         http, "POST", server.url + "/vote", {**form, "csrf": csrf}, session)
     assert status == 303
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert "denied: the call will not run" in page and "data-call-id" not in page
+
+
+async def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_acme(
+        inbox: tuple[Inbox, dict]) -> None:
+    server, tokens = inbox
+    gus = {"Authorization": f"Bearer {tokens['gus']}"}
+    status, _, body = await asyncio.to_thread(http, "GET", server.url + "/", None, gus)
+    assert status == 200 and 'data-call-key="globex.researcher.call_http"' in body
+    assert KEY not in body and "bold" not in body and SHA not in body
+    assert "(tenant globex)" in body
+    for call in (KEY, "call_http"):  # the bare call_id finds globex's own call only
+        status, _, answer = await asyncio.to_thread(
+            http, "POST", server.url + "/vote",
+            {"call": call, "decision": "deny", "arguments_sha256": SHA, "reason": "mine?"},
+            gus)
+        assert status == 409
+        assert json.loads(answer)["code"] == ("UNKNOWN_CALL" if call == KEY
+                                              else "ARGUMENTS_MISMATCH")
+    status, _, body = await asyncio.to_thread(
+        http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"})
+    assert "0 of 2" in body  # acme's call untouched
+
+
+async def test_a_session_ends_when_its_token_is_rotated(
+        inbox: tuple[Inbox, dict], tmp_path: Path) -> None:
+    server, tokens = inbox
+    status, headers, _ = await asyncio.to_thread(
+        http, "POST", server.url + "/login", {"token": tokens["bob"]})
+    session = {"Cookie": headers["Set-Cookie"].split(";")[0]}
+    status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
+    assert status == 200 and KEY in page
+    add_approver(tmp_path / "data", "bob", ["acme"], rotate=True)
+    status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
+    assert status == 401 and "no longer valid" in page and KEY not in page
+    status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
+    assert status == 200 and 'id=token' in page  # logged out: the login form

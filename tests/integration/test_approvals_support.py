@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.js.errors import NotFoundError
@@ -47,8 +48,21 @@ async def prepare_bus(url: str) -> None:
         await nc.close()
 
 
-def approvers(data_dir: Path, *names: str) -> dict[str, str]:
-    return {name: add_approver(data_dir, name) for name in names}
+def approvers(data_dir: Path, *names: str, tenants: tuple[str, ...] = ("acme",)
+              ) -> dict[str, str]:
+    """Approvers of `tenants` (default: acme, ALICE's tenant); name -> token."""
+    return {name: add_approver(data_dir, name, list(tenants)) for name in names}
+
+
+def key_of(call_id: str, principal: Principal = ALICE) -> str:
+    """The call key approvers address a call by: TENANT.AGENT.CALL_ID."""
+    return subjects.call_key(principal.tenant, principal.agent, call_id)
+
+
+def of_call(events: list[Event], call_id: str, principal: Principal = ALICE) -> list[Event]:
+    """The events of one call: (tenant, agent, call_id), not the call_id alone."""
+    return [e for e in events if e.call_id == call_id and e.principal is not None
+            and (e.principal.tenant, e.principal.agent) == (principal.tenant, principal.agent)]
 
 
 def approval_requested(call_id: str, arguments: dict, *, n: int = 1,
@@ -59,20 +73,25 @@ def approval_requested(call_id: str, arguments: dict, *, n: int = 1,
                     principal=principal, task_id="task_c04")
     now = utc_now()
     return ApprovalRequested(
-        event_id=derive_event_id(f"test:{call_id}", "approval-requested"), occurred_at=now,
+        # As the policy's ids, unique per call (tenant, agent, call_id): the stream's
+        # Nats-Msg-Id dedupe would drop a second agent's request with the same call_id.
+        event_id=derive_event_id(f"test:{key_of(call_id, principal)}", "approval-requested"),
+        occurred_at=now,
         service="policy", call=call, policy_version="test-policy-1",
         policy_ids=["critical-needs-approval"], risk="critical", required_approvals=n,
         expires_at=now + ttl, reason="save_evidence is critical",
         arguments_sha256=arguments_sha256(arguments), **call_fields(call))
 
 
-
-
 async def wait_for_events(url: str, call_id: str, done: Callable[[list[Event]], bool],
-                          timeout: float = 15.0) -> list[Event]:
+                          timeout: float = 15.0, principal: Principal | None = None,
+                          **options: Any) -> list[Event]:
+    """Wait until `done(events of the call)`; with `principal`, of that agent's call only."""
     deadline = time.monotonic() + timeout
     while True:
-        found = events_of(await read_events(url), call_id)
+        events = await read_events(url, **options)
+        found = (events_of(events, call_id) if principal is None
+                 else of_call(events, call_id, principal))
         if done(found):
             return found
         if time.monotonic() > deadline:
@@ -85,19 +104,31 @@ def types_of(events: list[Event]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-async def pending_notice(url: str, call_id: str) -> PendingNotice | None:
+async def pending_notices(url: str, call_id: str, principal: Principal = ALICE,
+                          **options: Any) -> list[PendingNotice]:
+    """Every pending notice stored on this call's `.pending` subject (at most one)."""
     import msgspec
 
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, **options)
+    subject = subjects.pending_subject(principal.tenant, principal.agent, call_id)
     try:
-        msg = await nc.jsm().get_last_msg(subjects.RESULTS_STREAM,
-                                          subjects.pending_subject(call_id))
+        info = await nc.jsm().stream_info(subjects.RESULTS_STREAM, subjects_filter=subject)
+        stored = (info.state.subjects or {}).get(subject, 0)
+        if not stored:
+            return []
+        msg = await nc.jsm().get_last_msg(subjects.RESULTS_STREAM, subject)
     except NotFoundError:
-        return None
+        return []
     finally:
         await nc.close()
     assert msg.data is not None
-    return msgspec.json.decode(msg.data, type=PendingNotice)
+    return [msgspec.json.decode(msg.data, type=PendingNotice)] * stored
+
+
+async def pending_notice(url: str, call_id: str, principal: Principal = ALICE,
+                         **options: Any) -> PendingNotice | None:
+    found = await pending_notices(url, call_id, principal, **options)
+    return found[-1] if found else None
 
 
 def service_env() -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The approval rules, pure: bound hash, single use, expiry, no self-approval,
-N distinct approvers, one deny ends it, deterministic events."""
+N distinct approvers, one deny ends it, deterministic events, the call's
+identity (tenant, agent, call_id) and approvers that belong to tenants."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from toolgate.services.approvals.logic import (
     ApprovalState,
     Approver,
     Ballot,
+    InvalidIdentity,
     Refusal,
     apply_vote,
     default_expires_at,
     events_of,
     expire,
     new_state,
+    pending_notice_id,
 )
 from toolgate.services.approvals.store import decode_state, encode_state
 
@@ -38,13 +41,14 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 ARGS = {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"}
 SHA = arguments_sha256(ARGS)
-BOB, CAROL, DAVE = Approver("bob"), Approver("carol"), Approver("dave")
+KEY = "acme.researcher.call_1"
+BOB, CAROL, DAVE = (Approver(name, ("acme",)) for name in ("bob", "carol", "dave"))
 
 
 def request(n: int = 1, ttl: timedelta = DEFAULT_TTL, arguments: dict | None = None,
-            sha: str | None = None) -> ApprovalRequested:
+            sha: str | None = None, principal: Principal = ALICE) -> ApprovalRequested:
     call = ToolCall(call_id="call_1", tool="save_evidence", arguments=arguments or ARGS,
-                    principal=ALICE, task_id="task_c04")
+                    principal=principal, task_id="task_c04")
     return ApprovalRequested(
         event_id="req-1", occurred_at=T0, service="policy", call=call, policy_version="p-7",
         policy_ids=["critical-needs-approval"], risk="critical", required_approvals=n,
@@ -53,8 +57,8 @@ def request(n: int = 1, ttl: timedelta = DEFAULT_TTL, arguments: dict | None = N
 
 
 def ballot(decision: str = "approve", sha: str = SHA, reason: str = "looks right",
-           vote_id: str = "") -> Ballot:
-    return Ballot(call_id="call_1", decision=decision,  # type: ignore[arg-type]
+           vote_id: str = "", key: str = KEY) -> Ballot:
+    return Ballot(call_key=key, decision=decision,  # type: ignore[arg-type]
                   arguments_sha256=sha, reason=reason, vote_id=vote_id)
 
 
@@ -68,6 +72,7 @@ def test_new_state_binds_the_call_hash_policy_and_expiry() -> None:
     assert state.status == "pending" and state.votes == []
     assert state.arguments_sha256 == SHA and state.policy_version == "p-7"
     assert state.requester == "u-alice" and state.tenant == "acme"
+    assert state.agent == "researcher" and state.key == KEY
     assert state.required_approvals == 2 and state.expires_at == T0 + DEFAULT_TTL
     assert events_of(state) == []
 
@@ -95,14 +100,15 @@ def test_approval_with_another_arguments_hash_is_refused() -> None:
 
 def test_the_caller_cannot_approve_their_own_call() -> None:
     for name in ("u-alice", "U-Alice", " u-alice "):
-        after, out = vote(new_state(request()), Approver(name))
+        after, out = vote(new_state(request()), Approver(name, ("acme",)))
         assert not out.accepted and out.code == Refusal.SELF_APPROVAL
         assert "cannot approve" in out.message
         assert after.votes == []
 
 
 def test_the_caller_may_deny_their_own_call() -> None:
-    state, out = vote(new_state(request()), Approver("u-alice"), ballot("deny", reason="oops"))
+    state, out = vote(new_state(request()), Approver("u-alice", ("acme",)),
+                      ballot("deny", reason="oops"))
     assert out.accepted and state.status == "denied"
 
 
@@ -110,7 +116,7 @@ def test_quorum_needs_n_distinct_approvers() -> None:
     state = new_state(request(n=2))
     state, out = vote(state, BOB)
     assert out.accepted and not out.quorum_reached and state.status == "pending"
-    again, out = vote(state, Approver("Bob"))
+    again, out = vote(state, Approver("Bob", ("acme",)))
     assert not out.accepted and out.code == Refusal.DUPLICATE_APPROVER
     assert again is state  # counted once
     state, out = vote(state, CAROL)
@@ -175,11 +181,74 @@ def test_a_reason_is_required() -> None:
     assert not out.accepted and out.code == Refusal.REASON_REQUIRED
 
 
-def test_an_approver_limited_to_other_tenants_cannot_vote() -> None:
+def test_an_approver_of_other_tenants_cannot_vote() -> None:
     _, out = vote(new_state(request()), Approver("erin", tenants=("globex",)))
     assert not out.accepted and out.code == Refusal.NOT_PERMITTED
-    _, out = vote(new_state(request()), Approver("erin", tenants=("acme",)))
+    _, out = vote(new_state(request()), Approver("erin", tenants=("globex", "acme")))
     assert out.accepted
+    _, out = vote(new_state(request()), Approver("root", all_tenants=True))
+    assert out.accepted
+
+
+def test_an_approver_of_no_tenant_sees_nothing() -> None:
+    nobody = Approver("old-style-entry")
+    assert not nobody.may_vote_for("acme") and not nobody.may_vote_for("")
+    _, out = vote(new_state(request()), nobody)
+    assert out.code == Refusal.NOT_PERMITTED
+
+
+def test_an_approver_of_another_tenant_changes_nothing_not_even_an_expiry() -> None:
+    state = new_state(request())
+    after, out = vote(state, Approver("erin", ("globex",)), at=DEFAULT_TTL * 2)
+    assert out.code == Refusal.NOT_PERMITTED and after is state and after.status == "pending"
+    # Nor is a vote id replayed by a namesake of another tenant a way in.
+    voted, first = vote(state, BOB, ballot(vote_id="v-9"))
+    assert first.accepted
+    _, foreign = vote(voted, Approver("bob", ("globex",)), ballot(vote_id="v-9"))
+    assert foreign.code == Refusal.NOT_PERMITTED and not foreign.replayed
+
+
+def test_a_ballot_is_for_one_call_key() -> None:
+    after, out = vote(new_state(request()), BOB, ballot(key="acme.other_agent.call_1"))
+    assert not out.accepted and out.code == Refusal.BAD_REQUEST and after.votes == []
+
+
+def test_the_same_call_id_of_two_agents_is_two_approvals_with_distinct_event_ids() -> None:
+    writer = Principal(tenant="acme", user="u-alice", agent="writer", session="s-1")
+    other = Principal(tenant="globex", user="u-alice", agent="researcher", session="s-1")
+    states = [new_state(request(principal=p)) for p in (ALICE, writer, other)]
+    assert [s.key for s in states] == [KEY, "acme.writer.call_1", "globex.researcher.call_1"]
+    assert len({pending_notice_id(s.key) for s in states}) == 3
+    ids = set()
+    for state in states:
+        approver = Approver("bob", (state.tenant,))
+        granted, out = vote(state, approver, ballot(key=state.key))
+        assert out.accepted and out.call == state.key
+        denied, _ = vote(state, approver, ballot("deny", key=state.key))
+        expired = expire(state, T0 + DEFAULT_TTL)
+        assert expired is not None
+        for final in (granted, denied, expired):
+            ids |= {e.event_id for e in events_of(final)}
+    assert len(ids) == 9
+
+
+@pytest.mark.parametrize("tenant,agent,call_id", [
+    ("ac.me", "researcher", "call_1"), ("acme", "*", "call_1"), ("acme", "researcher", "a.b"),
+    ("", "researcher", "call_1"), ("acme", "researcher", ">")])
+def test_a_request_without_a_valid_call_key_is_refused(tenant: str, agent: str,
+                                                       call_id: str) -> None:
+    principal = Principal(tenant=tenant, user="u-alice", agent=agent, session="s-1")
+    event = msgspec.structs.replace(request(principal=principal), call=ToolCall(
+        call_id=call_id, tool="save_evidence", arguments=ARGS, principal=principal))
+    with pytest.raises(InvalidIdentity):
+        new_state(event)
+
+
+def test_a_request_whose_principal_differs_from_its_call_is_denied() -> None:
+    event = msgspec.structs.replace(request(), principal=Principal(
+        tenant="globex", user="u-mallory", agent="researcher", session="s-1"))
+    state = new_state(event)
+    assert state.status == "denied" and state.tenant == "acme" and state.key == KEY
 
 
 def test_a_retried_vote_is_answered_again_not_counted_twice() -> None:

@@ -20,20 +20,21 @@ from toolgate.services.approvals.approvers import (
 )
 from toolgate.services.approvals.inbox import call_html
 from toolgate.services.approvals.logic import Approver, new_state
+from toolgate.services.approvals.protocol import ApprovalView, parse_call_ref, view_of
 from toolgate.services.approvals.render import as_text, pretty_arguments, visible
 
 NASTY = {"claim": "<script>alert(1)</script>", "note": "\"'><img src=x onerror=alert(2)>",
          "ansi": "\x1b[31mred\x1b[0m", "bidi": "abc\u202edcba", "zh": "证据"}
 
 
-def state_with(arguments: dict) -> object:
+def state_with(arguments: dict) -> ApprovalView:
     call = ToolCall(call_id="call_x", tool="save_evidence", arguments=arguments,
                     principal=Principal(tenant="acme", user="u-alice", agent="a", session="s"))
     now = datetime.now(UTC)
-    return new_state(ApprovalRequested(
+    return view_of(new_state(ApprovalRequested(
         event_id="r", occurred_at=now, service="policy", call=call, policy_version="p",
         risk="critical", expires_at=now + timedelta(minutes=5),
-        arguments_sha256=arguments_sha256(arguments), **call_fields(call)))
+        arguments_sha256=arguments_sha256(arguments), **call_fields(call))))
 
 
 def test_add_approver_stores_only_a_hash_and_authenticates(tmp_path: Path) -> None:
@@ -43,6 +44,7 @@ def test_add_approver_stores_only_a_hash_and_authenticates(tmp_path: Path) -> No
     assert stat.S_IMODE(approvers_path(tmp_path).stat().st_mode) == 0o600
     book = ApproverBook(tmp_path)
     assert book.authenticate(token) == Approver("bob", tenants=("acme",))
+    assert not book.authenticate(token).may_vote_for("globex")  # type: ignore[union-attr]
     assert book.authenticate(token + "x") is None
     assert book.authenticate("") is None and book.authenticate(None) is None
     assert yaml.safe_load(text)["approvers"]["bob"]["tenants"] == ["acme"]
@@ -51,13 +53,46 @@ def test_add_approver_stores_only_a_hash_and_authenticates(tmp_path: Path) -> No
 def test_a_new_approver_and_a_rotated_token_are_seen_without_restart(tmp_path: Path) -> None:
     book = ApproverBook(tmp_path)
     assert book.authenticate("tgap_nothing") is None
-    old = add_approver(tmp_path, "bob")
-    assert book.authenticate(old) == Approver("bob")
+    old = add_approver(tmp_path, "bob", ["acme"])
+    assert book.authenticate(old) == Approver("bob", ("acme",))
     with pytest.raises(ApproverError):
-        add_approver(tmp_path, "Bob")
-    new = add_approver(tmp_path, "bob", rotate=True)
-    assert book.authenticate(new) == Approver("bob")
+        add_approver(tmp_path, "Bob", ["acme"])
+    new = add_approver(tmp_path, "bob", ["acme", "globex"], rotate=True)
+    assert book.authenticate(new) == Approver("bob", ("acme", "globex"))
     assert book.authenticate(old) is None
+
+
+def test_an_approver_belongs_to_tenants_or_explicitly_to_all(tmp_path: Path) -> None:
+    with pytest.raises(ApproverError, match="--tenant"):
+        add_approver(tmp_path, "bob")
+    with pytest.raises(ApproverError, match="not a tenant"):
+        add_approver(tmp_path, "bob", ["acme.*"])
+    with pytest.raises(ApproverError, match="not both"):
+        add_approver(tmp_path, "bob", ["acme"], all_tenants=True)
+    desk = add_approver(tmp_path, "sec-desk", all_tenants=True)
+    book = ApproverBook(tmp_path)
+    found = book.authenticate(desk)
+    assert found == Approver("sec-desk", (), all_tenants=True) and found.may_vote_for("any")
+
+
+def test_an_entry_of_an_older_file_with_no_tenants_sees_nothing(tmp_path: Path) -> None:
+    token = add_approver(tmp_path, "bob", ["acme"])
+    data = yaml.safe_load(approvers_path(tmp_path).read_text())
+    data["approvers"]["bob"]["tenants"] = []  # what "every tenant" used to look like
+    approvers_path(tmp_path).write_text(yaml.safe_dump(data))
+    found = ApproverBook(tmp_path).authenticate(token)
+    assert found is not None and not found.may_vote_for("acme")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("acme.researcher.call_1", ("call_1", "acme", "researcher")),
+    ("call_1", ("call_1", None, None)),
+    (" acme.researcher.call_1 ", ("call_1", "acme", "researcher")),
+    ("acme.call_1", None), ("acme.*.call_1", None), ("acme.researcher.>", None),
+    ("a.b.c.d", None), ("", None), ("acme..call_1", None)])
+def test_calls_are_named_by_their_key_or_a_bare_call_id(text: str, expected: object) -> None:
+    ref = parse_call_ref(text)
+    assert (None if ref is None else (ref.call_id, ref.tenant, ref.agent)) == expected
 
 
 @pytest.mark.parametrize("name", ["", "a b", "x/y", "toolgate", "a" * 65, "<b>"])
@@ -72,12 +107,13 @@ def test_text_shows_hidden_characters_as_escapes() -> None:
     assert "\u202e" not in shown and "\\u202e" in shown
     assert "证据" in shown
     assert visible("a\tb") == "a\\u0009b"
-    text = as_text(state_with(NASTY), datetime.now(UTC))  # type: ignore[arg-type]
+    text = as_text(state_with(NASTY), datetime.now(UTC))
     assert "\x1b" not in text and arguments_sha256(NASTY) in text
+    assert text.startswith("acme.a.call_x  save_evidence")
 
 
 def test_html_escapes_every_model_value() -> None:
-    html = call_html(state_with(NASTY), Approver("bob"), "csrf")  # type: ignore[arg-type]
+    html = call_html(state_with(NASTY), Approver("bob", ("acme",)), "csrf")
     assert "<script>" not in html and "<img" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "\u202e" not in html
@@ -85,6 +121,8 @@ def test_html_escapes_every_model_value() -> None:
 
 def test_html_offers_no_approve_button_to_the_caller() -> None:
     state = state_with({"a": 1})
-    assert "value=approve" in call_html(state, Approver("bob"), "c")  # type: ignore[arg-type]
-    own = call_html(state, Approver("u-alice"), "c")  # type: ignore[arg-type]
+    html = call_html(state, Approver("bob", ("acme",)), "c")
+    assert "value=approve" in html
+    assert 'name=call value="acme.a.call_x"' in html  # votes address the call key
+    own = call_html(state, Approver("u-alice", ("acme",)), "c")
     assert "value=approve" not in own and "value=deny" in own
