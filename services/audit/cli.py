@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     replay.add_argument("--timeout", type=float, default=60.0)
     replay.add_argument("--nats-url", default=env.env_nats_url(),
                         help="the running gateway (default: $TOOLGATE_NATS_URL or %(default)s)")
-    replay.add_argument("--creds", type=Path, default=env.env_nats_creds(),
+    replay.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
                         help="on a locked bus: the operator's (admin) creds, or the creds of "
                              "the agent whose calls are replayed (default: "
                              "$TOOLGATE_NATS_CREDS)")
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats-url", default=env.env_nats_url())
     parser.add_argument("--data-dir", type=Path, default=env.env_data_dir())
     parser.add_argument("--registry", type=Path, action="append", default=None)
-    parser.add_argument("--creds", type=Path, default=env.env_nats_creds())
+    parser.add_argument("--creds", type=Path, default=env.env_nats_creds("audit"))
     add_clickhouse_url(parser)
     args = parser.parse_args(argv)
     return serve(args.nats_url, args.clickhouse_url, args.data_dir,

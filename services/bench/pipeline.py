@@ -32,6 +32,7 @@ from nats.aio.client import Client
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.bench import floor
+from toolgate.services.settings import env_nats_creds
 from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
 from toolgate.services.stack.supervisor import Stack
 
@@ -158,6 +159,9 @@ def run_bench(args: argparse.Namespace) -> int:
         nats_url = args.nats_url
         # The floor declares its own stream and subjects: on a locked bus that is the operator's.
         creds = agent_creds = args.creds
+        if creds is not None and identity_of_creds(creds) is not None:
+            # An agent's creds drive the pipeline; the floor needs the operator's.
+            creds = env_nats_creds("admin")
         if nats_url is None:
             stack = Stack(data_dir=Path(tmp))
             stack.start()
