@@ -216,6 +216,16 @@ def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys)
     assert "SAME result" not in out
 
 
+def test_replay_defaults_to_what_toolgate_up_recorded(audited, story, capsys, monkeypatch):
+    """No --nats-url, no --creds: the gateway's URL and the operator's creds, from the
+    context `toolgate up` wrote (the default agent could replay only its own calls)."""
+    for name in ("TOOLGATE_NATS_URL", "TOOLGATE_NATS_CREDS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TOOLGATE_DATA_DIR", str(audited.data_dir))
+    assert audit_cli("replay", story["search"], "--clickhouse-url", audited.stack.audit_url) == 0
+    assert "SAME result" in capsys.readouterr().out
+
+
 def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
     """The same call_id from another agent is another call: traced and replayed apart."""
     url = audited.stack.audit_url
