@@ -1,10 +1,11 @@
 """The web inbox in a real headless Chromium: log in, see, approve.
 
-Real parts only: nats-server, the approvals service and the inbox as their
-own processes (`... approvals serve`, `... approvals inbox --port N`), and
-Debian's chromium driven by chromedriver through selenium. The arguments
-come from a model, so one of them is a script tag: it must show as text
-and never run.
+Real parts only: a whole gateway on the locked bus, the inbox as its own
+process (`... approvals inbox --port N --creds approver.creds`: a client of
+the approvals service, nothing else), and Debian's chromium driven by
+chromedriver through selenium. The arguments come from a model, so one of
+them is a script tag: it must show as text and never run. An approver of
+another tenant logs in first and sees nothing of the call.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import Gateway
 from tests.integration.test_approvals_support import (
-    ServiceProc,
     approval_requested,
     approvers,
-    prepare_bus,
     publish_event,
     service_env,
     wait_for_events,
 )
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.events import ApprovalGranted
-from toolgate.services.stack.nats_server import EmbeddedNats, free_port
+from toolgate.services.approvals.client import ApprovalsClient
+from toolgate.services.stack.nats_auth import connect_options
+from toolgate.services.stack.nats_server import free_port
 
 pytestmark = pytest.mark.system
 
@@ -67,18 +69,17 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
 
 @pytest.fixture
-def inbox_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    asyncio.run(prepare_bus(nats_server.url))
+def inbox_process(shared_gateway: Gateway, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
-    log_path = data_dir / "logs" / "inbox.log"
-    log_path.parent.mkdir(parents=True)
+    log_path = tmp_path / "inbox.log"
+    env = service_env()
+    env.pop("TOOLGATE_NATS_CREDS", None)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "toolgate.services.approvals", "inbox", "--port", str(port),
-             "--nats-url", nats_server.url, "--data-dir", str(data_dir)],
-            stdout=log, stderr=subprocess.STDOUT, env=service_env(), start_new_session=True)
+             "--nats-url", shared_gateway.url,
+             "--creds", str(shared_gateway.stack.creds_of("approver"))],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -91,7 +92,7 @@ def inbox_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[tuple[s
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"inbox did not start: {log_path.read_text()[-3000:]}")
         time.sleep(0.1)
-    yield url, data_dir
+    yield url, shared_gateway.data_dir
     process.terminate()
     try:
         process.wait(10)
@@ -102,7 +103,7 @@ def inbox_process(nats_server: EmbeddedNats, tmp_path: Path) -> Iterator[tuple[s
 
 @needs_chromium
 async def test_approver_logs_in_sees_the_call_safely_and_approves(
-        nats_server: EmbeddedNats, inbox_process: tuple[str, Path], browser: object) -> None:
+        shared_gateway: Gateway, inbox_process: tuple[str, Path], browser: object) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -111,60 +112,87 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
     driver = browser  # a selenium Chrome driver
     url, data_dir = inbox_process
     tokens = approvers(data_dir, "bob")
-    service = await ServiceProc(nats_server.url, data_dir,
-                                data_dir / "logs" / "approvals.log").start().ready()
-    try:
-        await publish_event(nats_server.url, approval_requested("call_browser", ARGS, n=1))
-        await asyncio.sleep(0.5)
+    tokens |= approvers(data_dir, "gus", tenants=("globex",))
+    admin = shared_gateway.admin
+    await publish_event(shared_gateway.url, approval_requested("call_browser", ARGS, n=1),
+                        **admin)
+    # Wait until the service has it, so what gus does not see is really there.
+    async with await ApprovalsClient.connect(
+            shared_gateway.url, token=tokens["bob"],
+            **connect_options(shared_gateway.stack.creds_of("approver"))) as approvals:
+        for _ in range(150):
+            if await approvals.get("acme.researcher.call_browser") is not None:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise TimeoutError("the approvals service never stored call_browser")
 
-        def page_shows_call() -> bool:
-            driver.get(url + "/")  # type: ignore[attr-defined]
-            return bool(driver.find_elements(  # type: ignore[attr-defined]
-                By.CSS_SELECTOR, "article[data-call-id='call_browser']"))
-
-        # A wrong token is refused.
-        driver.get(url + "/")  # type: ignore[attr-defined]
-        driver.find_element(By.ID, "token").send_keys("tgap_not-a-real-token")  # type: ignore[attr-defined]
-        driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
-        assert "invalid token" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
-
-        driver.find_element(By.ID, "token").send_keys(tokens["bob"])  # type: ignore[attr-defined]
-        driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
-        assert driver.find_element(By.ID, "who").text == "bob"  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 15
-        while not page_shows_call():
-            assert time.monotonic() < deadline, driver.page_source  # type: ignore[attr-defined]
-            await asyncio.sleep(0.3)
-
-        call = driver.find_element(By.CSS_SELECTOR, "article[data-call-id='call_browser']")  # type: ignore[attr-defined]
-        assert call.find_element(By.CLASS_NAME, "tool").text == "save_evidence"
-        assert call.find_element(By.CLASS_NAME, "risk").text == "critical"
-        assert call.find_element(By.CLASS_NAME, "sha").text == arguments_sha256(ARGS)
-        assert "u-alice" in call.text and "0 of 1" in call.text
-        shown = call.find_element(By.CLASS_NAME, "arguments").text
-        assert f'"claim": "{SCRIPT}"' in shown  # shown as text...
-        assert "<img src=x onerror=alert(2)>" in shown
-        # ... and not markup: no element came out of the arguments, nothing ran.
-        assert driver.find_elements(By.CSS_SELECTOR, "script, img") == []  # type: ignore[attr-defined]
-        with pytest.raises(NoAlertPresentException):
-            driver.switch_to.alert.text  # type: ignore[attr-defined]  # noqa: B018
-
-        call.find_element(By.NAME, "reason").send_keys("Claim and source checked by hand.")
-        call.find_element(By.CSS_SELECTOR, "button.approve").click()
+    def arrived(element_id: str) -> None:
+        """Wait for the page a click navigates to (it has this element)."""
         WebDriverWait(driver, 15).until(  # type: ignore[arg-type]
-            expected_conditions.text_to_be_present_in_element((By.ID, "flash"), "quorum"))
-        assert "approved" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
-        assert driver.find_elements(  # type: ignore[attr-defined]
-            By.CSS_SELECTOR, "article[data-call-id='call_browser']") == []
+            expected_conditions.presence_of_element_located((By.ID, element_id)))
 
-        events = await wait_for_events(
-            nats_server.url, "call_browser",
-            lambda es: any(isinstance(e, ApprovalGranted) for e in es))
-        [grant] = [e for e in events if isinstance(e, ApprovalGranted)]
-        assert grant.approver == "bob" and grant.quorum_reached
-        assert grant.reason == "Claim and source checked by hand."
-        assert grant.arguments_sha256 == arguments_sha256(ARGS)
-        assert grant.call.arguments == ARGS
-    finally:
-        service.stop()
+    # An approver of globex logs in and sees nothing of acme's call.
+    driver.get(url + "/")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "token").send_keys(tokens["gus"])  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
+    arrived("who")
+    assert driver.find_element(By.ID, "who").text == "gus"  # type: ignore[attr-defined]
+    assert "globex" in driver.find_element(By.ID, "scope").text  # type: ignore[attr-defined]
+    assert driver.find_elements(By.ID, "empty")  # type: ignore[attr-defined]
+    assert "call_browser" not in driver.page_source  # type: ignore[attr-defined]
+    assert "alert(1)" not in driver.page_source  # type: ignore[attr-defined]
+    driver.find_element(By.CSS_SELECTOR, "form[action='/logout'] button").click()  # type: ignore[attr-defined]
+    arrived("token")
+
+    def page_shows_call() -> bool:
+        driver.get(url + "/")  # type: ignore[attr-defined]
+        return bool(driver.find_elements(  # type: ignore[attr-defined]
+            By.CSS_SELECTOR, "article[data-call-id='call_browser']"))
+
+    # A wrong token is refused.
+    driver.get(url + "/")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "token").send_keys("tgap_not-a-real-token")  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
+    arrived("flash")
+    assert "invalid token" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
+
+    driver.find_element(By.ID, "token").send_keys(tokens["bob"])  # type: ignore[attr-defined]
+    driver.find_element(By.ID, "login").click()  # type: ignore[attr-defined]
+    arrived("who")
+    assert driver.find_element(By.ID, "who").text == "bob"  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 15
+    while not page_shows_call():
+        assert time.monotonic() < deadline, driver.page_source  # type: ignore[attr-defined]
+        await asyncio.sleep(0.3)
+
+    call = driver.find_element(By.CSS_SELECTOR, "article[data-call-id='call_browser']")  # type: ignore[attr-defined]
+    assert call.find_element(By.CLASS_NAME, "tool").text == "save_evidence"
+    assert call.find_element(By.CLASS_NAME, "risk").text == "critical"
+    assert call.find_element(By.CLASS_NAME, "sha").text == arguments_sha256(ARGS)
+    assert "u-alice" in call.text and "0 of 1" in call.text
+    shown = call.find_element(By.CLASS_NAME, "arguments").text
+    assert f'"claim": "{SCRIPT}"' in shown  # shown as text...
+    assert "<img src=x onerror=alert(2)>" in shown
+    # ... and not markup: no element came out of the arguments, nothing ran.
+    assert driver.find_elements(By.CSS_SELECTOR, "script, img") == []  # type: ignore[attr-defined]
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # type: ignore[attr-defined]  # noqa: B018
+
+    call.find_element(By.NAME, "reason").send_keys("Claim and source checked by hand.")
+    call.find_element(By.CSS_SELECTOR, "button.approve").click()
+    WebDriverWait(driver, 15).until(  # type: ignore[arg-type]
+        expected_conditions.text_to_be_present_in_element((By.ID, "flash"), "quorum"))
+    assert "approved" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
+    assert driver.find_elements(  # type: ignore[attr-defined]
+        By.CSS_SELECTOR, "article[data-call-id='call_browser']") == []
+
+    events = await wait_for_events(
+        shared_gateway.url, "call_browser",
+        lambda es: any(isinstance(e, ApprovalGranted) for e in es), **admin)
+    [grant] = [e for e in events if isinstance(e, ApprovalGranted)]
+    assert grant.approver == "bob" and grant.quorum_reached
+    assert grant.reason == "Claim and source checked by hand."
+    assert grant.arguments_sha256 == arguments_sha256(ARGS)
+    assert grant.call.arguments == ARGS
 
