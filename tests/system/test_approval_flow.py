@@ -199,15 +199,25 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
 
         # The approver's NATS identity reaches the approvals service and nothing else:
         # no bucket, no events, no results to read arguments from.
-        nc = await nats.connect(shared_gateway.url, **APPROVER(shared_gateway))
+        errors: list[Exception] = []
+
+        async def remember(exc: Exception) -> None:
+            errors.append(exc)
+
+        nc = await nats.connect(shared_gateway.url, error_cb=remember, **APPROVER(shared_gateway))
         try:
             with pytest.raises((NatsError, asyncio.TimeoutError, TimeoutError)):
                 await nc.jetstream(timeout=2).key_value(subjects.APPROVALS_BUCKET)
             with pytest.raises((NatsError, asyncio.TimeoutError, TimeoutError)):
                 await nc.jetstream(timeout=2).get_last_msg(
                     subjects.EVENTS_STREAM, subjects.event_filter(ApprovalRequested))
+            await nc.flush()
         finally:
             await nc.close()
+        refused_by_server = " ".join(str(e) for e in errors).lower()
+        assert "permissions violation" in refused_by_server
+        assert f"stream.info.kv_{subjects.APPROVALS_BUCKET}" in refused_by_server
+        assert f"msg.get.{subjects.EVENTS_STREAM.lower()}" in refused_by_server
 
         # acme's own approver decides it; the call runs as asked.
         out = await as_erin.vote(state.key, "approve", arguments_sha256=sha, reason="checked")
