@@ -119,7 +119,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     inbox.add_argument("--host", default="127.0.0.1",
                        help="interface to listen on (default loopback; put TLS in front "
                             "before exposing it)")
-    _approver(inbox)
+    # Each approver logs in with their own token; the inbox has none of its own.
+    _nats(inbox, env.env_nats_creds(APPROVER_ROLE),
+          f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
+          "approver creds `toolgate up` recorded)")
     inbox.set_defaults(func=cmd_inbox)
 
     serve = commands.add_parser("serve", help="run the approvals service")

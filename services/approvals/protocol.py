@@ -208,7 +208,6 @@ request_decoders: Final = {
     SHOW_SUBJECT: msgspec.json.Decoder(ShowRequest),
     VOTE_SUBJECT: msgspec.json.Decoder(VoteRequest),
 }
-request_decoder = request_decoders[VOTE_SUBJECT]  # votes, the one that changes state
 reply_decoder = msgspec.json.Decoder(VoteOutcome)
 whoami_reply_decoder = msgspec.json.Decoder(WhoamiReply)
 list_reply_decoder = msgspec.json.Decoder(ListReply)
