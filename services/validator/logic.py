@@ -25,6 +25,7 @@ from toolgate.contracts.calls import (
     is_valid_call_id,
 )
 from toolgate.contracts.registry import Registry
+from toolgate.services.validator.normalize import Normalizer, compile_normalizer
 
 MAX_DETAILS = 50
 CALL_ID_RULE = "a subject-safe token (letters, digits, '-', '_'; 1 to 128 characters)"
@@ -118,6 +119,9 @@ class CallChecker:
         self._validators = {
             spec.name: jsonschema_rs.validator_for(spec.input_schema) for spec in registry
         }
+        self._normalizers: dict[str, Normalizer | None] = {
+            spec.name: compile_normalizer(spec.input_schema) for spec in registry
+        }
         self._decoder = msgspec.json.Decoder(ToolCall)
 
     def check(self, raw: bytes, identity: Identity) -> CheckOutcome:
@@ -160,6 +164,13 @@ class CallChecker:
                 message=f"arguments do not match the input_schema of {call.tool}: "
                         + "; ".join(f"{e.path or '/'}: {e.message}" for e in errors[:3]),
                 retryable=False, details=errors), principal, call=call)
+        # In the schema's types from here on (900.0 in an integer field is 900): the
+        # hash, the policy and the tool all see the same value.
+        normalize = self._normalizers[call.tool]
+        if normalize is not None:
+            arguments = normalize(call.arguments)
+            if arguments is not call.arguments:
+                call = msgspec.structs.replace(call, arguments=arguments)
         return Validated(call)
 
     def _too_large(self, raw: bytes, identity: Identity) -> CheckOutcome:
