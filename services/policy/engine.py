@@ -6,6 +6,9 @@ into an `Entities` handle, and a call adds only its own user, agent and tasks
 (`with_added_json_str` parses just that delta).
 
 How a call is judged:
+0. Every argument must fit the Cedar context (entities.py); one that does
+   not (a float, an integer beyond 64 bits, a very long string, ...) denies
+   the call (POLICY_DENIED, naming the argument): never dropped unseen.
 1. Evaluate with no approval. A forbid that is not an approval policy, any
    evaluation error, or no permit at all: denied. Cedar skips a policy whose
    evaluation errors (a forbid too), so an error is a deny here, never an allow.
@@ -42,6 +45,7 @@ from toolgate.services.policy.entities import (
     NO_APPROVAL,
     ApprovalState,
     TaskTenants,
+    Unrepresentable,
     action_entities,
     call_entities,
     request_for,
@@ -76,6 +80,9 @@ class CedarEngine:
                               f"tool {call.tool!r} is not registered here", [])
         try:
             return self._decide(call, spec, approvers)
+        except Unrepresentable as exc:  # a policy must not decide without it: deny
+            return self._deny(ErrorCode.POLICY_DENIED,
+                              f"{exc}, so the policy cannot evaluate this call", [])
         except Exception as exc:  # fail closed
             return self._deny(ErrorCode.POLICY_ERROR, f"policy evaluation failed: {exc!r}", [])
 

@@ -9,7 +9,16 @@
     context    agent (Agent entity: the user acts through it), tool (the Tool entity,
                also when the resource is a Task), session, task (the call's own Task),
                time (epoch s), risk, approval {state, approvers, count}, arguments
-               (scalar top-level arguments only)
+               (all of them; see below)
+
+Arguments reach the context whole, or the call is denied: a policy must never
+decide without an argument it might have read. Representable are booleans,
+integers in Cedar's 64-bit range, strings of at most MAX_ARGUMENT_CHARS
+characters, objects (records) and lists (sets: policies see membership, not
+order or repeats), nested at most MAX_ARGUMENT_DEPTH lists and objects deep.
+Anything else (a float, null, an integer like 10**20, a longer string, a
+deeper nesting, a key Cedar's JSON reserves such as "__entity") raises
+Unrepresentable naming the argument's path, and the engine denies the call.
 
 A Task entity exists only when its tenant is known: the call's own task
 belongs to the caller's tenant; any other task only if a task directory says
@@ -28,10 +37,17 @@ from toolgate.contracts.registry import ToolSpec
 
 CALL_ACTION = "call"
 FINER_ACTIONS = ("read", "write", "send", "delete")
-# Longer strings are left out of the context: policies compare ids and
-# enums, and a large argument would only slow every decision down.
-MAX_ARGUMENT_CHARS = 256
-CEDAR_LONG = range(-(2**63), 2**63)
+# The longest string argument a decision takes (longer: denied). Above every
+# built-in tool's maxLength (save_evidence's claim and quote: 4000), low
+# enough that one argument cannot make every decision slow.
+MAX_ARGUMENT_CHARS = 8192
+# Lists and objects inside `arguments` (the validator refuses calls deeper than
+# 64 anyway; Cedar's own JSON parser gives up not far above that).
+MAX_ARGUMENT_DEPTH = 16
+CEDAR_LONG_MIN, CEDAR_LONG_MAX = -(2**63), 2**63 - 1
+# Keys Cedar's JSON reads as escapes (an entity reference, an extension value):
+# passed on, an argument could pose as an entity.
+RESERVED_KEYS = frozenset({"__entity", "__extn", "__expr"})
 
 # Where a task lives: its tenant, or None when the directory does not know it.
 TaskTenants = Callable[[str], str | None]
@@ -72,16 +88,68 @@ def task_target(call: ToolCall, spec: ToolSpec) -> str | None:
     return target if isinstance(target, str) else ""
 
 
-def selected_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    selected: dict[str, Any] = {}
-    for name, value in arguments.items():
-        if name.startswith("__"):  # Cedar JSON reserves __entity / __extn
-            continue
-        if isinstance(value, bool) or (isinstance(value, int) and value in CEDAR_LONG):
-            selected[name] = value
-        elif isinstance(value, str) and len(value) <= MAX_ARGUMENT_CHARS:
-            selected[name] = value
-    return selected
+class Unrepresentable(ValueError):
+    """An argument the Cedar context cannot hold: the call is denied, naming it."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"argument {path or '/'} {why}")
+        self.path = path
+        self.why = why
+
+
+def context_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The call's arguments as the Cedar context gets them: all of them, unchanged.
+
+    Raises Unrepresentable for the first argument Cedar could not hold as it is.
+    """
+    _check_record(arguments, "", 1)
+    return arguments
+
+
+def _pointer(path: str, key: str | int) -> str:
+    return f"{path}/" + str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _check_record(record: Mapping[str, Any], path: str, depth: int) -> None:
+    if depth > MAX_ARGUMENT_DEPTH:
+        raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and objects "
+                                    "deep")
+    for key, value in record.items():
+        if not isinstance(key, str):
+            raise Unrepresentable(path, f"has a key that is not a string: {key!r:.40}")
+        if key in RESERVED_KEYS:
+            raise Unrepresentable(_pointer(path, key), "is named like a Cedar JSON escape")
+        _check_value(value, _pointer(path, key), depth)
+
+
+def _check_value(value: Any, path: str, depth: int) -> None:
+    # Exact types first: the common arguments cost one comparison each.
+    kind = type(value)
+    if kind is str:
+        if len(value) > MAX_ARGUMENT_CHARS:
+            raise Unrepresentable(path, f"is a string of {len(value)} characters; a policy "
+                                        f"decision takes at most {MAX_ARGUMENT_CHARS}")
+    elif kind is bool:
+        pass
+    elif kind is int:
+        if not CEDAR_LONG_MIN <= value <= CEDAR_LONG_MAX:
+            raise Unrepresentable(path, "is an integer outside Cedar's 64-bit range")
+    elif kind is float:
+        raise Unrepresentable(path, f"is a fractional number ({value!r:.40}); Cedar has no "
+                                    "floating point: declare it an integer (e.g. cents) or a "
+                                    "string")
+    elif value is None:
+        raise Unrepresentable(path, "is null, which Cedar cannot hold")
+    elif isinstance(value, dict):
+        _check_record(value, path, depth + 1)
+    elif isinstance(value, list):
+        if depth + 1 > MAX_ARGUMENT_DEPTH:
+            raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and "
+                                        "objects deep")
+        for index, item in enumerate(value):
+            _check_value(item, _pointer(path, index), depth + 1)
+    else:
+        raise Unrepresentable(path, f"is a {kind.__name__}, which Cedar cannot hold")
 
 
 def action_entities() -> list[dict[str, Any]]:
@@ -136,7 +204,7 @@ def request_for(call: ToolCall, spec: ToolSpec, approval: ApprovalState,
         "time": now_s,
         "risk": spec.risk,
         "approval": approval.as_context(),
-        "arguments": selected_arguments(call.arguments),
+        "arguments": context_arguments(call.arguments),
     }
     if call.task_id:
         context["task"] = ref("Task", call.task_id)

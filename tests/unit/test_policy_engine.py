@@ -17,7 +17,6 @@ from toolgate.services.policy.bundle import (
     read_bundle_dir,
 )
 from toolgate.services.policy.engine import CedarEngine
-from toolgate.services.policy.entities import selected_arguments
 
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 EVIDENCE = {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"}
@@ -210,9 +209,3 @@ class TestCedarSemantics:
         search = registry.get("search_sources")
         assert engine.decide(call("search_sources", {"limit": 5}), search).allowed
         assert not engine.decide(call("search_sources", {"limit": 6}), search).allowed
-
-
-def test_only_small_scalar_arguments_reach_the_context() -> None:
-    arguments = {"limit": 3, "ok": True, "query": "q", "text": "x" * 10_000,
-                 "nested": {"a": 1}, "items": [1], "ratio": 0.5, "__entity": "x", "huge": 2**70}
-    assert selected_arguments(arguments) == {"limit": 3, "ok": True, "query": "q"}
