@@ -8,10 +8,15 @@ executor), `CallDenied` (to the attacher), or `ApprovalRequested` (to the
 approvals service) when the policy lets the call run only with approval.
 
 Decisions come from the Cedar bundle stored in the KV bucket
-`toolgate_policies` (the local default bundle until one is pushed); each
-replica watches it and swaps its engine when a new bundle is pushed. Rate
-limits are counted in KV too, so they hold across replicas. Any error while
-deciding is a deny.
+`toolgate_policies`; each replica watches it and swaps its engine when a new
+bundle is pushed. Only a bundle signed with the operator's policy-signing
+key (signing.py) that loads cleanly is used. The policy state fails closed:
+a stored bundle that is unreadable, unsigned, wrongly signed, invalid or
+deleted is refused with one ERROR line; a running replica keeps its last
+good bundle, a starting one refuses to start (exit status 2). The local
+default bundle is used only while nothing was ever pushed. Rate limits are
+counted in KV too, so they hold across replicas. Any error while deciding is
+a deny.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +63,9 @@ from toolgate.services.policy.bundle import (
     read_bundle_dir,
 )
 from toolgate.services.policy.bundle_store import (
+    ACTIVE_KEY,
+    POLICIES_BUCKET,
+    ActiveEntry,
     fetch_active,
     open_bucket,
     policies_bucket_config,
@@ -70,6 +78,13 @@ from toolgate.services.policy.rate_limits import (
     rate_limits_bucket_config,
 )
 from toolgate.services.policy.rules import Decision
+from toolgate.services.policy.signing import (
+    PUBLIC_KEY_FILE,
+    BundleRefused,
+    StoredBundle,
+    load_verify_key,
+    open_stored,
+)
 from toolgate.services.settings import GatewaySettings
 
 SERVICE = "policy"
@@ -78,26 +93,105 @@ APPROVALS_DURABLE = "policy-approvals"
 # redelivery decide differently (a bundle was pushed, a rate window turned),
 # its event is dropped as a duplicate instead of giving the call two decisions.
 DECISION = "decision"
+# The exit status of a policy service that refuses to start (no trustworthy bundle).
+EXIT_REFUSED = 2
 
 log = logging.getLogger("toolgate.policy")
 
 
-class ActivePolicy:
-    """The engine decisions use; a new bundle replaces it in one assignment."""
+class PolicyStateError(RuntimeError):
+    """No trustworthy bundle to decide under: the service does not start."""
 
-    def __init__(self, engine: CedarEngine) -> None:
-        self.engine = engine
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
-    def load(self, files: Mapping[str, str]) -> None:
-        if bundle_version(files) == self.engine.version:
-            return
+
+class PolicyApp(FastStream):
+    """The service as a process: refusing to start ends it with status 2, no traceback.
+
+    The ERROR line saying why was logged already; `async with` / `start()` (tests,
+    embedding) still raise PolicyStateError.
+    """
+
+    async def run(self, *args: Any, **kwargs: Any) -> None:
         try:
-            engine = engine_from_files(files)
-        except BundleError as exc:
-            log.error("pushed policy bundle rejected, keeping %s:\n%s", self.engine.version, exc)
-            return
+            await super().run(*args, **kwargs)
+        except PolicyStateError:
+            raise SystemExit(EXIT_REFUSED) from None
+
+
+class ActivePolicy:
+    """The engine decisions use; a verified new bundle replaces it in one assignment.
+
+    `engine` starts as the local bundle, used only if nothing was ever pushed.
+    """
+
+    def __init__(self, engine: CedarEngine, keys_dir: Path) -> None:
         self.engine = engine
-        log.info("policy bundle %s active", engine.version)
+        self.keys_dir = keys_dir
+        self.revision = 0  # the last stored revision judged, used or refused
+
+    def judge(self, entry: ActiveEntry) -> tuple[CedarEngine, StoredBundle]:
+        """The engine of one stored revision, or BundleRefused saying why (one line)."""
+        if entry.deleted:
+            raise BundleRefused("it was deleted (push a bundle to replace it)")
+        stored = open_stored(entry.value, load_verify_key(self.keys_dir),
+                             self.keys_dir / PUBLIC_KEY_FILE)
+        if bundle_version(stored.files) == self.engine.version:
+            return self.engine, stored
+        try:
+            return engine_from_files(stored.files), stored
+        except BundleError as exc:
+            raise BundleRefused("it is not a valid bundle: "
+                                + "; ".join(str(exc).splitlines())) from exc
+
+    def _judged(self, entry: ActiveEntry) -> tuple[CedarEngine, StoredBundle]:
+        try:
+            return self.judge(entry)
+        except BundleRefused:
+            raise
+        except Exception as exc:  # anything unforeseen refuses the bundle too
+            raise BundleRefused(f"it could not be loaded: {exc!r}") from exc
+
+    def start(self, entry: ActiveEntry | None) -> None:
+        """At startup: the stored bundle; the local one only if nothing was ever pushed."""
+        if entry is None:
+            log.info("no policy bundle pushed yet: the local bundle %s is active",
+                     self.engine.version)
+            return
+        self.revision = entry.revision
+        try:
+            engine, stored = self._judged(entry)
+        except BundleRefused as exc:
+            reason = (f"policy service not starting: the stored policy bundle "
+                      f"({where(entry)}) is refused: {exc}; push a good one with "
+                      "`toolgate policy push DIR`")
+            log.error("%s", reason)
+            raise PolicyStateError(reason) from None
+        self.engine = engine
+        log.info("policy bundle %s active (%s, signed by key %s at %s)", engine.version,
+                 where(entry), stored.key_id, stored.signed_at)
+
+    def offer(self, entry: ActiveEntry) -> None:
+        """A running replica: switch to a good new revision, else keep the engine it has."""
+        if entry.revision <= self.revision:
+            return  # judged already (the watch and the periodic re-read both bring it)
+        self.revision = entry.revision
+        try:
+            engine, stored = self._judged(entry)
+        except BundleRefused as exc:
+            log.error("policy bundle %s refused, keeping %s: %s", where(entry),
+                      self.engine.version, exc)
+            return
+        if engine is not self.engine:
+            self.engine = engine
+            log.info("policy bundle %s active (%s, signed by key %s at %s)", engine.version,
+                     where(entry), stored.key_id, stored.signed_at)
+
+
+def where(entry: ActiveEntry) -> str:
+    return f"{POLICIES_BUCKET}/{ACTIVE_KEY} revision {entry.revision}"
 
 
 def decide_safely(engine: CedarEngine, registry: Registry, call: ToolCall,
@@ -119,7 +213,8 @@ class Stores:
 
 def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> FastStream:
     registry = settings.load_registry()
-    policy = ActivePolicy(engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)))
+    policy = ActivePolicy(engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)),
+                          settings.keys_dir)
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
     ttl = timedelta(seconds=settings.authorization_ttl_s)
@@ -221,7 +316,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
 
     subscribe(ArgumentsValidated, SERVICE, on_validated)
     subscribe(ApprovalGranted, APPROVALS_DURABLE, on_granted)
-    app = FastStream(broker)
+    app = PolicyApp(broker)
 
     @app.on_startup
     async def bind_stores() -> None:
@@ -229,13 +324,21 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         # or without its rate limiter.
         await broker.connect()
         js = broker.connection.jetstream()
-        policies_kv = await open_bucket(js, policies_bucket_config())
-        pushed = await fetch_active(policies_kv)
-        if pushed is not None:
-            policy.load(pushed)
+        try:
+            try:
+                policies_kv = await open_bucket(js, policies_bucket_config())
+                entry = await fetch_active(policies_kv)
+            except Exception as exc:  # unreadable is refused too, not read as "none"
+                reason = (f"policy service not starting: cannot read {POLICIES_BUCKET}/"
+                          f"{ACTIVE_KEY}: {exc!r}")
+                log.error("%s", reason)
+                raise PolicyStateError(reason) from exc
+            policy.start(entry)
+        except PolicyStateError:
+            await broker.stop()
+            raise
         stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
-        stores.watching = asyncio.create_task(watch_active(policies_kv, policy.load))
-        log.info("policy bundle %s active", policy.engine.version)
+        stores.watching = asyncio.create_task(watch_active(policies_kv, policy.offer))
 
     @app.on_shutdown
     async def stop_watching() -> None:

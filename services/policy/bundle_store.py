@@ -1,16 +1,19 @@
 """The active policy bundle in a JetStream KV bucket, watched by every policy replica.
 
-`toolgate policy push DIR` validates a bundle and puts all its files under
-one key; each replica watches that key and swaps its engine when the value
-changes. The bucket keeps a short history, so an operator can see (and put
-back) what was active before.
+`toolgate policy push DIR` validates and signs a bundle and puts all its
+files under one key; each replica watches that key and hands every new
+revision to the service, which verifies the signature and the bundle before
+it swaps its engine (services/policy/signing.py, app.py). This module only
+moves bytes: it never decides whether a value may be used. The bucket keeps
+a short history, so an operator can see what was active before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import nats.errors
@@ -20,6 +23,7 @@ from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from toolgate.contracts import subjects
+from toolgate.services.policy.signing import StoredBundle
 
 log = logging.getLogger("toolgate.policy")
 
@@ -29,10 +33,13 @@ REWATCH_DELAY_S = 1.0
 REFRESH_S = 30.0
 
 
-class StoredBundle(msgspec.Struct, frozen=True):
-    files: dict[str, str]
-    # For operators reading the bucket; replicas recompute it from the files.
-    version: str = ""
+@dataclass(frozen=True)
+class ActiveEntry:
+    """One revision of the active key, as stored (not yet verified)."""
+
+    revision: int
+    value: bytes | None
+    deleted: bool = False
 
 
 def policies_bucket_config(replicas: int = 1) -> KeyValueConfig:
@@ -51,40 +58,51 @@ async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
             return await js.key_value(config.bucket)
 
 
-async def push_bundle(kv: KeyValue, files: Mapping[str, str], version: str) -> int:
-    return await kv.put(ACTIVE_KEY, msgspec.json.encode(StoredBundle(dict(files), version)))
+async def push_bundle(kv: KeyValue, bundle: StoredBundle) -> int:
+    return await kv.put(ACTIVE_KEY, msgspec.json.encode(bundle))
 
 
-async def fetch_active(kv: KeyValue) -> dict[str, str] | None:
+async def fetch_active(kv: KeyValue) -> ActiveEntry | None:
+    """The active key's latest revision; None if nothing was ever pushed.
+
+    A deleted or purged key is an entry with `deleted` set: it is not "never
+    pushed", and the service must not take it for a reason to fall back.
+    """
     try:
         entry = await kv.get(ACTIVE_KEY)
-    except KeyNotFoundError:  # never pushed, or deleted
-        return None
-    return _decode(entry.value)
+    except KeyNotFoundError as missing:
+        if missing.entry is None:
+            return None
+        return ActiveEntry(revision=missing.entry.revision or 0, value=None, deleted=True)
+    return ActiveEntry(revision=entry.revision or 0, value=entry.value)
 
 
-async def watch_active(kv: KeyValue, on_files: Callable[[dict[str, str]], None]) -> None:
-    """Call `on_files` with each pushed bundle, until cancelled.
+async def watch_active(kv: KeyValue, on_entry: Callable[[ActiveEntry], None]) -> None:
+    """Call `on_entry` with each revision of the active key, until cancelled.
 
     Also re-reads the key every REFRESH_S without news: should the watch
     die silently (a server restart, say), a replica is stale for at most that
-    long. `on_files` must ignore a bundle it already runs.
+    long. `on_entry` sees a revision more than once and must ignore those it
+    has already judged.
     """
     while True:
         watcher = None
         try:
             watcher = await kv.watch(ACTIVE_KEY)
             while True:
+                found: ActiveEntry | None
                 try:
                     entry = await watcher.updates(timeout=REFRESH_S)
                 except nats.errors.TimeoutError:
-                    files = await fetch_active(kv)
+                    found = await fetch_active(kv)
                 else:
-                    # None ends the initial values; a deleted key changes nothing.
-                    deleted = entry is None or entry.operation in (KV_DEL, KV_PURGE)
-                    files = None if deleted else _decode(entry.value)
-                if files is not None:
-                    on_files(files)
+                    # None ends the initial values.
+                    found = None if entry is None else ActiveEntry(
+                        revision=entry.revision or 0,
+                        value=entry.value,
+                        deleted=entry.operation in (KV_DEL, KV_PURGE))
+                if found is not None:
+                    on_entry(found)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -96,13 +114,3 @@ async def watch_active(kv: KeyValue, on_files: Callable[[dict[str, str]], None])
                 except Exception as exc:  # the connection may be gone already
                     log.debug("stopping the bundle watcher: %r", exc)
         await asyncio.sleep(REWATCH_DELAY_S)
-
-
-def _decode(value: bytes | None) -> dict[str, str] | None:
-    if not value:
-        return None
-    try:
-        return msgspec.json.decode(value, type=StoredBundle).files
-    except msgspec.DecodeError as exc:
-        log.error("the stored policy bundle is not readable, ignored: %s", exc)
-        return None

@@ -1,9 +1,13 @@
 """`toolgate policy check DIR`, `toolgate policy push DIR` and `toolgate policy test DIR`.
 
 check validates a bundle directory here and prints its version; push
-validates it the same way, then stores it as the active bundle, which every
-policy replica loads within a moment. A bundle that fails validation is
-never pushed: the command prints file, line and reason and exits 2. test
+validates it the same way, signs it with the operator's policy-signing key
+(DATA_DIR/keys/policy-signing.key, created on first push), then stores it as
+the active bundle, which every policy replica verifies and loads within a
+moment. A bundle that fails validation is never pushed: the command prints
+file, line and reason and exits 2; a bus it cannot reach or write to gets
+one line and exit 3. push finds NATS the way every command does (flags,
+TOOLGATE_* variables, else what `toolgate up` recorded, as admin). test
 replays the decisions recorded in the audit store under a bundle and prints
 which would change (exit 0: none, 1: some, 2: bad bundle).
 """
@@ -15,8 +19,12 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import nats
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js.errors import Error as JetStreamError
 
 from toolgate.services.audit.cli import add_clickhouse_url
 from toolgate.services.policy.bundle import BundleError, read_bundle_dir
@@ -28,7 +36,22 @@ from toolgate.services.policy.bundle_store import (
     push_bundle,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
-from toolgate.services.settings import GatewaySettings, env_nats_url, env_registry_dirs
+from toolgate.services.policy.signing import (
+    PRIVATE_KEY_FILE,
+    StoredBundle,
+    ensure_signing_key,
+    sign_bundle,
+)
+from toolgate.services.settings import (
+    GatewaySettings,
+    env_data_dir,
+    env_nats_creds,
+    env_nats_url,
+    env_registry_dirs,
+)
+from toolgate.services.stack.nats_auth import CredentialsError, connect_options
+
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,7 +63,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     push = commands.add_parser("push", help="validate a bundle and make it active everywhere")
     push.add_argument("directory", type=Path)
     push.add_argument("--nats-url", default=env_nats_url(),
-                      help="NATS server URL (default: $TOOLGATE_NATS_URL or %(default)s)")
+                      help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+                           "`toolgate up` recorded; now %(default)s)")
+    push.add_argument("--creds", type=Path, default=env_nats_creds("admin"),
+                      help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the admin "
+                           "creds `toolgate up` recorded; now %(default)s)")
+    push.add_argument("--data-dir", type=Path, default=env_data_dir(),
+                      help="where keys/policy-signing.key is kept (default: "
+                           "$TOOLGATE_DATA_DIR or .toolgate)")
+    push.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                      help="seconds to wait for NATS before giving up (default %(default)s)")
     push.set_defaults(func=cmd_push)
     test = commands.add_parser("test", help="which recorded decisions a bundle would change")
     test.add_argument("directory", type=Path)
@@ -74,13 +106,53 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-async def push(nats_url: str, files: dict[str, str], version: str) -> int:
-    nc = await nats.connect(nats_url)
+class PushFailed(Exception):
+    """The bus could not be reached or written to; the message is one line."""
+
+
+async def connect_bus(nats_url: str, creds: Path | None = None,
+                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> NATS:
+    """One connection, within `connect_timeout` or PushFailed (nats-py alone would retry
+    the first connect for ever, printing a traceback each time)."""
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:
+        errors.append(exc)
+
+    options: dict[str, Any] = {"connect_timeout": connect_timeout, "allow_reconnect": False,
+                               "error_cb": remember, **connect_options(creds)}
+    try:
+        return await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        raise PushFailed(f"cannot connect to NATS at {nats_url}"
+                         + (f" as {creds}" if creds else "")
+                         + f": {_reason(errors[-1] if errors else exc)}") from None
+
+
+async def store(nc: NATS, bundle: StoredBundle) -> int:
+    """Make a signed bundle the active one; its KV revision. PushFailed if the bus says no."""
     try:
         kv = await open_bucket(nc.jetstream(), policies_bucket_config())
-        return await push_bundle(kv, files, version)
+        return await push_bundle(kv, bundle)
+    except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
+        raise PushFailed(f"cannot store the bundle in {POLICIES_BUCKET} at "
+                         f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
+                         f"{_reason(exc)} (pushing takes the operator's admin creds)"
+                         ) from None
+
+
+async def push(nats_url: str, bundle: StoredBundle, creds: Path | None = None,
+               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
+    nc = await connect_bus(nats_url, creds, connect_timeout)
+    try:
+        return await store(nc, bundle)
     finally:
         await nc.close()
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def cmd_push(args: argparse.Namespace) -> int:
@@ -88,9 +160,32 @@ def cmd_push(args: argparse.Namespace) -> int:
     if checked is None:
         return 2
     files, engine = checked
-    revision = asyncio.run(push(args.nats_url, files, engine.version))
+    keys_dir = Path(args.data_dir) / "keys"
+
+    async def run() -> tuple[int, StoredBundle, bool]:
+        nc = await connect_bus(args.nats_url, args.creds, args.connect_timeout)
+        try:
+            # Created only once a bus answers: a mistyped URL leaves no key behind.
+            private_key, created = ensure_signing_key(keys_dir)
+            bundle = sign_bundle(files, engine.version, private_key)
+            return await store(nc, bundle), bundle, created
+        finally:
+            await nc.close()
+
+    try:
+        revision, bundle, created = asyncio.run(run())
+    except (PushFailed, CredentialsError) as exc:
+        print(f"toolgate policy push: {exc}", file=sys.stderr)
+        return 3
+    except (OSError, ValueError) as exc:
+        print(f"toolgate policy push: the policy-signing key in {keys_dir}: {_reason(exc)}",
+              file=sys.stderr)
+        return 2
+    if created:
+        print(f"created the policy-signing key {keys_dir / PRIVATE_KEY_FILE} (keep it secret; "
+              "policy replicas trust its .pub)", file=sys.stderr)
     print(f"pushed policy bundle {engine.version} to {POLICIES_BUCKET}/{ACTIVE_KEY} "
-          f"(revision {revision})")
+          f"(revision {revision}, signed by key {bundle.key_id})")
     return 0
 
 

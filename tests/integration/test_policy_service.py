@@ -1,4 +1,5 @@
-"""The policy service against a real nats-server: hot reload, shared rate limits, approvals.
+"""The policy service against a real nats-server: hot reload, signed bundles, fail-closed
+state, shared rate limits, approvals.
 
 Each test runs policy replicas in-process (`build_app` + `async with app`),
 publishes events onto the real events stream as the validator or the
@@ -8,6 +9,7 @@ approvals service would, and reads what the replicas decided from it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ import msgspec
 import nats
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.harness import events_of, publish_event, read_events
 from toolgate.contracts.authorization import arguments_sha256, load_public_key, verify
@@ -34,15 +37,21 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, RateLimit
-from toolgate.services.policy.app import build_app
+from toolgate.services.policy.app import PolicyStateError, build_app
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
     bundle_version,
     read_bundle_dir,
 )
-from toolgate.services.policy.bundle_store import open_bucket, policies_bucket_config, push_bundle
+from toolgate.services.policy.bundle_store import (
+    ACTIVE_KEY,
+    open_bucket,
+    policies_bucket_config,
+    push_bundle,
+)
 from toolgate.services.policy.cli import push
 from toolgate.services.policy.rate_limits import RateLimiter, rate_limits_bucket_config
+from toolgate.services.policy.signing import StoredBundle, ensure_signing_key, sign_bundle
 from toolgate.services.settings import GatewaySettings
 from toolgate.services.stack.nats_server import EmbeddedNats
 from toolgate.services.stack.topology import apply_topology
@@ -51,6 +60,7 @@ ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-
 DEFAULT_VERSION = bundle_version(read_bundle_dir(DEFAULT_BUNDLE_DIR))
 NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
            'forbid (principal, action, resource == Tool::"echo");\n')
+NOOP = '@id("noop") forbid (principal, action, resource == Tool::"nothing");\n'
 DECIDED = (CallAuthorized, CallDenied, ApprovalRequested)
 
 
@@ -86,10 +96,10 @@ def bundle_files(**extra: str) -> dict[str, str]:
     return {**read_bundle_dir(DEFAULT_BUNDLE_DIR), **extra}
 
 
-async def push_files(url: str, files: dict[str, str]) -> None:
-    await push(url, files, bundle_version(files))
-
-
+async def push_files(settings: GatewaySettings, files: dict[str, str]) -> None:
+    """What `toolgate policy push` does: sign with the operator's key, store."""
+    key, _ = ensure_signing_key(settings.keys_dir)
+    await push(settings.nats_url, sign_bundle(files, bundle_version(files), key))
 
 
 def validated(call: ToolCall) -> ArgumentsValidated:
@@ -146,7 +156,7 @@ class TestHotReload:
         async with replica(settings):
             before = await decide(url, echo_call("before"))
             assert isinstance(before, CallAuthorized) and before.policy_version == DEFAULT_VERSION
-            await push_files(url, strict)
+            await push_files(settings, strict)
             after = await first_decision_under(url, bundle_version(strict), "after")
             assert isinstance(after, CallDenied) and after.policy_ids == ["no-echo"]
             assert after.error.code == "TOOL_NOT_ALLOWED"
@@ -154,23 +164,25 @@ class TestHotReload:
     async def test_bad_pushed_bundle_is_ignored_and_later_pushes_still_apply(
             self, url: str, settings: GatewaySettings) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
-        await push_files(url, strict)
+        await push_files(settings, strict)
         async with replica(settings):
             # Straight into the bucket, past the validation `toolgate policy push` does.
             nc = await nats.connect(url)
             kv = await open_bucket(nc.jetstream(), policies_bucket_config())
-            await push_bundle(kv, bundle_files(**{"bad.cedar": "permit (principal"}), "bad")
+            key, _ = ensure_signing_key(settings.keys_dir)
+            bad = bundle_files(**{"bad.cedar": "permit (principal"})
+            await push_bundle(kv, sign_bundle(bad, "bad", key))
             await nc.close()
             still = await decide(url, echo_call("after-bad"))
             assert still.policy_version == bundle_version(strict)
-            await push_files(url, bundle_files())
+            await push_files(settings, bundle_files())
             again = await first_decision_under(url, DEFAULT_VERSION, "again")
             assert isinstance(again, CallAuthorized)
 
     async def test_replica_started_after_a_push_decides_under_it_from_the_first_call(
             self, url: str, settings: GatewaySettings) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
-        await push_files(url, strict)
+        await push_files(settings, strict)
         async with replica(settings):
             first = await decide(url, echo_call("first"))
         assert isinstance(first, CallDenied) and first.policy_version == bundle_version(strict)
@@ -253,9 +265,99 @@ class TestApproval:
             'resource == Tool::"critical_echo");\n')})
         async with replica(settings):
             await decide(url, call)
-            await push_files(url, no_critical)
+            await push_files(settings, no_critical)
             await first_decision_under(url, bundle_version(no_critical), "probe")
             await publish_event(url, granted(call, ["ann", "bob"], quorum=True))
             denied = (await decisions(url, call.call_id, count=2))[1]
         assert isinstance(denied, CallDenied) and denied.policy_ids == ["no-critical-echo"]
         assert denied.policy_version == bundle_version(no_critical)
+
+
+async def put_raw(url: str, value: bytes) -> None:
+    """Straight into the bucket, as anyone with write access could, past `policy push`."""
+    nc = await nats.connect(url)
+    try:
+        kv = await open_bucket(nc.jetstream(), policies_bucket_config())
+        await kv.put(ACTIVE_KEY, value)
+    finally:
+        await nc.close()
+
+
+def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "toolgate.policy" and r.levelno >= logging.ERROR]
+
+
+class TestPolicyState:
+    """The policy state fails closed: never a silent fall-back to the default bundle."""
+
+    async def test_garbled_bundle_at_restart_refuses_to_start_and_decides_nothing(
+            self, url: str, settings: GatewaySettings,
+            caplog: pytest.LogCaptureFixture) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(settings, strict)
+        async with replica(settings):
+            before = await decide(url, echo_call("before-garble"))
+        assert isinstance(before, CallDenied) and before.policy_ids == ["no-echo"]
+        await put_raw(url, b'{"files": {"schema.cedarschema": "entity Us')
+        with pytest.raises(PolicyStateError) as raised:
+            async with replica(settings):
+                pass
+        assert "not readable" in raised.value.reason
+        assert refusals(caplog) == [raised.value.reason]
+        # A call that arrives meanwhile waits: the next replica to start, under a
+        # good bundle pushed later, decides it. Nothing decided it under the default.
+        waiting = echo_call("while-refused")
+        await publish_event(url, validated(waiting))
+        later = bundle_files(**{"no-echo.cedar": NO_ECHO, "later.cedar": NOOP})
+        await push_files(settings, later)
+        async with replica(settings):
+            [decided] = await decisions(url, waiting.call_id)
+        assert isinstance(decided, CallDenied)
+        assert decided.policy_version == bundle_version(later)
+
+    @pytest.mark.parametrize("how", ["unsigned", "another key", "valid signature, bad bundle"])
+    async def test_a_bundle_not_pushed_by_the_operator_refuses_to_start(
+            self, url: str, settings: GatewaySettings, how: str) -> None:
+        operator, _ = ensure_signing_key(settings.keys_dir)
+        default = bundle_files()
+        value = {
+            "unsigned": msgspec.json.encode(StoredBundle(files=default)),
+            "another key": msgspec.json.encode(sign_bundle(
+                default, DEFAULT_VERSION, Ed25519PrivateKey.generate())),
+            "valid signature, bad bundle": msgspec.json.encode(sign_bundle(
+                bundle_files(**{"bad.cedar": "permit (principal"}), "x", operator)),
+        }[how]
+        await put_raw(url, value)
+        with pytest.raises(PolicyStateError) as raised:
+            async with replica(settings):
+                pass
+        assert {"unsigned": "not signed", "another key": "not by the trusted key",
+                "valid signature, bad bundle": "bad.cedar:1"}[how] in raised.value.reason
+
+    async def test_running_replica_keeps_its_last_good_bundle_through_bad_writes(
+            self, url: str, settings: GatewaySettings,
+            caplog: pytest.LogCaptureFixture) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(settings, strict)
+        default = bundle_files()
+        async with replica(settings):
+            assert (await decide(url, echo_call("good"))).policy_version == \
+                bundle_version(strict)
+            # The attack of the issue: the approval-free default, without the operator.
+            await put_raw(url, msgspec.json.encode(StoredBundle(files=default)))
+            await put_raw(url, msgspec.json.encode(sign_bundle(
+                default, DEFAULT_VERSION, Ed25519PrivateKey.generate())))
+            await put_raw(url, b"\x00garbage")
+            # A good push after them: once it is active, the bad writes were judged.
+            later = bundle_files(**{"no-echo.cedar": NO_ECHO, "later.cedar": NOOP})
+            await push_files(settings, later)
+            switched = await first_decision_under(url, bundle_version(later), "probe")
+        assert isinstance(switched, CallDenied)
+        probes = [e for e in await read_events(url) if isinstance(e, DECIDED)]
+        assert DEFAULT_VERSION not in {e.policy_version for e in probes}
+        lines = refusals(caplog)
+        assert len(lines) == 3, lines
+        assert all(f"keeping {bundle_version(strict)}" in line for line in lines)
+        assert "not signed" in lines[0] and "not by the trusted key" in lines[1]
+        assert "not readable" in lines[2]

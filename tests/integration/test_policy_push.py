@@ -1,0 +1,168 @@
+"""`toolgate policy push` on the locked bus `toolgate up` runs, and the policy service's
+fail-closed state, each service its own process (tests/harness.py Gateway).
+
+The CLI runs as an operator would: in the folder `toolgate up` ran in, with no
+flags and no TOOLGATE_* variables: URL, admin creds and the signing key come
+from what `toolgate up` recorded there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.harness import Gateway, make_test_registry
+from toolgate.contracts.calls import ToolResult
+from toolgate.services.client.gateway_client import GatewayClient
+from toolgate.services.policy.app import EXIT_REFUSED
+from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
+from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
+from toolgate.services.policy.signing import PRIVATE_KEY_FILE, StoredBundle
+from toolgate.services.stack.nats_server import free_port
+
+NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
+           'forbid (principal, action, resource == Tool::"echo");\n')
+NO_SEARCH = ('@id("no-search") @error_code("TOOL_NOT_ALLOWED")\n'
+             'forbid (principal, action, resource == Tool::"search_sources");\n')
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Gateway]:
+    """`toolgate up` in the folder tmp_path: its data in tmp_path/.toolgate."""
+    gateway = Gateway(data_dir=tmp_path / ".toolgate",
+                      registry_dir=make_test_registry(tmp_path / "registry")).start()
+    yield gateway
+    gateway.stop()
+
+
+def bundle_dir(where: Path, **extra: str) -> Path:
+    where.mkdir()
+    for name, text in {**read_bundle_dir(DEFAULT_BUNDLE_DIR), **extra}.items():
+        (where / name).write_text(text)
+    return where
+
+
+def toolgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
+    return subprocess.run([sys.executable, "-m", "toolgate.services.cli", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+async def echo(client: GatewayClient) -> ToolResult:
+    return await client.call("echo", {"payload": "hi"}, user="u-alice", session="s-1")
+
+
+async def until_echo_is(client: GatewayClient, ok: bool) -> None:
+    """Echo calls until one is decided as `ok` says (a push lands within a moment)."""
+    for _ in range(200):
+        result = await echo(client)
+        if result.ok == ok:
+            return
+    raise AssertionError(f"echo never became {'allowed' if ok else 'denied'}")
+
+
+def policy_log_since(gateway: Gateway, offset: int) -> str:
+    return gateway.service("policy").log_path.read_bytes()[offset:].decode()
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+async def test_push_signs_and_takes_effect_and_a_bundle_put_by_anyone_else_is_refused(
+        up: Gateway, tmp_path: Path) -> None:
+    strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
+    pushed = toolgate(tmp_path, "policy", "push", str(strict))
+    assert pushed.returncode == 0, pushed.stderr
+    version = bundle_version(read_bundle_dir(strict))
+    assert f"pushed policy bundle {version}" in pushed.stdout
+    assert "created the policy-signing key" in pushed.stderr  # first push: no key yet
+    key = up.data_dir / "keys" / PRIVATE_KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    client = await up.client()
+    async with client:
+        await until_echo_is(client, ok=False)
+        denied = await echo(client)
+        assert denied.status == "denied" and denied.error is not None
+        assert denied.error.code == "TOOL_NOT_ALLOWED"
+
+        # The issue's attack: the default bundle, valid but unsigned, put straight in.
+        log_offset = up.service("policy").log_path.stat().st_size
+        nc = await up.connect("admin")
+        kv = await nc.jetstream().key_value(POLICIES_BUCKET)
+        await kv.put(ACTIVE_KEY, msgspec.json.encode(
+            StoredBundle(files=read_bundle_dir(DEFAULT_BUNDLE_DIR))))
+        await nc.close()
+        for _ in range(600):  # the running service says so, once, and keeps its bundle
+            if " ERROR " in policy_log_since(up, log_offset):
+                break
+            await client.result("none-such")  # a round trip, instead of a sleep
+        [refused] = [line for line in policy_log_since(up, log_offset).splitlines()
+                     if " ERROR " in line]
+        assert "not signed" in refused and f"keeping {version}" in refused
+        assert (await echo(client)).status == "denied"
+
+        # Restarted now, it refuses to start: one ERROR line, exit status 2.
+        policy = up.service("policy")
+        policy.stop()
+        log_offset = policy.log_path.stat().st_size
+        policy.start()
+        assert policy.process is not None
+        assert policy.process.wait(timeout=120) == EXIT_REFUSED
+        log = policy_log_since(up, log_offset)
+        assert "Traceback" not in log
+        [line] = [line for line in log.splitlines() if " ERROR " in line]
+        assert "policy service not starting" in line and "not signed" in line
+
+        # A properly pushed bundle replaces it, and the service starts under it.
+        no_search = bundle_dir(tmp_path / "no-search", **{"no-search.cedar": NO_SEARCH})
+        again = toolgate(tmp_path, "policy", "push", str(no_search))
+        assert again.returncode == 0 and "created" not in again.stderr, again.stderr
+        policy.start()
+        assert (await echo(client)).ok
+        search = await client.call("search_sources", {
+            "query": "agents", "source_type": "any", "limit": 3},
+            user="u-alice", session="s-1")
+        assert search.error is not None and search.error.code == "TOOL_NOT_ALLOWED"
+        assert policy.alive()
+
+
+def test_push_that_cannot_reach_the_bus_says_so_in_one_line(tmp_path: Path) -> None:
+    strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    result = toolgate(tmp_path, "policy", "push", str(strict), "--nats-url", nowhere,
+                      "--connect-timeout", "2")
+    assert result.returncode == 3
+    assert one_line(result).startswith(f"toolgate policy push: cannot connect to NATS at "
+                                       f"{nowhere}")
+
+
+async def test_push_with_creds_that_may_not_write_the_bucket_says_so_in_one_line(
+        up: Gateway, tmp_path: Path) -> None:
+    strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
+    agent = await up.agent_creds()
+    missing = tmp_path / "no-such.creds"
+    for creds, words in ((agent, "cannot store the bundle"), (missing, "no credentials file")):
+        result = toolgate(tmp_path, "policy", "push", str(strict), "--creds", str(creds),
+                          "--connect-timeout", "2")
+        assert result.returncode == 3
+        assert words in one_line(result)
+
+
+def test_the_data_dir_flag_says_where_the_key_is(tmp_path: Path) -> None:
+    # A bad bundle is refused before anything is created or connected to.
+    bad = bundle_dir(tmp_path / "bad", **{"bad.cedar": "permit (principal"})
+    result = toolgate(tmp_path, "policy", "push", str(bad), "--data-dir", str(tmp_path / "d"))
+    assert result.returncode == 2 and "bad.cedar:1" in result.stderr
+    assert not (tmp_path / "d").exists()
+    shutil.rmtree(bad)
