@@ -185,32 +185,36 @@ def evaluate_history(bundle: PolicyBundle, registry: Registry, recorded: list[Re
 # -- reading the audit store -----------------------------------------------------------
 
 _DECIDED_SINCE = (
-    "SELECT call_id FROM events WHERE event_type IN "
+    "SELECT tenant, agent, call_id FROM events WHERE event_type IN "
     "('CallAuthorized', 'CallDenied', 'ApprovalRequested') "
     "AND occurred_at >= {since:DateTime64(6, 'UTC')} AND call_id != '' "
     f"AND NOT startsWith(call_id, '{REPLAY_PREFIX}')")
 
 
 def read_recorded(client: Any, since: datetime) -> list[Recorded]:
-    """Each call's first policy decision since `since`, with the call as validated."""
+    """Each call's first policy decision since `since`, with the call as validated.
+
+    A call is its (tenant, agent, call_id): the same call_id from two agents is two calls.
+    """
     params = {"since": since}
     decisions = client.query(
-        "SELECT call_id, argMin(event_type, occurred_at), argMin(tool, occurred_at), "
-        "argMin(agent, occurred_at), argMin(error_code, occurred_at), "
+        "SELECT tenant, agent, call_id, argMin(event_type, occurred_at), "
+        "argMin(tool, occurred_at), argMin(error_code, occurred_at), "
         "argMin(payload, occurred_at), min(occurred_at) AS first FROM events "
         "WHERE event_type IN ('CallAuthorized', 'CallDenied', 'ApprovalRequested') "
-        f"AND call_id IN ({_DECIDED_SINCE}) GROUP BY call_id "
+        f"AND (tenant, agent, call_id) IN ({_DECIDED_SINCE}) GROUP BY tenant, agent, call_id "
         "HAVING first >= {since:DateTime64(6, 'UTC')} ORDER BY first, call_id",
         parameters=params).result_rows
-    validated = {r[0]: (r[1], r[2]) for r in client.query(
-        "SELECT call_id, argMax(payload, occurred_at), argMax(note, occurred_at) FROM events "
-        f"WHERE event_type = 'ArgumentsValidated' AND call_id IN ({_DECIDED_SINCE}) "
-        "GROUP BY call_id", parameters=params).result_rows}
+    validated = {tuple(r[:3]): (r[3], r[4]) for r in client.query(
+        "SELECT tenant, agent, call_id, argMax(payload, occurred_at), argMax(note, occurred_at) "
+        "FROM events WHERE event_type = 'ArgumentsValidated' "
+        f"AND (tenant, agent, call_id) IN ({_DECIDED_SINCE}) GROUP BY tenant, agent, call_id",
+        parameters=params).result_rows}
     found = []
-    for call_id, event_type, tool, agent, code, payload, first in decisions:
+    for tenant, agent, call_id, event_type, tool, code, payload, first in decisions:
         call = None
-        if call_id in validated:
-            call, _ = _recorded_call(*validated[call_id])
+        if (tenant, agent, call_id) in validated:
+            call, _ = _recorded_call(*validated[(tenant, agent, call_id)], tenant, agent)
         required = json.loads(payload).get("required_approvals", 0) \
             if event_type == "ApprovalRequested" else 0
         at = first if first.tzinfo else first.replace(tzinfo=UTC)
