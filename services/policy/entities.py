@@ -16,9 +16,13 @@ decide without an argument it might have read. Representable are booleans,
 integers in Cedar's 64-bit range, strings of at most MAX_ARGUMENT_CHARS
 characters, objects (records) and lists (sets: policies see membership, not
 order or repeats), nested at most MAX_ARGUMENT_DEPTH lists and objects deep.
-Anything else (a float, null, an integer like 10**20, a longer string, a
-deeper nesting, a key Cedar's JSON reserves such as "__entity") raises
-Unrepresentable naming the argument's path, and the engine denies the call.
+A fractional number becomes a Cedar `decimal` (policies compare it with
+`.lessThan(decimal("500.0"))` and friends) when it has at most four
+fractional digits and fits Cedar's decimal range; comparing a decimal with
+`>` is a type error, and an error is a deny. Anything else (a float with more
+digits, null, an integer like 10**20, a longer string, a deeper nesting, a key
+Cedar's JSON reserves such as "__entity") raises Unrepresentable naming the
+argument's path, and the engine denies the call.
 
 A Task entity exists only when its tenant is known: the call's own task
 belongs to the caller's tenant; any other task only if a task directory says
@@ -36,6 +40,8 @@ from toolgate.contracts.calls import ToolCall
 from toolgate.contracts.registry import ToolSpec
 
 CALL_ACTION = "call"
+# Cedar's decimal: a 64-bit integer of ten-thousandths.
+DECIMAL_LIMIT = 922337203685477.0
 FINER_ACTIONS = ("read", "write", "send", "delete")
 # The longest string argument a decision takes (longer: denied). Above every
 # built-in tool's maxLength (save_evidence's claim and quote: 4000), low
@@ -102,15 +108,42 @@ def context_arguments(arguments: Mapping[str, Any]) -> Mapping[str, Any]:
 
     Raises Unrepresentable for the first argument Cedar could not hold as it is.
     """
-    _check_record(arguments, "", 1)
-    return arguments
+    fractions: list[str] = []
+    _check_record(arguments, "", 1, fractions)
+    # The common case (no fractional numbers) passes the arguments through untouched.
+    return _with_decimals(arguments) if fractions else arguments
+
+
+def cedar_decimal(value: float) -> dict[str, Any] | None:
+    """Cedar's JSON for `decimal("...")`, or None if Cedar's decimal cannot hold `value`
+    exactly (more than four fractional digits, or beyond its range)."""
+    text = repr(value)
+    if "e" in text or "inf" in text or "nan" in text:
+        text = format(value, "f")
+    if not -DECIMAL_LIMIT < value < DECIMAL_LIMIT or "n" in text:
+        return None
+    whole, _, fraction = text.partition(".")
+    if len(fraction.rstrip("0")) > 4 or float(text) != value:
+        return None
+    return {"__extn": {"fn": "decimal", "arg": f"{whole}.{(fraction or '0')[:4]}"}}
+
+
+def _with_decimals(value: Any) -> Any:
+    if type(value) is float:
+        return cedar_decimal(value)
+    if isinstance(value, dict):
+        return {key: _with_decimals(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_with_decimals(item) for item in value]
+    return value
 
 
 def _pointer(path: str, key: str | int) -> str:
     return f"{path}/" + str(key).replace("~", "~0").replace("/", "~1")
 
 
-def _check_record(record: Mapping[str, Any], path: str, depth: int) -> None:
+def _check_record(record: Mapping[str, Any], path: str, depth: int,
+                  fractions: list[str]) -> None:
     if depth > MAX_ARGUMENT_DEPTH:
         raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and objects "
                                     "deep")
@@ -119,10 +152,10 @@ def _check_record(record: Mapping[str, Any], path: str, depth: int) -> None:
             raise Unrepresentable(path, f"has a key that is not a string: {key!r:.40}")
         if key in RESERVED_KEYS:
             raise Unrepresentable(_pointer(path, key), "is named like a Cedar JSON escape")
-        _check_value(value, _pointer(path, key), depth)
+        _check_value(value, _pointer(path, key), depth, fractions)
 
 
-def _check_value(value: Any, path: str, depth: int) -> None:
+def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> None:
     # Exact types first: the common arguments cost one comparison each.
     kind = type(value)
     if kind is str:
@@ -135,19 +168,21 @@ def _check_value(value: Any, path: str, depth: int) -> None:
         if not CEDAR_LONG_MIN <= value <= CEDAR_LONG_MAX:
             raise Unrepresentable(path, "is an integer outside Cedar's 64-bit range")
     elif kind is float:
-        raise Unrepresentable(path, f"is a fractional number ({value!r:.40}); Cedar has no "
-                                    "floating point: declare it an integer (e.g. cents) or a "
-                                    "string")
+        if cedar_decimal(value) is None:
+            raise Unrepresentable(path, f"is a fractional number ({value!r:.40}) that Cedar's "
+                                        "decimal cannot hold exactly (at most 4 fractional "
+                                        "digits, |x| < 922337203685477)")
+        fractions.append(path)
     elif value is None:
         raise Unrepresentable(path, "is null, which Cedar cannot hold")
     elif isinstance(value, dict):
-        _check_record(value, path, depth + 1)
+        _check_record(value, path, depth + 1, fractions)
     elif isinstance(value, list):
         if depth + 1 > MAX_ARGUMENT_DEPTH:
             raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and "
                                         "objects deep")
         for index, item in enumerate(value):
-            _check_value(item, _pointer(path, index), depth + 1)
+            _check_value(item, _pointer(path, index), depth + 1, fractions)
     else:
         raise Unrepresentable(path, f"is a {kind.__name__}, which Cedar cannot hold")
 

@@ -41,14 +41,15 @@ class TestContextArguments:
         assert context_arguments(arguments) is arguments
 
     @pytest.mark.parametrize(("arguments", "path", "words"), [
-        ({"amount": 900.0}, "/amount", "fractional number"),
-        ({"amount": 0.5}, "/amount", "fractional number"),
+        ({"amount": 0.123456}, "/amount", "fractional number"),
+        ({"amount": 1e-05}, "/amount", "fractional number"),
+        ({"amount": 1e300}, "/amount", "fractional number"),
         ({"amount": 10**20}, "/amount", "64-bit range"),
         ({"amount": 2**63}, "/amount", "64-bit range"),
         ({"amount": -(2**63) - 1}, "/amount", "64-bit range"),
         ({"note": "x" * (MAX_ARGUMENT_CHARS + 1)}, "/note", f"{MAX_ARGUMENT_CHARS + 1} char"),
         ({"note": None}, "/note", "null"),
-        ({"lines": [{"cents": 1}, {"cents": 1.5}]}, "/lines/1/cents", "fractional"),
+        ({"lines": [{"cents": 1}, {"cents": 1.55555}]}, "/lines/1/cents", "fractional"),
         ({"a/b": {"c~d": [None]}}, "/a~1b/c~0d/0", "null"),
         ({"owner": {"__entity": {"type": "User", "id": "root"}}}, "/owner/__entity",
          "Cedar JSON escape"),
@@ -89,7 +90,7 @@ def engine_with(policies: str) -> CedarEngine:
 
 class TestEngineDenies:
     @pytest.mark.parametrize("payload", [
-        1.5, 900.0, 10**20, None, "x" * (MAX_ARGUMENT_CHARS + 1), {"k": [0.1]},
+        1.23456, 9e300, 10**20, None, "x" * (MAX_ARGUMENT_CHARS + 1), {"k": [0.00001]},
         nested(MAX_ARGUMENT_DEPTH)])
     def test_an_argument_the_context_cannot_hold_is_a_deny_naming_it(
             self, registry: Registry, payload: Any) -> None:
@@ -100,6 +101,30 @@ class TestEngineDenies:
         assert decision.error is not None and decision.error.code == "POLICY_DENIED"
         assert "argument /payload" in decision.error.message
         assert "cannot evaluate" in decision.error.message
+
+    def test_a_short_fraction_reaches_the_policy_as_a_cedar_decimal(
+            self, registry: Registry) -> None:
+        assert context_arguments({"t": 0.5, "n": [1.25]}) == {
+            "t": {"__extn": {"fn": "decimal", "arg": "0.5"}},
+            "n": [{"__extn": {"fn": "decimal", "arg": "1.25"}}]}
+        engine = engine_with(
+            '@id("all") permit (principal, action, resource);\n'
+            '@id("too-hot") forbid (principal, action, resource)\n'
+            'when { context.arguments has payload'
+            ' && context.arguments.payload.greaterThan(decimal("0.9")) };')
+        echo = registry.get("echo")
+        assert engine.decide(call("echo", {"payload": 0.7}), echo).allowed
+        hot = engine.decide(call("echo", {"payload": 1.5}), echo)
+        assert not hot.allowed and hot.policy_ids == ["too-hot"]
+
+    def test_a_decimal_compared_like_an_integer_is_a_deny(self, registry: Registry) -> None:
+        # `>` on a decimal is a type error in Cedar; an error is a deny, never a pass.
+        engine = engine_with(
+            '@id("all") permit (principal, action, resource);\n'
+            '@id("big") forbid (principal, action, resource)\n'
+            'when { context.arguments has payload && context.arguments.payload > 500 };')
+        decision = engine.decide(call("echo", {"payload": 900.5}), registry.get("echo"))
+        assert not decision.allowed
 
     def test_the_same_call_with_a_representable_payload_is_allowed(
             self, registry: Registry) -> None:
@@ -140,6 +165,6 @@ def test_the_critical_path_refuses_before_asking_a_human(registry: Registry) -> 
     engine = CedarEngine(build_bundle(read_bundle_dir(DEFAULT_BUNDLE_DIR)))
     critical: ToolSpec = registry.get("echo").model_copy(  # type: ignore[union-attr]
         update={"risk": "critical"})
-    decision = engine.decide(call("echo", {"payload": 2.5}), critical, ["ann", "bob"])
+    decision = engine.decide(call("echo", {"payload": 2.123456}), critical, ["ann", "bob"])
     assert not decision.allowed and not decision.awaits_approval
     assert decision.error is not None and decision.error.code == "POLICY_DENIED"
