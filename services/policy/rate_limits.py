@@ -1,10 +1,10 @@
 """Rate limits per tenant, user and tool that hold across all policy replicas.
 
 The registry's `rate_limit` (calls per per_seconds) is counted in fixed
-windows: one KV key per (tenant, user, tool, window) holding the call_ids
-admitted in it. An admission is an optimistic update (`update(last=revision)`),
-so two replicas admitting at once cannot both take the last slot: the loser
-re-reads and counts again. Keeping call_ids rather than a number makes a
+windows: one KV key per (tenant, user, tool, window) holding the calls
+(tenant.agent.call_id) admitted in it. An admission is an optimistic update
+(`update(last=revision)`), so two replicas admitting at once cannot both take
+the last slot: the loser re-reads and counts again. Keeping call_ids rather than a number makes a
 redelivered call find itself and not count twice. Fixed windows allow up to
 twice the rate across a window boundary; the keys expire with the bucket's
 max age, so a per_seconds longer than WINDOW_RETENTION_S is not enforced fully.
@@ -60,17 +60,19 @@ class RateLimiter:
 
     async def admit(self, call: ToolCall, limit: RateLimit) -> RateCheck:
         key, retry_after_s = window_key(call, limit, self._clock())
+        # A call_id is only unique per agent: another agent's call is another call.
+        identity = subjects.call_key(call.principal.tenant, call.principal.agent, call.call_id)
         for _ in range(MAX_UPDATE_ATTEMPTS):
             try:
                 entry = await self._kv.get(key)
                 admitted, revision = _decode(entry.value), entry.revision
             except KeyNotFoundError:
                 admitted, revision = [], None
-            if call.call_id in admitted:  # a redelivery: admitted before
+            if identity in admitted:  # a redelivery: admitted before
                 return RateCheck(True, len(admitted), 0.0)
             if len(admitted) >= limit.calls:
                 return RateCheck(False, len(admitted), retry_after_s)
-            value = msgspec.json.encode([*admitted, call.call_id])
+            value = msgspec.json.encode([*admitted, identity])
             try:
                 if revision is None:
                     await self._kv.create(key, value)
