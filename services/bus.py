@@ -208,13 +208,18 @@ class Publisher:
             message_id)
 
     async def _publish_once(self, body: bytes, subject: str, message_id: str) -> bool:
+        """True if the subject now holds this message (stored now, or by an earlier try)."""
         try:
             await self._broker.publish(body, subject=subject, stream=subjects.RESULTS_STREAM,
                                        headers={"Nats-Msg-Id": message_id})
         except APIError as exc:
-            if exc.err_code == SUBJECT_FULL_ERR_CODE:
-                return False
-            raise
+            if exc.err_code != SUBJECT_FULL_ERR_CODE:
+                raise
+            # Ours, stored by an attempt that crashed before its ack (beyond the
+            # duplicate window), or another message that holds the subject for good?
+            stored = await self._broker.connection.jetstream().get_last_msg(
+                subjects.RESULTS_STREAM, subject, direct=True)
+            return (stored.headers or {}).get("Nats-Msg-Id") == message_id
         return True
 
 

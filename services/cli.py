@@ -371,8 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),
                        help="a running gateway (default: $TOOLGATE_NATS_URL, else start a "
                             "private one in a temp dir)")
-    bench.add_argument("--creds", type=Path, default=env.env_nats_creds(),
-                       help="with --nats-url on a locked bus: the operator's (admin) credentials")
+    bench.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
+                       help="with --nats-url on a locked bus: the operator's (admin) "
+                            "credentials (default: $TOOLGATE_NATS_CREDS, else the admin creds "
+                            "`toolgate up` recorded)")
     from toolgate.services.audit.bench import add_bench_arguments
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
