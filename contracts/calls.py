@@ -89,6 +89,15 @@ class ErrorDetail(msgspec.Struct, frozen=True):
     message: str
 
 
+# At most this many ErrorDetails in one error.
+MAX_DETAILS: Final = 50
+
+
+def json_pointer(path: list[str | int]) -> str:
+    """RFC 6901: the pointer of `path` (keys and indexes) into a JSON document."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
 class ToolError(msgspec.Struct, frozen=True):
     code: str
     message: str

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Gateway, make_test_registry
-from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
-from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+from toolgate.stack.nats_server import EmbeddedNats
 
 
 @pytest.fixture

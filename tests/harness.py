@@ -19,18 +19,19 @@ import nats
 import yaml
 from nats.js.errors import NotFoundError
 
+from toolgate.client.gateway_client import GatewayClient
 from toolgate.contracts import subjects
 from toolgate.contracts.events import (
-    TERMINAL_EVENTS,
     CallAuthorized,
     Event,
     decode_event,
     encode_event,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
-from toolgate.services.client.gateway_client import GatewayClient
-from toolgate.services.stack.nats_auth import add_agent, connect_options, push_account_jwts
-from toolgate.services.stack.supervisor import AUDIT_SERVICE, SERVICES, ServiceProcess, Stack
+from toolgate.runtime.creds import connect_options
+from toolgate.runtime.topology import handlers
+from toolgate.stack.nats_auth import add_agent, push_account_jwts
+from toolgate.stack.supervisor import SERVICES, ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST_TOOLS_DIR = REPO_ROOT / "tests" / "tools" / "registry"
@@ -54,13 +55,9 @@ def make_test_registry(target: Path, fetch_allowed_hosts: list[str] | None = Non
     return target
 
 
-def durables(tool_names: list[str]) -> list[tuple[str, str]]:
-    found = [(subjects.CALLS_STREAM, "validator"), (subjects.EVENTS_STREAM, "policy"),
-             (subjects.EVENTS_STREAM, "approvals"), (subjects.EVENTS_STREAM, "policy-approvals")]
-    found += [(subjects.EVENTS_STREAM, f"executor-{name}") for name in tool_names]
-    found += [(subjects.EVENTS_STREAM, f"attacher-{t.__name__}")
-              for t in TERMINAL_EVENTS]
-    return found
+def durables(tool_names: list[str], with_audit: bool = False) -> list[tuple[str, str]]:
+    """(stream, durable) of every consumer, from the handler table (runtime/topology.py)."""
+    return [(h.stream, h.durable) for h in handlers(tool_names, with_audit)]
 
 
 @dataclass
@@ -115,9 +112,7 @@ class Gateway:
         nc = await self.connect()
         try:
             jsm = nc.jsm()
-            audit = [(subjects.CALLS_STREAM, AUDIT_SERVICE),
-                     (subjects.EVENTS_STREAM, AUDIT_SERVICE)] if self.with_audit else []
-            for stream, durable in durables(self.tool_names()) + audit:
+            for stream, durable in durables(self.tool_names(), self.with_audit):
                 while True:
                     try:
                         await jsm.consumer_info(stream, durable)

@@ -36,7 +36,8 @@ from faststream.nats.message import NatsMessage
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
-from toolgate.services import bus
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.approvals import protocol
 from toolgate.services.approvals.approvers import ApproverBook
 from toolgate.services.approvals.logic import (
@@ -55,7 +56,6 @@ from toolgate.services.approvals.logic import (
     same_person,
 )
 from toolgate.services.approvals.store import ApprovalStore
-from toolgate.services.settings import GatewaySettings
 
 log = logging.getLogger("toolgate.approvals")
 

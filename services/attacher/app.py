@@ -23,9 +23,9 @@ from toolgate.contracts.events import (
     derive_event_id,
     utc_now,
 )
-from toolgate.services import bus
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.attacher.logic import ResultBuilder
-from toolgate.services.settings import GatewaySettings
 
 SERVICE = "attacher"
 log = logging.getLogger("toolgate.attacher")

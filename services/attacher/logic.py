@@ -10,11 +10,13 @@ from __future__ import annotations
 import jsonschema_rs
 
 from toolgate.contracts.calls import (
+    MAX_DETAILS,
     ErrorCode,
     ErrorDetail,
     ToolError,
     ToolResult,
     failure,
+    json_pointer,
     success,
 )
 from toolgate.contracts.events import (
@@ -27,7 +29,6 @@ from toolgate.contracts.events import (
     ExecutionSucceeded,
 )
 from toolgate.contracts.registry import Registry
-from toolgate.services.validator.logic import MAX_DETAILS, json_pointer
 
 
 class ResultBuilder:

@@ -24,13 +24,13 @@ import logging
 from faststream import FastStream
 
 from toolgate.contracts import subjects
-from toolgate.services import bus
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import ensure_seal_key
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.pull import PullBatches, ensure_consumer
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
-from toolgate.services.settings import GatewaySettings
 
 SERVICE = "audit"
 log = logging.getLogger("toolgate.audit")

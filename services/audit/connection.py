@@ -20,7 +20,7 @@ DEFAULT_DATABASE = "toolgate"
 
 def env_clickhouse_url() -> str:
     """$TOOLGATE_CLICKHOUSE_URL, else what `toolgate up` recorded, else the default."""
-    from toolgate.services.settings import env_clickhouse_url_or_none
+    from toolgate.runtime.settings import env_clickhouse_url_or_none
 
     return env_clickhouse_url_or_none() or DEFAULT_CLICKHOUSE_URL
 

@@ -25,9 +25,9 @@ from typing import Any
 import msgspec
 from clickhouse_connect.driver.client import Client
 
+from toolgate.client.gateway_client import GatewayClient, ResultTimeout
 from toolgate.contracts.calls import ToolCall, ToolResult
 from toolgate.services.audit.rows import sha256_of
-from toolgate.services.client.gateway_client import GatewayClient, ResultTimeout
 
 REPLAY_PREFIX = "rp-"
 _call_decoder = msgspec.json.Decoder(ToolCall)
@@ -109,14 +109,14 @@ def find_recorded(client: Client, call_id: str | None = None, since: datetime | 
     for tenant_, agent_, cid, payload, note in reversed(requested):  # oldest first
         status_, code, result_payload, sha = results.get((tenant_, agent_, cid),
                                                          ("", "", "{}", ""))
-        call, why_not = _recorded_call(payload, note, tenant_, agent_)
+        call, why_not = recorded_call(payload, note, tenant_, agent_)
         recorded.append(RecordedCall(cid, call, why_not, status_, code,
                                      json.loads(result_payload).get("result"), sha,
                                      tenant=tenant_, agent=agent_))
     return recorded
 
 
-def _recorded_call(payload: str, note: str, tenant: str,
+def recorded_call(payload: str, note: str, tenant: str,
                    agent: str) -> tuple[ToolCall | None, str]:
     document = json.loads(payload)
     call = document.get("call")

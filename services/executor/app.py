@@ -42,7 +42,8 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext
-from toolgate.services import bus
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.executor.logic import (
     ToolFunction,
     ToolOutcome,
@@ -52,7 +53,6 @@ from toolgate.services.executor.logic import (
     run_tool,
 )
 from toolgate.services.executor.outcomes import OutcomeRecord, OutcomeStore
-from toolgate.services.settings import GatewaySettings
 
 SERVICE = "executor"
 

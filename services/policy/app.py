@@ -55,7 +55,8 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import Registry
-from toolgate.services import bus
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
     BundleError,
@@ -85,7 +86,6 @@ from toolgate.services.policy.signing import (
     load_verify_key,
     open_stored,
 )
-from toolgate.services.settings import GatewaySettings
 
 SERVICE = "policy"
 APPROVALS_DURABLE = "policy-approvals"

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
+from nats.js.api import KeyValueConfig
 from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from toolgate.contracts import subjects
+from toolgate.runtime.topology import policies_bucket_config
+
+__all__ = ["policies_bucket_config"]
 from toolgate.services.policy.signing import StoredBundle
 
 log = logging.getLogger("toolgate.policy")
@@ -40,11 +43,6 @@ class ActiveEntry:
     revision: int
     value: bytes | None
     deleted: bool = False
-
-
-def policies_bucket_config(replicas: int = 1) -> KeyValueConfig:
-    return KeyValueConfig(bucket=POLICIES_BUCKET, history=16, storage=StorageType.FILE,
-                          replicas=replicas)
 
 
 async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:

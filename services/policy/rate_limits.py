@@ -18,23 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from toolgate.contracts import subjects
+from toolgate.runtime.topology import RATE_LIMIT_WINDOW_RETENTION_S, rate_limits_bucket_config
+
+__all__ = ["rate_limits_bucket_config"]
 from toolgate.contracts.calls import ErrorCode, ToolCall
 from toolgate.contracts.registry import RateLimit
 
 RATE_LIMITS_BUCKET = subjects.RATE_LIMITS_BUCKET
 RATE_LIMITED = ErrorCode.RATE_LIMITED
-WINDOW_RETENTION_S = 24 * 3600.0
+WINDOW_RETENTION_S = RATE_LIMIT_WINDOW_RETENTION_S
 MAX_UPDATE_ATTEMPTS = 50
-
-
-def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
-    return KeyValueConfig(bucket=RATE_LIMITS_BUCKET, history=1, ttl=WINDOW_RETENTION_S,
-                          storage=StorageType.FILE, replicas=replicas)
 
 
 @dataclass(frozen=True)

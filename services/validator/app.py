@@ -28,8 +28,8 @@ from toolgate.contracts.events import (
     derive_event_id,
     utc_now,
 )
-from toolgate.services import bus
-from toolgate.services.settings import GatewaySettings
+from toolgate.runtime import bus
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.validator.call_ids import CallIdClaims
 from toolgate.services.validator.logic import (
     CallChecker,

@@ -16,6 +16,7 @@ import jsonschema_rs
 import msgspec
 
 from toolgate.contracts.calls import (
+    MAX_DETAILS,
     ErrorCode,
     ErrorDetail,
     Principal,
@@ -23,11 +24,11 @@ from toolgate.contracts.calls import (
     ToolCall,
     ToolError,
     is_valid_call_id,
+    json_pointer,
 )
 from toolgate.contracts.registry import Registry
 from toolgate.services.validator.normalize import Normalizer, compile_normalizer
 
-MAX_DETAILS = 50
 CALL_ID_RULE = "a subject-safe token (letters, digits, '-', '_'; 1 to 128 characters)"
 # Deeper arguments are refused: nothing downstream (policy context, audit)
 # should have to walk a bomb, and msgspec itself gives up near 1,000.
@@ -104,10 +105,6 @@ def nesting_depth(value: Any, limit: int) -> int:
         level = [child for node in containers
                  for child in (node.values() if isinstance(node, dict) else node)]
     return depth
-
-
-def json_pointer(path: list[str | int]) -> str:
-    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
 class CallChecker:

@@ -25,7 +25,7 @@ from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.inbox import Inbox
-from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.stack.nats_server import EmbeddedNats
 
 ARGS = {"task_id": "task_c04", "claim": "<b>bold</b>", "source_url": "https://example.org"}
 SHA = arguments_sha256(ARGS)

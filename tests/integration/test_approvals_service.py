@@ -50,7 +50,7 @@ from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient, Refused, ServiceUnavailable
 from toolgate.services.approvals.logic import Approver, Ballot, Refusal, apply_vote, new_state
 from toolgate.services.approvals.store import ApprovalStore
-from toolgate.services.stack.nats_server import EmbeddedNats
+from toolgate.stack.nats_server import EmbeddedNats
 
 ARGS = {"task_id": "task_c04", "claim": "Sessions store state.",
         "source_url": "https://example.org/sessions"}
@@ -394,7 +394,7 @@ async def test_cli_lists_shows_and_votes(
         env["TOOLGATE_DATA_DIR"] = str(data_dir)  # no creds recorded there: an open bus
         if token:
             env["TOOLGATE_APPROVER_TOKEN"] = token
-        command = [sys.executable, "-m", "toolgate.services.approvals", *args]
+        command = [sys.executable, "-m", "toolgate.cli", "approvals", *args]
         if args[0] != "add-approver":
             command += ["--nats-url", url]
         return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)

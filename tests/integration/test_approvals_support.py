@@ -31,9 +31,9 @@ from toolgate.contracts.events import (
     derive_event_id,
     utc_now,
 )
+from toolgate.runtime.topology import apply_topology
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.store import ensure_bucket
-from toolgate.services.stack.topology import apply_topology
 
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 
@@ -139,7 +139,7 @@ def service_env() -> dict[str, str]:
 
 @dataclass
 class ServiceProc:
-    """`python -m toolgate.services.approvals serve`: one replica, its own process."""
+    """`toolgate serve approvals`: one replica, its own process."""
 
     url: str
     data_dir: Path
@@ -151,7 +151,7 @@ class ServiceProc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "toolgate.services.approvals", "serve",
+                [sys.executable, "-m", "toolgate.cli", "serve", "approvals",
                  "--nats-url", self.url, "--data-dir", str(self.data_dir),
                  "--sweep-interval", str(self.sweep_interval_s)],
                 stdout=log, stderr=subprocess.STDOUT, env=service_env(),

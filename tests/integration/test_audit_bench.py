@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolgate.services.audit.bench import ROWS_PER_CALL, run_audit_bench
+from toolgate.bench.audit import ROWS_PER_CALL, run_audit_bench
 
 
 def test_audit_bench_measures_a_sink_process(capsys):

@@ -11,13 +11,13 @@ from faststream import TestApp
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import apply_topology
 from toolgate.services.audit.app import build_sink
 from toolgate.services.audit.chain import load_seal_public_key
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.verify import verify_store
-from toolgate.services.settings import GatewaySettings
-from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.topology import apply_topology
+from toolgate.stack.nats_server import EmbeddedNats
 
 P = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 CALLS_SUBJECT = subjects.calls_subject(P.tenant, P.agent)

@@ -13,11 +13,11 @@ import msgspec
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from toolgate.cli.audit import register
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.registry import load_registry
 from toolgate.services.audit import writer as writer_module
 from toolgate.services.audit.chain import ensure_seal_key, load_seal_public_key
-from toolgate.services.audit.cli import register
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.schema import SchemaError, apply_schema, load_ddl
@@ -127,7 +127,7 @@ async def test_batches_are_acked_after_the_insert_and_copies_read_once(clickhous
 
 async def test_the_writer_waits_for_clickhouse_and_keeps_the_batch_in_progress(tmp_path,
                                                                                monkeypatch):
-    from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse, free_port
+    from toolgate.stack.clickhouse_server import EmbeddedClickHouse, free_port
 
     monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
     port = free_port()

@@ -11,7 +11,7 @@ import urllib.request
 import clickhouse_connect
 import pytest
 
-from toolgate.services.stack.clickhouse_server import (
+from toolgate.stack.clickhouse_server import (
     ClickHouseServerError,
     EmbeddedClickHouse,
     free_port,

@@ -31,6 +31,7 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NotFoundError
 
+from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal, ToolCall
@@ -42,12 +43,12 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
-from toolgate.services import bus
-from toolgate.services.client.gateway_client import GatewayClient, new_call_id
-from toolgate.services.settings import GatewaySettings
-from toolgate.services.stack import nats_auth, nats_jwt
-from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.topology import apply_topology
+from toolgate.runtime import bus
+from toolgate.runtime import creds as creds_reading
+from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import apply_topology
+from toolgate.stack import nats_auth, nats_jwt
+from toolgate.stack.nats_server import EmbeddedNats
 
 TOOLS = load_registry(BUILTIN_TOOLS_DIR).names()
 ACME = ("acme", "researcher")
@@ -80,7 +81,7 @@ class LockedBus:
             seen.append(str(exc))
 
         nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False,
-                                **nats_auth.connect_options(creds))
+                                **creds_reading.connect_options(creds))
         self.clients.append(nc)
         return nc
 
@@ -127,7 +128,7 @@ def locked_nats(tmp_path: Path) -> Iterator[LockedBus]:
 @pytest.fixture
 async def locked(locked_nats: LockedBus) -> AsyncIterator[LockedBus]:
     await apply_topology(locked_nats.url,
-                         **nats_auth.connect_options(locked_nats.creds.path("admin")))
+                         **creds_reading.connect_options(locked_nats.creds.path("admin")))
     yield locked_nats
     for nc in locked_nats.clients:
         if not nc.is_closed:
@@ -190,9 +191,9 @@ def test_credentials_are_private_and_kept_when_created_again(tmp_path: Path) -> 
 
 def test_agent_creds_name_the_agent_and_allow_only_its_own_subjects(tmp_path: Path) -> None:
     creds, _ = nats_auth.add_agent(tmp_path, *ACME)
-    assert nats_auth.identity_of_creds(creds) == ACME
+    assert creds_reading.identity_of_creds(creds) == ACME
     service = nats_auth.create_credentials(tmp_path, tools=TOOLS).path("validator")
-    assert nats_auth.identity_of_creds(service) is None
+    assert creds_reading.identity_of_creds(service) is None
     claims = user_permissions(creds)
     results = subjects.agent_results_prefix(*ACME)
     assert claims["pub"]["allow"] == [
@@ -208,11 +209,11 @@ def test_agent_creds_name_the_agent_and_allow_only_its_own_subjects(tmp_path: Pa
 def test_connect_options_log_in_with_a_creds_file(tmp_path: Path) -> None:
     creds = nats_auth.create_credentials(tmp_path, tools=TOOLS)
     path = creds.path("executor")
-    assert nats_auth.connect_options(path) == {"user_credentials": str(path)}
-    assert nats_auth.connect_options(None) == {}
-    with pytest.raises(nats_auth.CredentialsError):
-        nats_auth.connect_options(tmp_path / "missing.creds")
-    with pytest.raises(nats_auth.CredentialsError):
+    assert creds_reading.connect_options(path) == {"user_credentials": str(path)}
+    assert creds_reading.connect_options(None) == {}
+    with pytest.raises(creds_reading.CredentialsError):
+        creds_reading.connect_options(tmp_path / "missing.creds")
+    with pytest.raises(creds_reading.CredentialsError):
         creds.path("agent")  # no such role any more
 
 
@@ -358,7 +359,7 @@ async def test_an_agent_added_while_the_server_runs_can_call_at_once(
     creds, token = nats_auth.add_agent(locked.data_dir, tenant, name)
     with pytest.raises((NoServersError, nats.errors.Error, OSError)):  # not yet pushed
         await nats.connect(locked.url, allow_reconnect=False, max_reconnect_attempts=0,
-                           connect_timeout=2, **nats_auth.connect_options(creds))
+                           connect_timeout=2, **creds_reading.connect_options(creds))
     await nats_auth.push_account_jwts(locked.url, locked.data_dir, [token])
     js = (await locked.connect_agent(tenant, name)).jetstream()
     ack = await js.publish(subjects.calls_subject(tenant, name), b"{}")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_audit_queries import RESEARCHER, T0, WRITER, Story, messages
+from toolgate.cli.main import main
 from toolgate.contracts.calls import ToolError
 from toolgate.contracts.events import CallDenied
 from toolgate.contracts.registry import AuditSpec, Registry, load_registry
@@ -18,7 +19,6 @@ from toolgate.services.audit.chain import ensure_seal_key
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
-from toolgate.services.cli import main
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR
 
 FORBID = ('@id("no-search-for-researcher")\n@error_code("POLICY_DENIED")\n'
@@ -125,7 +125,7 @@ def test_bad_bundle_exits_2(history_url, tmp_path, capsys):
 
 
 def test_first_decision_is_the_one_before_approval(history_url):
-    from toolgate.services.policy.history import APPROVAL, parse_since, read_recorded
+    from toolgate.cli.policy_history import APPROVAL, parse_since, read_recorded
 
     recorded = {r.call_id: r for r in read_recorded(
         ClickHouseTarget.from_url(history_url).client(), parse_since(SINCE))}

@@ -20,13 +20,13 @@ import msgspec
 import pytest
 
 from tests.harness import Gateway, make_test_registry
+from toolgate.client.gateway_client import GatewayClient
 from toolgate.contracts.calls import ToolResult
-from toolgate.services.client.gateway_client import GatewayClient
 from toolgate.services.policy.app import EXIT_REFUSED
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
 from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
 from toolgate.services.policy.signing import PRIVATE_KEY_FILE, StoredBundle
-from toolgate.services.stack.nats_server import free_port
+from toolgate.stack.nats_server import free_port
 
 NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
            'forbid (principal, action, resource == Tool::"echo");\n')
@@ -52,7 +52,7 @@ def bundle_dir(where: Path, **extra: str) -> Path:
 
 def toolgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
-    return subprocess.run([sys.executable, "-m", "toolgate.services.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "toolgate.cli.main", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -23,6 +23,7 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.harness import events_of, publish_event, read_events
+from toolgate.cli.policy import push
 from toolgate.contracts.authorization import arguments_sha256, load_public_key, verify
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import (
@@ -37,6 +38,8 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, RateLimit
+from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import apply_topology
 from toolgate.services.policy.app import PolicyStateError, build_app
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
@@ -49,12 +52,9 @@ from toolgate.services.policy.bundle_store import (
     policies_bucket_config,
     push_bundle,
 )
-from toolgate.services.policy.cli import push
 from toolgate.services.policy.rate_limits import RateLimiter, rate_limits_bucket_config
 from toolgate.services.policy.signing import StoredBundle, ensure_signing_key, sign_bundle
-from toolgate.services.settings import GatewaySettings
-from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.topology import apply_topology
+from toolgate.stack.nats_server import EmbeddedNats
 
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 DEFAULT_VERSION = bundle_version(read_bundle_dir(DEFAULT_BUNDLE_DIR))

@@ -14,9 +14,9 @@ import nats
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, success
-from toolgate.services import bus
-from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.topology import Topology, apply_topology
+from toolgate.runtime import bus
+from toolgate.runtime.topology import Topology, apply_topology
+from toolgate.stack.nats_server import EmbeddedNats
 
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 

@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 
 from tests.harness import Gateway, events_of
 from tests.tools.faulty import runs_of
+from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall, ToolResult
@@ -31,12 +32,11 @@ from toolgate.contracts.events import (
     Event,
     ExecutionSucceeded,
 )
+from toolgate.runtime.creds import connect_options
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient, Refused
 from toolgate.services.approvals.logic import Refusal
 from toolgate.services.approvals.protocol import ApprovalView
-from toolgate.services.client.gateway_client import new_call_id
-from toolgate.services.stack.nats_auth import connect_options
 
 pytestmark = pytest.mark.system
 

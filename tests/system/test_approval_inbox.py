@@ -30,9 +30,9 @@ from tests.integration.test_approvals_support import (
 )
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.events import ApprovalGranted
+from toolgate.runtime.creds import connect_options
 from toolgate.services.approvals.client import ApprovalsClient
-from toolgate.services.stack.nats_auth import connect_options
-from toolgate.services.stack.nats_server import free_port
+from toolgate.stack.nats_server import free_port
 
 pytestmark = pytest.mark.system
 
@@ -76,7 +76,7 @@ def inbox_process(shared_gateway: Gateway, tmp_path: Path) -> Iterator[tuple[str
     env.pop("TOOLGATE_NATS_CREDS", None)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "toolgate.services.approvals", "inbox", "--port", str(port),
+            [sys.executable, "-m", "toolgate.cli", "approvals", "inbox", "--port", str(port),
              "--nats-url", shared_gateway.url,
              "--creds", str(shared_gateway.stack.creds_of("approver"))],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -21,7 +21,7 @@ from tests.system.test_audit_pipeline import expected_rows, stored_messages, str
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.audit.chain import load_seal_public_key
 from toolgate.services.audit.verify import verify_store
-from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
+from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 
 pytestmark = pytest.mark.system
 

@@ -12,11 +12,11 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from tests.harness import Gateway, make_test_registry
+from toolgate.cli.audit import register
+from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import decode_event
-from toolgate.services.audit.cli import register
-from toolgate.services.client.gateway_client import new_call_id
 
 pytestmark = pytest.mark.system
 

@@ -12,6 +12,7 @@ from nats.js.errors import APIError
 
 from tests.harness import Gateway, count_types, events_of, publish_event
 from tests.tools.faulty import runs_of
+from toolgate.client.gateway_client import MESSAGE_TOO_LARGE_ERR_CODE, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal, ToolCall
@@ -23,9 +24,8 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.services.client.gateway_client import MESSAGE_TOO_LARGE_ERR_CODE, new_call_id
+from toolgate.runtime.creds import connect_options
 from toolgate.services.executor.tools.save_evidence import read_evidence
-from toolgate.services.stack.nats_auth import connect_options
 from toolgate.services.validator.logic import MAX_ARGUMENT_DEPTH
 
 pytestmark = pytest.mark.system

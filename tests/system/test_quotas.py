@@ -16,7 +16,7 @@ import pytest
 from tests.harness import Gateway, make_test_registry
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES
-from toolgate.services.stack.topology import Topology
+from toolgate.runtime.topology import Topology
 
 pytestmark = pytest.mark.system
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from tests.harness import Gateway, count_types, events_of
+from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts.calls import Principal
-from toolgate.services.client.gateway_client import new_call_id
 
 pytestmark = pytest.mark.system
 

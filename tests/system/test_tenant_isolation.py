@@ -35,13 +35,13 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
 from tests.harness import REPO_ROOT, TEST_TOOLS_DIR, Gateway, events_of
+from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.events import CallAuthorized, Event, ExecutionStarted
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
-from toolgate.services.client.gateway_client import GatewayClient, new_call_id
 from toolgate.services.executor.tools.save_evidence import read_evidence
-from toolgate.services.stack import nats_jwt
+from toolgate.stack import nats_jwt
 
 pytestmark = pytest.mark.system
 
@@ -247,7 +247,7 @@ def started_by(events: list[Event], call_id: str, tenant: str, agent: str) -> in
 
 def toolgate_cli(gateway: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
     """`toolgate agents ...` as an operator runs it, against this gateway."""
-    command = [sys.executable, "-m", "toolgate.services.cli", "agents", *args,
+    command = [sys.executable, "-m", "toolgate.cli.main", "agents", *args,
                "--data-dir", str(gateway.data_dir)]
     if args[0] != "list":
         command += ["--nats-url", gateway.url]

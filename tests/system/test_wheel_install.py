@@ -49,7 +49,7 @@ def test_wheel_installs_and_runs_from_another_directory(tmp_path: Path) -> None:
     installed = run([sys.executable, "-m", "pip", "--python", str(python), "install",
                      "--no-deps", "-q", str(wheel)], cwd=tmp_path, timeout=300)
     assert installed.returncode == 0, installed.stderr
-    where = run([str(python), "-c", "import toolgate.services.cli as c; print(c.__file__)"],
+    where = run([str(python), "-c", "import toolgate.cli.main as c; print(c.__file__)"],
                 cwd=tmp_path)
     assert where.stdout.strip().startswith(str(venv)), where
 

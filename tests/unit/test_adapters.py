@@ -36,15 +36,7 @@ from openai.types.responses import (
 from openai.types.responses.response_input_item_param import FunctionCallOutput
 from pydantic import TypeAdapter
 
-from toolgate.contracts.calls import (
-    ErrorCode,
-    Principal,
-    ToolCall,
-    ToolResult,
-    is_valid_call_id,
-    success,
-)
-from toolgate.services.client.adapters import (
+from toolgate.client.adapters import (
     PROVIDER_CALL_ID_KEY,
     AdapterError,
     InvalidToolCallArguments,
@@ -57,6 +49,14 @@ from toolgate.services.client.adapters import (
     to_anthropic,
     to_openai_chat,
     to_openai_responses,
+)
+from toolgate.contracts.calls import (
+    ErrorCode,
+    Principal,
+    ToolCall,
+    ToolResult,
+    is_valid_call_id,
+    success,
 )
 
 PRINCIPAL = Principal(tenant="acme", user="u-1", agent="researcher", session="s-1")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from toolgate.cli.policy import cmd_check, cmd_push
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
     SCHEMA_FILE,
@@ -17,7 +18,6 @@ from toolgate.services.policy.bundle import (
     read_bundle_dir,
 )
 from toolgate.services.policy.cedar_source import split_statements
-from toolgate.services.policy.cli import cmd_check, cmd_push
 from toolgate.services.policy.engine import engine_from_files
 
 DEFAULT_FILES = read_bundle_dir(DEFAULT_BUNDLE_DIR)

@@ -6,10 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from toolgate.contracts.calls import Principal, ToolCall, ToolError
-from toolgate.contracts.registry import load_registry
-from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, build_bundle, read_bundle_dir
-from toolgate.services.policy.history import (
+from toolgate.cli.policy_history import (
     ALLOW,
     APPROVAL,
     DENY,
@@ -22,6 +19,9 @@ from toolgate.services.policy.history import (
     evaluate_history,
     parse_since,
 )
+from toolgate.contracts.calls import Principal, ToolCall, ToolError
+from toolgate.contracts.registry import load_registry
+from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, build_bundle, read_bundle_dir
 from toolgate.services.policy.rules import Decision
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

@@ -78,7 +78,7 @@ class TestCheckCall:
         assert outcome.principal.tenant == "acme" and outcome.principal.agent == "researcher"
 
     def test_json_pointer_escapes_slash_and_tilde(self, checker: CallChecker) -> None:
-        from toolgate.services.validator.logic import json_pointer
+        from toolgate.contracts.calls import json_pointer
         assert json_pointer(["a/b", "c~d", 0]) == "/a~1b/c~0d/0"
 
 

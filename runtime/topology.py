@@ -22,11 +22,23 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES
-from toolgate.services.policy.bundle_store import policies_bucket_config
-from toolgate.services.policy.rate_limits import rate_limits_bucket_config
 
 DAY_S = 24 * 3600.0
 DEFAULT_MAX_CALLS_PER_AGENT = 1_000_000
+# Rate-limit windows are kept a day (a per_seconds longer than that is not enforced fully).
+RATE_LIMIT_WINDOW_RETENTION_S = 24 * 3600.0
+
+
+def policies_bucket_config(replicas: int = 1) -> KeyValueConfig:
+    """The pushed policy bundles, with a short history an operator can look back on."""
+    return KeyValueConfig(bucket=subjects.POLICIES_BUCKET, history=16,
+                          storage=StorageType.FILE, replicas=replicas)
+
+
+def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
+    return KeyValueConfig(bucket=subjects.RATE_LIMITS_BUCKET, history=1,
+                          ttl=RATE_LIMIT_WINDOW_RETENTION_S, storage=StorageType.FILE,
+                          replicas=replicas)
 # An always-empty stream the calls stream sources from (see Topology.streams).
 NO_DEDUPE_SOURCE = "TOOLGATE_NO_DEDUPE"
 NO_DEDUPE_SUBJECT = "toolgate.internal.no-dedupe"
@@ -120,3 +132,48 @@ async def apply_topology(nats_url: str, topology: Topology | None = None,
                 await js.create_key_value(bucket)
     finally:
         await nc.close()
+
+
+# ---------------------------------------------------------------- the handler table
+
+
+@dataclass(frozen=True)
+class Handler:
+    """One durable consumer: which service reads what, and what it emits."""
+
+    service: str
+    stream: str
+    durable: str
+    filter_subject: str
+    emits: tuple[str, ...]
+
+
+def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
+    """Every durable the gateway runs, as docs/architecture.md tabulates it."""
+    from toolgate.contracts.events import TERMINAL_EVENTS
+
+    evt = subjects.EVENTS_PREFIX
+    table = [
+        Handler("validator", subjects.CALLS_STREAM, "validator", subjects.CALLS_FILTER,
+                ("ArgumentsValidated", "ArgumentsRejected", "MessageDeadLettered")),
+        Handler("policy", subjects.EVENTS_STREAM, "policy", f"{evt}.ArgumentsValidated.*",
+                ("CallAuthorized", "CallDenied", "ApprovalRequested")),
+        Handler("policy", subjects.EVENTS_STREAM, "policy-approvals",
+                f"{evt}.ApprovalGranted.*", ("CallAuthorized", "CallDenied")),
+        Handler("approvals", subjects.EVENTS_STREAM, "approvals",
+                f"{evt}.ApprovalRequested.*",
+                ("PendingNotice", "ApprovalGranted", "ApprovalDenied", "ApprovalExpired")),
+        *(Handler("executor", subjects.EVENTS_STREAM, f"executor-{tool}",
+                  f"{evt}.CallAuthorized.{tool}",
+                  ("ExecutionStarted", "ExecutionSucceeded", "ExecutionFailed",
+                   "ExecutionRefused")) for tool in sorted(tools)),
+        *(Handler("attacher", subjects.EVENTS_STREAM, f"attacher-{kind.__name__}",
+                  f"{evt}.{kind.__name__}.*", ("ToolResult", "ResultAttached"))
+          for kind in TERMINAL_EVENTS),
+    ]
+    if with_audit:
+        table += [
+            Handler("audit", subjects.CALLS_STREAM, "audit", subjects.CALLS_FILTER, ()),
+            Handler("audit", subjects.EVENTS_STREAM, "audit", f"{evt}.>", ()),
+        ]
+    return table

@@ -32,7 +32,7 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.services.stack.nats_auth import broker_options
+from toolgate.runtime.creds import broker_options
 
 log = logging.getLogger("toolgate")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgate.contracts.events import utc_now
-from toolgate.services import settings as env
+from toolgate.runtime import settings as env
 from toolgate.services.approvals.approvers import ApproverError, add_approver
 from toolgate.services.approvals.logic import VoteOutcome
 from toolgate.services.approvals.render import as_text
@@ -69,7 +69,7 @@ def connect_options(args: argparse.Namespace) -> dict[str, Any]:
     """Log in to a locked bus with --creds; nothing otherwise (an open bus)."""
     if not getattr(args, "creds", None):
         return {}
-    from toolgate.services.stack.nats_auth import connect_options as from_creds
+    from toolgate.runtime.creds import connect_options as from_creds
 
     return from_creds(args.creds)
 
@@ -125,13 +125,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
           "approver creds `toolgate up` recorded)")
     inbox.set_defaults(func=cmd_inbox)
 
-    serve = commands.add_parser("serve", help="run the approvals service")
-    serve.add_argument("--sweep-interval", type=float, default=5.0,
-                       help="seconds between expiry sweeps")
-    _nats(serve, Path(os.environ[ENV_CREDS]) if os.environ.get(ENV_CREDS) else None,
-          f"NATS credentials of the approvals role (default: ${ENV_CREDS})")
-    _data_dir(serve)
-    serve.set_defaults(func=cmd_serve)
     return approvals
 
 
@@ -249,29 +242,3 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s inbox %(levelname)s %(message)s")
     return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from toolgate.services.approvals.app import build_app
-    from toolgate.services.stack.topology import apply_topology
-
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s approvals %(levelname)s %(message)s")
-    settings = env.GatewaySettings(nats_url=args.nats_url, nats_creds=args.creds,
-                                   data_dir=args.data_dir)
-    if settings.nats_creds is None:  # on a locked bus the operator (admin) applied it
-        asyncio.run(apply_topology(settings.nats_url))
-    app = build_app(settings, sweep_interval_s=args.sweep_interval)
-    asyncio.run(app.run())
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m toolgate.services.approvals SUBCOMMAND ...` (same as `toolgate approvals`)."""
-    parser = argparse.ArgumentParser(prog="toolgate")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["approvals", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args))
-    except KeyboardInterrupt:
-        return 130

@@ -2,7 +2,7 @@
 
 Run in the foreground::
 
-    python -m toolgate.services.stack.clickhouse_server --data-dir DIR --port N [--host 127.0.0.1]
+    python -m toolgate.stack.clickhouse_server --data-dir DIR --port N [--host 127.0.0.1]
 
 or as a child process from Python::
 
@@ -361,7 +361,7 @@ class EmbeddedClickHouse:
         cmd = [
             sys.executable,
             "-m",
-            "toolgate.services.stack.clickhouse_server",
+            "toolgate.stack.clickhouse_server",
             "--data-dir",
             str(self.data_dir),
             "--port",

@@ -29,12 +29,13 @@ import msgspec
 import nats
 from nats.aio.client import Client
 
+from toolgate.bench import floor
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
-from toolgate.services.bench import floor
-from toolgate.services.settings import env_nats_creds
-from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
-from toolgate.services.stack.supervisor import Stack
+from toolgate.runtime.creds import connect_options, identity_of_creds
+from toolgate.runtime.settings import env_nats_creds
+from toolgate.stack.processes import die_with_parent
+from toolgate.stack.supervisor import Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
 # The services one call passes through: validator, policy, executor, attacher.
@@ -141,10 +142,11 @@ async def _floor(nats_url: str, calls: int, burst: int, run: str,
 
 def _start_hop(nats_url: str, index: int, creds: Path | None) -> subprocess.Popen[bytes]:
     flags = ["--creds", str(creds)] if creds else []
-    return subprocess.Popen([sys.executable, "-m", "toolgate.services.bench.floor",
+    return subprocess.Popen([sys.executable, "-m", "toolgate.bench.floor",
                              "--nats-url", nats_url, "--hop", str(index), "--hops", str(HOPS),
                              *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=die_with_parent)
 
 
 def _print(name: str, figures: Figures) -> None:
@@ -187,7 +189,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float = 60.0) -> None:
     """Wait until one call goes through: every service is up."""
-    from toolgate.services.client.gateway_client import GatewayClient
+    from toolgate.client.gateway_client import GatewayClient
 
     deadline = time.monotonic() + timeout
     principal = principal_for(creds)

@@ -16,7 +16,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from toolgate.services.stack.processes import die_with_parent, kill_process, stop_process
+from toolgate.stack.processes import die_with_parent, kill_process, stop_process
 
 # Large enough that an oversized call reaches the validator and gets a precise
 # PAYLOAD_TOO_LARGE result instead of a bare publish error at the client.

@@ -19,7 +19,7 @@ from typing import Any
 
 from toolgate.contracts.calls import ErrorCode, ToolCall
 from toolgate.contracts.registry import Registry
-from toolgate.services.audit.replay import REPLAY_PREFIX, _recorded_call
+from toolgate.services.audit.replay import REPLAY_PREFIX, recorded_call
 from toolgate.services.policy.bundle import PolicyBundle
 from toolgate.services.policy.engine import CedarEngine
 from toolgate.services.policy.rules import Decision
@@ -214,7 +214,7 @@ def read_recorded(client: Any, since: datetime) -> list[Recorded]:
     for tenant, agent, call_id, event_type, tool, code, payload, first in decisions:
         call = None
         if (tenant, agent, call_id) in validated:
-            call, _ = _recorded_call(*validated[(tenant, agent, call_id)], tenant, agent)
+            call, _ = recorded_call(*validated[(tenant, agent, call_id)], tenant, agent)
         required = json.loads(payload).get("required_approvals", 0) \
             if event_type == "ApprovalRequested" else 0
         at = first if first.tzinfo else first.replace(tzinfo=UTC)

@@ -26,7 +26,15 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import Error as JetStreamError
 
-from toolgate.services.audit.cli import add_clickhouse_url
+from toolgate.cli.audit import add_clickhouse_url
+from toolgate.runtime.creds import CredentialsError, connect_options
+from toolgate.runtime.settings import (
+    GatewaySettings,
+    env_data_dir,
+    env_nats_creds,
+    env_nats_url,
+    env_registry_dirs,
+)
 from toolgate.services.policy.bundle import BundleError, read_bundle_dir
 from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
@@ -42,14 +50,6 @@ from toolgate.services.policy.signing import (
     ensure_signing_key,
     sign_bundle,
 )
-from toolgate.services.settings import (
-    GatewaySettings,
-    env_data_dir,
-    env_nats_creds,
-    env_nats_url,
-    env_registry_dirs,
-)
-from toolgate.services.stack.nats_auth import CredentialsError, connect_options
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
@@ -190,8 +190,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_test(args: argparse.Namespace) -> int:
+    from toolgate.cli.policy_history import evaluate_history, parse_since, read_recorded
     from toolgate.services.audit.connection import connect
-    from toolgate.services.policy.history import evaluate_history, parse_since, read_recorded
 
     try:
         since = parse_since(args.since)

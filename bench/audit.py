@@ -1,7 +1,7 @@
 """`toolgate bench audit`: sustained rows/s into ClickHouse against the pipeline's peak.
 
 The sink is measured the way it runs in production: its own process
-(`python -m toolgate.services.audit`), reading a backlog of real-shaped
+(`toolgate serve audit`), reading a backlog of real-shaped
 messages (each call: the raw call plus the five events of a successful
 search_sources call) from JetStream and writing them to ClickHouse. The rate
 is taken between the first rows and the last, so start-up does not count.
@@ -42,6 +42,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.stack.processes import die_with_parent
 
 GOAL_RATIO = 5.0
 ROWS_PER_CALL = 6
@@ -106,10 +107,11 @@ def measure_sink(nats_url: str, clickhouse_url: str, data_dir: Path, rows: int,
     about to pull) to the checkpoint that sealed its last row, both signed by the sink
     itself: start-up does not count, and a backlog written in one batch still has a
     duration (the time between first and last rows seen by polling would be zero)."""
-    command = [sys.executable, "-m", "toolgate.services.audit", "--nats-url", nats_url,
+    command = [sys.executable, "-m", "toolgate.cli", "serve", "audit", "--nats-url", nats_url,
                "--clickhouse-url", clickhouse_url, "--data-dir", str(data_dir)]
     log = open(data_dir / "audit-bench.log", "ab")  # noqa: SIM115 (the child owns it)
-    sink = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    sink = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent)
     try:
         target = ClickHouseTarget.from_url(clickhouse_url)
         deadline = time.monotonic() + timeout
@@ -162,8 +164,8 @@ def _count(client: Client | None) -> int:
 async def _burst(nats_url: str, calls: int, agent_creds: Path | None,
                  admin_creds: Path | None) -> float:
     """Rows the pipeline produces per second under a burst of echo calls."""
-    from toolgate.services.client.gateway_client import GatewayClient
-    from toolgate.services.stack.nats_auth import connect_options
+    from toolgate.client.gateway_client import GatewayClient
+    from toolgate.runtime.creds import connect_options
 
     # The calls come from an agent's own identity, as on a real gateway; the
     # operator's credentials read the streams' counters.
@@ -190,7 +192,7 @@ async def _burst(nats_url: str, calls: int, agent_creds: Path | None,
 
 
 def measure_pipeline_peak(tmp: Path, calls: int) -> float:
-    from toolgate.services.stack.supervisor import Stack
+    from toolgate.stack.supervisor import Stack
 
     stack = Stack(data_dir=tmp / "pipeline", with_audit=False)
     stack.start()
@@ -204,9 +206,9 @@ def measure_pipeline_peak(tmp: Path, calls: int) -> float:
 def run_audit_bench(calls: int = 10_000, pipeline_events_per_s: float | None = None,
                     burst: int = 1000, clickhouse_url: str | None = None) -> AuditFigures:
     """Measure and print; `calls` stories of six rows make the sink's backlog."""
-    from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
-    from toolgate.services.stack.nats_server import EmbeddedNats
-    from toolgate.services.stack.topology import apply_topology
+    from toolgate.runtime.topology import apply_topology
+    from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+    from toolgate.stack.nats_server import EmbeddedNats
 
     with tempfile.TemporaryDirectory(prefix="toolgate-audit-bench-") as name:
         tmp = Path(name)

@@ -32,9 +32,9 @@ import msgspec
 
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
-from toolgate.services import settings as env
-from toolgate.services.stack.nats_auth import CredentialsError
-from toolgate.services.stack.topology import DEFAULT_MAX_CALLS_PER_AGENT
+from toolgate.runtime import settings as env
+from toolgate.runtime.creds import CredentialsError
+from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
 SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 
@@ -69,10 +69,10 @@ def _settings(args: argparse.Namespace) -> env.GatewaySettings:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from toolgate.services.stack.supervisor import Stack, run_until_signalled
+    from toolgate.stack.supervisor import Stack, run_until_signalled
 
     executor_args = ["--concurrency", str(args.concurrency)]
-    from toolgate.services.stack.topology import Topology
+    from toolgate.runtime.topology import Topology
 
     stack = Stack(data_dir=args.data_dir, nats_url=args.nats_url_given, nats_port=args.nats_port,
                   registry_dirs=list(args.registry or env.env_registry_dirs()),
@@ -83,7 +83,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from toolgate.services.stack.topology import apply_topology
+    from toolgate.runtime.topology import apply_topology
 
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO,
@@ -105,7 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = build_audit(settings, args.clickhouse_url)
     elif args.name == "approvals":
         from toolgate.services.approvals.app import build_app as build_approvals
-        app = build_approvals(settings)
+        app = build_approvals(settings, sweep_interval_s=args.sweep_interval)
     else:
         from toolgate.services.attacher.app import build_app as build_attacher
         app = build_attacher(settings)
@@ -114,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from toolgate.services.client.gateway_client import (
+    from toolgate.client.gateway_client import (
         ConnectFailed,
         GatewayClient,
         IdentityUnknown,
@@ -156,7 +156,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_result(args: argparse.Namespace) -> int:
-    from toolgate.services.client.gateway_client import (
+    from toolgate.client.gateway_client import (
         ConnectFailed,
         GatewayClient,
         IdentityUnknown,
@@ -181,7 +181,7 @@ def cmd_result(args: argparse.Namespace) -> int:
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
-    from toolgate.services.stack import nats_auth
+    from toolgate.stack import nats_auth
 
     data_dir: Path = args.data_dir
     if args.action == "list":
@@ -219,7 +219,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
 def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> bool:
     """Hand the account JWT to the running server; False if there is none to reach."""
-    from toolgate.services.stack import nats_auth
+    from toolgate.stack import nats_auth
 
     if args.offline:
         return False
@@ -258,15 +258,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "audit":
-        from toolgate.services.audit.bench import cmd_bench_audit
+        from toolgate.bench.audit import cmd_bench_audit
 
         return cmd_bench_audit(args)
     if args.target == "policy":
-        from toolgate.services.policy.bench import run_policy_bench
+        from toolgate.bench.policy import run_policy_bench
 
         run_policy_bench(args.calls)
         return 0
-    from toolgate.services.bench.pipeline import run_bench
+    from toolgate.bench.pipeline import run_bench
 
     return run_bench(args)
 
@@ -301,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tools", default="", help="executor: comma-separated tools (default all)")
     serve.add_argument("--concurrency", type=int, default=8,
                        help="executor: calls in flight per tool")
+    serve.add_argument("--sweep-interval", type=float, default=5.0,
+                       help="approvals: seconds between expiry sweeps (default %(default)s)")
     serve.add_argument("--policy", type=Path, default=None,
                        help="policy: bundle directory to start with (default: the pushed "
                             "bundle, else the built-in one)")
@@ -308,13 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
-    from toolgate.services.audit.cli import add_clickhouse_url
-    from toolgate.services.audit.cli import register as register_audit
+    from toolgate.cli.audit import add_clickhouse_url
+    from toolgate.cli.audit import register as register_audit
     add_clickhouse_url(serve)  # audit: where to write
     register_audit(commands)
 
-    from toolgate.services.approvals.cli import register as register_approvals
-    from toolgate.services.policy.cli import register as register_policy
+    from toolgate.cli.approvals import register as register_approvals
+    from toolgate.cli.policy import register as register_policy
     register_approvals(commands)
     register_policy(commands)
 
@@ -375,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --nats-url on a locked bus: the operator's (admin) "
                             "credentials (default: $TOOLGATE_NATS_CREDS, else the admin creds "
                             "`toolgate up` recorded)")
-    from toolgate.services.audit.bench import add_bench_arguments
+    from toolgate.bench.audit import add_bench_arguments
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -32,7 +32,7 @@ from toolgate.contracts.calls import (
     ToolResult,
     failure,
 )
-from toolgate.services.stack.nats_auth import connect_options, identity_of_creds
+from toolgate.runtime.creds import connect_options, identity_of_creds
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _encoder = msgspec.json.Encoder()

@@ -20,17 +20,13 @@ from pathlib import Path
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
-from toolgate.services.settings import write_context
-from toolgate.services.stack.clickhouse_server import EmbeddedClickHouse
-from toolgate.services.stack.nats_auth import (
-    Credentials,
-    add_agent,
-    connect_options,
-    create_credentials,
-)
-from toolgate.services.stack.nats_server import EmbeddedNats
-from toolgate.services.stack.processes import die_with_parent, kill_process, stop_process
-from toolgate.services.stack.topology import Topology, apply_topology
+from toolgate.runtime.creds import connect_options
+from toolgate.runtime.settings import write_context
+from toolgate.runtime.topology import Topology, apply_topology
+from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials
+from toolgate.stack.nats_server import EmbeddedNats
+from toolgate.stack.processes import die_with_parent, kill_process, stop_process
 
 log = logging.getLogger("toolgate.up")
 
@@ -44,25 +40,13 @@ AUDIT_SERVICE = "audit"
 
 def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
                   extra: list[str] | None = None, creds: Path | None = None) -> list[str]:
-    command = [sys.executable, "-m", "toolgate.services.cli", "serve", name,
+    command = [sys.executable, "-m", "toolgate.cli", "serve", name,
                "--nats-url", nats_url, "--data-dir", str(data_dir)]
     if creds is not None:
         command += ["--creds", str(creds)]
     for directory in registry_dirs:
         command += ["--registry", str(directory)]
     return command + (extra or [])
-
-
-def audit_command(nats_url: str, clickhouse_url: str, data_dir: Path,
-                  registry_dirs: list[Path], creds: Path | None = None) -> list[str]:
-    """`toolgate serve audit`, run through the audit package's own entry point."""
-    command = [sys.executable, "-m", "toolgate.services.audit", "--nats-url", nats_url,
-               "--clickhouse-url", clickhouse_url, "--data-dir", str(data_dir)]
-    if creds is not None:
-        command += ["--creds", str(creds)]
-    for directory in registry_dirs:
-        command += ["--registry", str(directory)]
-    return command
 
 
 @dataclass
@@ -178,7 +162,8 @@ class Stack:
                                                  port=self.clickhouse_port).start()
         service = ServiceProcess(
             AUDIT_SERVICE,
-            audit_command(self.url, self.audit_url, self.data_dir, self.registry_dirs,
+            serve_command(AUDIT_SERVICE, self.url, self.data_dir, self.registry_dirs,
+                          ["--clickhouse-url", self.audit_url],
                           creds=self.creds_of(AUDIT_SERVICE)),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log")
         service.start()

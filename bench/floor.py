@@ -15,7 +15,7 @@ from faststream import FastStream
 from faststream.nats.message import NatsMessage
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from toolgate.services import bus
+from toolgate.runtime import bus
 
 STREAM = "TOOLGATE_BENCH_FLOOR"
 SUBJECT_PREFIX = "toolgate_bench"

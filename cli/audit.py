@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from toolgate.services import settings as env
+from toolgate.runtime import settings as env
 from toolgate.services.audit.connection import ClickHouseTarget, env_clickhouse_url
 
 
@@ -161,32 +160,3 @@ def cmd_schema(args: argparse.Namespace) -> int:
     ran = apply_schema(target, args.ddl_set, args.cluster)
     print(f"{target.display()}: applied {ran or 'nothing new'}")
     return 0
-
-
-# -- the sink, as `toolgate serve audit` or `python -m toolgate.services.audit` -------------
-
-def serve(nats_url: str, clickhouse_url: str, data_dir: Path,
-          registry_dirs: list[Path], creds: Path | None = None) -> int:
-    from toolgate.services.audit.app import build_app
-    from toolgate.services.stack.topology import apply_topology
-
-    settings = env.GatewaySettings(nats_url=nats_url, nats_creds=creds, data_dir=data_dir,
-                                   registry_dirs=tuple(registry_dirs))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s audit %(levelname)s %(message)s")
-    if creds is None:  # on a locked bus the operator (admin) applied it
-        asyncio.run(apply_topology(settings.nats_url))
-    asyncio.run(build_app(settings, clickhouse_url).run())
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolgate.services.audit",
-                                     description="the audit sink (same as toolgate serve audit)")
-    parser.add_argument("--nats-url", default=env.env_nats_url())
-    parser.add_argument("--data-dir", type=Path, default=env.env_data_dir())
-    parser.add_argument("--registry", type=Path, action="append", default=None)
-    parser.add_argument("--creds", type=Path, default=env.env_nats_creds("audit"))
-    add_clickhouse_url(parser)
-    args = parser.parse_args(argv)
-    return serve(args.nats_url, args.clickhouse_url, args.data_dir,
-                 args.registry or env.env_registry_dirs(), args.creds)

@@ -1,0 +1,1 @@
+"""The `toolgate` command line: thin commands over the services, client and stack."""
