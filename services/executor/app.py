@@ -26,7 +26,6 @@ from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import load_public_key
-from toolgate.contracts.calls import ErrorCode, ToolError
 from toolgate.contracts.events import (
     CallAuthorized,
     Event,
@@ -45,12 +44,16 @@ from toolgate.contracts.tooling import ToolContext
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.executor.logic import (
+    Conclude,
+    Refuse,
+    Replay,
     ToolFunction,
     ToolOutcome,
-    is_expired,
     refusal_reason,
     resolve_function,
     run_tool,
+    step_for_recorded,
+    step_once_claimed,
 )
 from toolgate.services.executor.outcomes import OutcomeRecord, OutcomeStore
 
@@ -118,33 +121,25 @@ class ToolRunner:
             if found is None:
                 raise RuntimeError("outcome record vanished between claim and read; retrying")
             record, revision = found
-            if record.arguments_sha256 != sha:
+            step = step_for_recorded(record, sha, self.spec)
+            if isinstance(step, Refuse):
                 await self.publisher.emit(ExecutionRefused(
                     event_id=derive_event_id(delivery.message_id, "refused"),
-                    occurred_at=utc_now(), service=SERVICE,
-                    reason=f"{ErrorCode.CALL_ID_REUSED}: call_id already ran with other arguments",
+                    occurred_at=utc_now(), service=SERVICE, reason=step.reason,
                     **carried_fields(event)))
                 return
-            if record.state == "done" and record.event is not None:
-                await self._replay(record.event, event, delivery)
+            if isinstance(step, Replay):
+                await self._replay(step.stored_event, event, delivery)
                 return
-            # `started` and never finished: the last attempt died mid-run.
-            if not self.spec.idempotent:
-                await self._finish(event, delivery, ToolOutcome(
-                    "execution_error", 0.0, error=ToolError(
-                        code=ErrorCode.OUTCOME_UNKNOWN,
-                        message=f"an earlier attempt of {self.spec.name} was interrupted; "
-                                "it may or may not have taken effect, so it is not run again",
-                        retryable=False)), record.attempt)
+            if isinstance(step, Conclude):
+                await self._finish(event, delivery, step.outcome, step.attempt)
                 return
-            attempt = record.attempt + 1
-            claimed = await self.outcomes.reclaim(key, self._started(sha, attempt), revision)
-        if not claimed:
-            raise RuntimeError("another worker changed this call's record; retrying")
-        if is_expired(event, utc_now()):
-            await self._finish(event, delivery, ToolOutcome("execution_error", 0.0, error=ToolError(
-                code=ErrorCode.POLICY_DENIED, message="the authorization expired before execution",
-                retryable=True)), attempt)
+            attempt = step.attempt
+            if not await self.outcomes.reclaim(key, self._started(sha, attempt), revision):
+                raise RuntimeError("another worker changed this call's record; retrying")
+        claimed_step = step_once_claimed(event, attempt, utc_now())
+        if isinstance(claimed_step, Conclude):
+            await self._finish(event, delivery, claimed_step.outcome, claimed_step.attempt)
             return
         await self.publisher.emit(ExecutionStarted(
             event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),

@@ -1,4 +1,5 @@
-"""What the executor decides without I/O: is this authorization good, what did the tool do."""
+"""What the executor decides without I/O: is this authorization good, what to do with a
+call given its outcome record (run, replay, refuse, or end it unrun), what the tool did."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -22,6 +23,77 @@ from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Any]
+
+
+class OutcomeRecord(msgspec.Struct, frozen=True):
+    """The executor's memory of one call, kept under (tenant, agent, call_id)."""
+
+    state: Literal["started", "done"]
+    arguments_sha256: str
+    attempt: int
+    worker: str
+    # The encoded terminal event (ExecutionSucceeded / ExecutionFailed), when done.
+    event: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Refuse:
+    """Do not run, and do not end the call: this message is not a valid request to run."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The call ran before: publish its recorded terminal event again."""
+
+    stored_event: bytes
+
+
+@dataclass(frozen=True)
+class Conclude:
+    """End the call with this outcome without running the tool."""
+
+    outcome: ToolOutcome
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Run:
+    attempt: int
+
+
+Step = Refuse | Replay | Conclude | Run
+
+
+def step_for_recorded(record: OutcomeRecord, arguments_sha256: str, spec: ToolSpec) -> Step:
+    """A record exists for this call (it was claimed before): what now?
+
+    Invariant 2: redelivery never re-runs a side effect. A finished call replays;
+    an interrupted one runs again only if its tool is idempotent, else it ends
+    OUTCOME_UNKNOWN. `Run` asks the caller to re-claim the record first.
+    """
+    if record.arguments_sha256 != arguments_sha256:
+        return Refuse(f"{ErrorCode.CALL_ID_REUSED}: call_id already ran with other arguments")
+    if record.state == "done" and record.event is not None:
+        return Replay(record.event)
+    # `started` and never finished: the last attempt died mid-run.
+    if not spec.idempotent:
+        return Conclude(ToolOutcome("execution_error", 0.0, error=ToolError(
+            code=ErrorCode.OUTCOME_UNKNOWN,
+            message=f"an earlier attempt of {spec.name} was interrupted; it may or may not "
+                    "have taken effect, so it is not run again",
+            retryable=False)), record.attempt)
+    return Run(record.attempt + 1)
+
+
+def step_once_claimed(event: CallAuthorized, attempt: int, now: datetime) -> Conclude | Run:
+    """This worker holds the call's record: run it, unless the authorization ran out."""
+    if is_expired(event, now):
+        return Conclude(ToolOutcome("execution_error", 0.0, error=ToolError(
+            code=ErrorCode.POLICY_DENIED, message="the authorization expired before execution",
+            retryable=True)), attempt)
+    return Run(attempt)
 
 
 def refusal_reason(event: CallAuthorized, public_key: Ed25519PublicKey, tool: str) -> str | None:

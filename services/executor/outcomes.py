@@ -10,20 +10,13 @@ replays the stored outcome instead of running the tool again.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from toolgate.services.executor.logic import OutcomeRecord
 
-class OutcomeRecord(msgspec.Struct, frozen=True):
-    state: Literal["started", "done"]
-    arguments_sha256: str
-    attempt: int
-    worker: str
-    # The encoded terminal event (ExecutionSucceeded / ExecutionFailed), when done.
-    event: bytes | None = None
+__all__ = ["OutcomeRecord", "OutcomeStore"]
 
 
 class OutcomeStore:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,17 @@ from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import Authorization, CallAuthorized, utc_now
 from toolgate.contracts.registry import load_registry
 from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable
-from toolgate.services.executor.logic import refusal_reason, run_tool
+from toolgate.services.executor.logic import (
+    Conclude,
+    OutcomeRecord,
+    Refuse,
+    Replay,
+    Run,
+    refusal_reason,
+    run_tool,
+    step_for_recorded,
+    step_once_claimed,
+)
 
 SPEC = load_registry().get("echo")
 POOL = ThreadPoolExecutor(4)
@@ -135,3 +146,48 @@ class TestRefusalReason:
         event = authorized(tmp_path, self.CALL, event_principal=other)
         assert refusal_reason(event, load_public_key(tmp_path), "echo") == (
             "the event's principal differs from the authorized call's")
+
+
+class TestWhatToDoWithARecordedCall:
+    """The claim/replay/OUTCOME_UNKNOWN state machine, without NATS."""
+
+    sha = "a" * 64
+
+    def record(self, state: str, sha: str | None = None, attempt: int = 1,
+               event: bytes | None = None) -> OutcomeRecord:
+        return OutcomeRecord(state=state, arguments_sha256=sha or self.sha,  # type: ignore[arg-type]
+                             attempt=attempt, worker="w", event=event)
+
+    def test_a_finished_call_replays_its_recorded_event(self) -> None:
+        step = step_for_recorded(self.record("done", event=b"stored"), self.sha, SPEC)
+        assert step == Replay(b"stored")
+
+    def test_the_same_call_id_with_other_arguments_is_refused_not_run(self) -> None:
+        step = step_for_recorded(self.record("done", sha="b" * 64, event=b"x"), self.sha, SPEC)
+        assert isinstance(step, Refuse) and "CALL_ID_REUSED" in step.reason
+
+    def test_an_interrupted_non_idempotent_call_ends_outcome_unknown(self) -> None:
+        spec = SPEC.model_copy(update={"idempotent": False})  # type: ignore[union-attr]
+        step = step_for_recorded(self.record("started", attempt=2), self.sha, spec)
+        assert isinstance(step, Conclude) and step.attempt == 2
+        assert step.outcome.error is not None
+        assert step.outcome.error.code == "OUTCOME_UNKNOWN"
+        assert step.outcome.error.retryable is False
+
+    def test_an_interrupted_idempotent_call_runs_again_as_the_next_attempt(self) -> None:
+        spec = SPEC.model_copy(update={"idempotent": True})  # type: ignore[union-attr]
+        assert step_for_recorded(self.record("started", attempt=2), self.sha, spec) == Run(3)
+
+    def test_a_claimed_call_runs_unless_its_authorization_ran_out(self) -> None:
+        now = utc_now()
+        event = CallAuthorized(
+            event_id="e", call_id="c1", occurred_at=now, service="policy",
+            call=ToolCall(call_id="c1", tool="echo", arguments={},
+                          principal=Principal("t", "u", "a", "s")),
+            policy_version="v", authorization=Authorization(
+                call_id="c1", tool="echo", arguments_sha256=self.sha, policy_version="v",
+                expires_at=now + timedelta(seconds=5)))
+        assert step_once_claimed(event, 1, now) == Run(1)
+        late = step_once_claimed(event, 1, now + timedelta(seconds=6))
+        assert isinstance(late, Conclude) and late.outcome.error is not None
+        assert late.outcome.error.code == "POLICY_DENIED" and late.outcome.error.retryable
