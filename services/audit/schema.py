@@ -4,8 +4,9 @@ Files are ``NNN_name.sql`` in ``single/`` (one server, the embedded default)
 or ``cluster/`` (ReplicatedMergeTree + Distributed, ``${cluster}`` replaced by
 the cluster name). Each file runs once and is recorded with its checksum in
 ``schema_versions``; a recorded file whose text changed is an error (add a new
-file instead). Every statement is ``IF NOT EXISTS``, so sinks starting at the
-same moment may both run a file without harm.
+file instead). Every statement is ``IF NOT EXISTS`` (or, to change a view,
+``CREATE OR REPLACE VIEW``), so sinks starting at the same moment may both run
+a file without harm.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ QUERIES = Path(__file__).resolve().parents[2] / "infra" / "clickhouse" / "QUERIE
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 RESEARCHER = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 WRITER = Principal(tenant="acme", user="u-carol", agent="writer", session="s-2")
+# Another tenant's agent of the same name: an agent is named with its tenant.
+GLOBEX_WRITER = Principal(tenant="globex", user="u-dave", agent="writer", session="s-3")
 
 
 def registry() -> Registry:
@@ -64,7 +66,10 @@ class Story:
 
     def _common(self, kind: str, ms: float) -> dict[str, Any]:
         self.at += timedelta(milliseconds=ms)
-        return dict(event_id=f"{self.call.call_id}-{kind}-{len(self.events)}",
+        # Unique per call (tenant, agent, call_id), as the pipeline's derived ids are.
+        key = subjects.call_key(self.call.principal.tenant, self.call.principal.agent,
+                                self.call.call_id)
+        return dict(event_id=f"{key}-{kind}-{len(self.events)}",
                     occurred_at=self.at, service="test",
                     arguments_sha256=arguments_sha256(self.call.arguments),
                     **call_fields(self.call))
@@ -99,6 +104,21 @@ class Story:
                         error=ToolError(code="APPROVAL_DENIED", message="denied"))
 
 
+def denied(call_id: str, principal: Principal, start: datetime) -> Story:
+    s = Story(call_id, "save_evidence", principal, start)
+    return s.validated().add(CallDenied, status="denied", policy_version="pv-1",
+                             error=ToolError(code="TASK_SCOPE_VIOLATION", message="x")) \
+        .attached(failure(s.call.call_id, "denied", ToolError(
+            code="TASK_SCOPE_VIOLATION", message="x")))
+
+
+def approved_wire(call_id: str, principal: Principal, start: datetime) -> Story:
+    ok = {"payload": "fine"}
+    s = Story(call_id, "wire_money", principal, start)
+    return s.validated().approval("u-boss", True).authorized().executed(ok) \
+        .attached(success(s.call.call_id, ok))
+
+
 def stories() -> list[Story]:
     ok = {"payload": "fine"}
     found = []
@@ -106,14 +126,10 @@ def stories() -> list[Story]:
         s = Story(f"ok-{i}", "echo", RESEARCHER, T0 + timedelta(seconds=i))
         found.append(s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok)))
     for i, principal in enumerate((RESEARCHER, WRITER, WRITER)):
-        s = Story(f"denied-{i}", "save_evidence", principal, T0 + timedelta(seconds=10 + i))
-        found.append(s.validated().add(CallDenied, status="denied", policy_version="pv-1",
-                                       error=ToolError(code="TASK_SCOPE_VIOLATION", message="x"))
-                     .attached(failure(s.call.call_id, "denied", ToolError(
-                         code="TASK_SCOPE_VIOLATION", message="x"))))
-    s = Story("wire-approved", "wire_money", WRITER, T0 + timedelta(seconds=20))
-    found.append(s.validated().approval("u-boss", True).authorized().executed(ok)
-                 .attached(success(s.call.call_id, ok)))
+        found.append(denied(f"denied-{i}", principal, T0 + timedelta(seconds=10 + i)))
+    # The same call_id in another tenant: another call.
+    found.append(denied("denied-1", GLOBEX_WRITER, T0 + timedelta(seconds=13)))
+    found.append(approved_wire("wire-approved", WRITER, T0 + timedelta(seconds=20)))
     s = Story("wire-refused", "wire_money", WRITER, T0 + timedelta(seconds=21))
     found.append(s.validated().approval("u-boss", False).attached(failure(
         s.call.call_id, "approval_denied", ToolError(code="APPROVAL_DENIED", message="no"))))
@@ -121,7 +137,18 @@ def stories() -> list[Story]:
     found.append(s.validated().authorized().executed({"items": "not-a-list"}).attached(failure(
         s.call.call_id, "invalid_tool_result",
         ToolError(code="OUTPUT_SCHEMA_VIOLATION", message="bad output"))))
+    # One call_id, two agents: two independent calls, each its own row everywhere.
+    s = Story("shared", "echo", RESEARCHER, T0 + timedelta(seconds=30))
+    found.append(s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok)))
+    found.append(denied("shared", WRITER, T0 + timedelta(seconds=31)))
+    found.append(approved_wire("wire-shared", WRITER, T0 + timedelta(seconds=40)))
+    found.append(approved_wire("wire-shared", RESEARCHER, T0 + timedelta(seconds=41)))
     return found
+
+
+def identity(story: Story) -> tuple[str, str, str]:
+    principal = story.call.principal
+    return principal.tenant, principal.agent, story.call.call_id
 
 
 def messages(all_stories: list[Story]) -> list[StoredJsMessage]:
@@ -186,22 +213,26 @@ def test_every_documented_query_runs(recorded):
 
 def test_denials_by_agent_and_reason(recorded):
     rows = rows_of(recorded, by_title("Denials"))
-    counts = {(r["agent"], r["event_type"], r["error_code"]): r["denials"] for r in rows}
-    assert counts == {("writer", "CallDenied", "TASK_SCOPE_VIOLATION"): 2,
-                      ("researcher", "CallDenied", "TASK_SCOPE_VIOLATION"): 1,
-                      ("writer", "ApprovalDenied", "APPROVAL_DENIED"): 1}
+    counts = {(r["tenant"], r["agent"], r["event_type"], r["error_code"]): (r["denials"],
+                                                                          r["calls"])
+              for r in rows}
+    assert counts == {("acme", "writer", "CallDenied", "TASK_SCOPE_VIOLATION"): (3, 3),
+                      ("acme", "researcher", "CallDenied", "TASK_SCOPE_VIOLATION"): (1, 1),
+                      ("globex", "writer", "CallDenied", "TASK_SCOPE_VIOLATION"): (1, 1),
+                      ("acme", "writer", "ApprovalDenied", "APPROVAL_DENIED"): (1, 1)}
 
 
 def test_approvals_by_approver(recorded):
     [row] = rows_of(recorded, by_title("Approvals by approver"))
-    assert (row["approver"], row["granted"], row["denied"], row["calls"]) == ("u-boss", 1, 1, 2)
+    # wire-shared was approved for two agents: two calls, not one.
+    assert (row["approver"], row["granted"], row["denied"], row["calls"]) == ("u-boss", 3, 1, 4)
 
 
 def test_stage_percentiles_per_tool(recorded):
     rows = rows_of(recorded, by_title("p50 / p99"))
     stages = {(r["tool"], r["stage"]): r for r in rows}
     assert stages[("echo", "execute")]["p50_ms"] == pytest.approx(5.0)
-    assert stages[("echo", "execute")]["calls"] == 5
+    assert stages[("echo", "execute")]["calls"] == 6
     assert stages[("wire_money", "approval")]["p50_ms"] == pytest.approx(30_000, rel=0.5)
     assert ("echo", "approval") not in stages  # never reached: NULL, not zero
     assert {s for t, s in stages if t == "echo"} == {"check", "policy", "queue", "execute",
@@ -217,9 +248,17 @@ def test_high_risk_without_approval_is_zero_until_one_happens(recorded, clickhou
     ok = {"payload": "fine"}
     s = Story("wire-unapproved", "wire_money", WRITER, T0)
     planted = s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok))
-    asyncio.run(record(url, tmp_path, [*stories(), planted]))
+    # Another agent's approved call with the same call_id must not hide an unapproved one
+    # (grouped by call_id alone, the writer's approval made the researcher's run look approved).
+    twin_approved = approved_wire("wire-twin", WRITER, T0 + timedelta(minutes=1))
+    s = Story("wire-twin", "wire_money", RESEARCHER, T0 + timedelta(minutes=2))
+    twin_unapproved = s.validated().authorized().executed(ok) \
+        .attached(success(s.call.call_id, ok))
+    asyncio.run(record(url, tmp_path, [*stories(), planted, twin_approved, twin_unapproved]))
     client = ClickHouseTarget.from_url(url).client()
-    assert [r["call_id"] for r in rows_of(client, by_title("High-risk"))] == ["wire-unapproved"]
+    found = [(r["tenant"], r["agent"], r["call_id"])
+             for r in rows_of(client, by_title("High-risk"))]
+    assert found == [("acme", "writer", "wire-unapproved"), ("acme", "researcher", "wire-twin")]
 
 
 def test_invalid_tool_results(recorded):
@@ -229,13 +268,40 @@ def test_invalid_tool_results(recorded):
 
 
 def test_calls_view_has_one_row_per_call_with_its_final_status(recorded):
-    rows = rows_of(recorded, "SELECT call_id, final_status, approved, executed, events "
-                             "FROM calls ORDER BY call_id")
-    assert len(rows) == len(stories())
-    status = {r["call_id"]: (r["final_status"], r["approved"], r["executed"]) for r in rows}
-    assert status["wire-approved"] == ("ok", True, True)
-    assert status["wire-refused"] == ("approval_denied", False, False)
-    assert status["denied-0"] == ("denied", False, False)
+    rows = rows_of(recorded, "SELECT tenant, agent, call_id, call_key, final_status, approved, "
+                             "executed, events, user FROM calls ORDER BY call_id")
+    assert sorted((r["tenant"], r["agent"], r["call_id"]) for r in rows) == \
+        sorted(identity(s) for s in stories())
+    assert all(r["call_key"] == f"{r['tenant']}.{r['agent']}.{r['call_id']}" for r in rows)
+    status = {r["call_key"]: (r["final_status"], r["approved"], r["executed"]) for r in rows}
+    assert status["acme.writer.wire-approved"] == ("ok", True, True)
+    assert status["acme.writer.wire-refused"] == ("approval_denied", False, False)
+    assert status["acme.researcher.denied-0"] == ("denied", False, False)
+
+
+def test_two_agents_same_call_id_stay_two_calls(recorded):
+    """The same call_id from two agents (or two tenants) is two rows of `calls`, each with
+    its own sender, user, status and events: nothing of one leaks into the other."""
+    rows = rows_of(recorded, "SELECT tenant, agent, user, tool, final_status, executed, "
+                             "approvers, events FROM calls WHERE call_id = 'shared' "
+                             "ORDER BY agent")
+    researcher = [s for s in stories() if identity(s) == ("acme", "researcher", "shared")][0]
+    writer = [s for s in stories() if identity(s) == ("acme", "writer", "shared")][0]
+    assert rows == [
+        {"tenant": "acme", "agent": "researcher", "user": "u-alice", "tool": "echo",
+         "final_status": "ok", "executed": True, "approvers": [],
+         "events": len(researcher.events) + 1},  # + the raw call (CallRequested)
+        {"tenant": "acme", "agent": "writer", "user": "u-carol", "tool": "save_evidence",
+         "final_status": "denied", "executed": False, "approvers": [],
+         "events": len(writer.events) + 1}]
+    tenants = rows_of(recorded, "SELECT tenant, user FROM calls WHERE call_id = 'denied-1' "
+                                "ORDER BY tenant")
+    assert tenants == [{"tenant": "acme", "user": "u-carol"},
+                       {"tenant": "globex", "user": "u-dave"}]
+    both = rows_of(recorded, "SELECT agent, approved, executed FROM calls "
+                             "WHERE call_id = 'wire-shared' ORDER BY agent")
+    assert both == [{"agent": "researcher", "approved": True, "executed": True},
+                    {"agent": "writer", "approved": True, "executed": True}]
 
 
 def test_trace_tells_the_story_in_order(recorded):

@@ -83,6 +83,33 @@ def test_a_ddl_file_changed_after_it_ran_is_refused(clickhouse_url, monkeypatch)
         apply_schema(target)
 
 
+async def test_an_existing_store_is_upgraded_to_calls_by_identity(clickhouse_url, tmp_path,
+                                                                 monkeypatch):
+    """A store made before 005 (its `calls` grouped by call_id alone) gets the view replaced
+    at the next start; the rows already there are then read per (tenant, agent, call_id)."""
+    import toolgate.services.audit.schema as schema
+
+    target = ClickHouseTarget.from_url(clickhouse_url)
+    every = load_ddl()
+    monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every[:4])
+    assert apply_schema(target) == [1, 2, 3, 4]
+    other = Principal(tenant="acme", user="u-carol", agent="writer", session="s-2")
+    writer = writer_for(clickhouse_url, tmp_path)
+    await writer.start()
+    await writer.write([*calls(1), StoredJsMessage(  # type: ignore[list-item]
+        "TOOLGATE_CALLS", 2, msgspec.json.encode(ToolCall(
+            call_id="c-0", tool="search_sources", arguments={"query": "q"}, principal=other)),
+        subject="toolgate.calls.acme.writer")])
+    await writer.close()
+    client = target.client()
+    assert client.query("SELECT count() FROM calls").result_rows[0][0] == 1  # merged: the bug
+    monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every)
+    assert apply_schema(target) == [f.version for f in every[4:]]
+    assert client.query("SELECT tenant, agent, call_id FROM calls ORDER BY agent"
+                        ).result_rows == [("acme", "researcher", "c-0"), ("acme", "writer", "c-0")]
+    assert apply_schema(target) == []
+
+
 def test_cluster_ddl_parses(clickhouse_server):
     client = ClickHouseTarget.from_url(clickhouse_server.url).client(with_database=False)
     for ddl in load_ddl("cluster"):
@@ -216,6 +243,6 @@ def audit_cli(*argv: str) -> int:
 
 def test_schema_command_applies_the_ddl(clickhouse_url, capsys):
     assert audit_cli("schema", "--clickhouse-url", clickhouse_url) == 0
-    assert "applied [1, 2, 3, 4]" in capsys.readouterr().out
+    assert f"applied {[f.version for f in load_ddl()]}" in capsys.readouterr().out
     assert audit_cli("schema", "--clickhouse-url", clickhouse_url) == 0
     assert "applied nothing new" in capsys.readouterr().out

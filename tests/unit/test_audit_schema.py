@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from toolgate.services.audit.schema import DDL_SETS, load_ddl
 
 
@@ -15,7 +17,20 @@ def test_every_statement_is_idempotent():
     for ddl_set in DDL_SETS:
         for ddl in load_ddl(ddl_set):
             for statement in ddl.statements("c1"):
-                assert "IF NOT EXISTS" in statement, (ddl_set, ddl.name, statement[:60])
+                assert "IF NOT EXISTS" in statement \
+                    or statement.startswith("CREATE OR REPLACE VIEW"), \
+                    (ddl_set, ddl.name, statement[:60])
+
+
+def test_the_calls_view_in_force_groups_by_the_calls_identity():
+    """A call is (tenant, agent, call_id): the last statement that defines `calls` groups by
+    all three, in both sets (004 grouped by call_id alone; applied files are never edited)."""
+    view = re.compile(r"CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?(\w+)")
+    for ddl_set in DDL_SETS:
+        defining = [statement for ddl in load_ddl(ddl_set) for statement in ddl.statements("c")
+                    if (found := view.match(statement)) and found[1] == "calls"]
+        assert len(defining) >= 2 and defining[-1].startswith("CREATE OR REPLACE VIEW calls")
+        assert defining[-1].endswith("GROUP BY tenant, agent, call_id"), defining[-1][-60:]
 
 
 def test_cluster_statements_name_the_cluster_and_single_ones_do_not():
