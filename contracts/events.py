@@ -77,11 +77,30 @@ class Authorization(msgspec.Struct, frozen=True, kw_only=True):
     signature: str = ""
 
 
+class ResourceSeen(msgspec.Struct, frozen=True, kw_only=True):
+    """One resource a decision looked up, and what its entity provider said then.
+
+    Recorded in the decision events so an auditor sees what the policy knew,
+    and a re-decision (`policy test`, `audit replay`) can use the same facts.
+    """
+
+    type: str  # the Cedar entity type (registry `resources[].type`)
+    id: str
+    found: bool = False  # False: the provider knows no such resource, or failed (see error)
+    attributes: dict[str, Any] = {}  # as the provider returned them (JSON values)
+    provider: str = ""  # sql | http | python
+    cached: bool = False  # answered from the policy service's short cache
+    fetched_at: datetime | None = None  # when the provider answered
+    error: str = ""  # why the lookup failed (timeout, error); empty otherwise
+
+
 class CallAuthorized(Event, frozen=True, kw_only=True):
     call: ToolCall
     policy_version: str
     policy_ids: list[str] = []
     authorization: Authorization
+    # The resources the decision looked up (tools that declare resources).
+    resources: list[ResourceSeen] = []
 
 
 class CallDenied(Event, frozen=True, kw_only=True):
@@ -89,6 +108,7 @@ class CallDenied(Event, frozen=True, kw_only=True):
     error: ToolError
     policy_version: str = ""
     policy_ids: list[str] = []
+    resources: list[ResourceSeen] = []
 
 
 class ApprovalRequested(Event, frozen=True, kw_only=True):
@@ -101,6 +121,7 @@ class ApprovalRequested(Event, frozen=True, kw_only=True):
     required_approvals: int = 1
     expires_at: datetime
     reason: str = ""
+    resources: list[ResourceSeen] = []
 
 
 class ApprovalGranted(Event, frozen=True, kw_only=True):

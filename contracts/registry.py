@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .subjects import TOOL_NAME_PATTERN
 
@@ -22,6 +29,17 @@ BUILTIN_TOOLS_DIR = Path(__file__).parent / "tools"
 
 Risk = Literal["low", "medium", "high", "critical"]
 AuditMode = Literal["full", "hash", "none"]
+# What a tool does to what it acts on (the seed's action dimension). A tool that
+# declares none reads when read_only, else writes.
+ActionClass = Literal["read", "write", "delete", "send", "publish", "execute"]
+ACTION_CLASSES: tuple[str, ...] = ("read", "write", "delete", "send", "publish", "execute")
+# Actions with a side effect: at risk high or critical they always need approval.
+SIDE_EFFECT_ACTIONS = frozenset({"write", "delete", "send", "publish", "execute"})
+# Entity types the policy engine builds itself; a tool's resources name others.
+ENGINE_ENTITY_TYPES = frozenset({"User", "Agent", "Tool", "Task", "Action"})
+RESOURCE_TYPE_PATTERN = r"^[A-Z][A-Za-z0-9_]{0,63}$"
+# RFC 6901, at least one step: "/order_id", "/orders/0/id", "/items" (a list of ids).
+JSON_POINTER_PATTERN = r"^(/([^~/]|~[01])*)+$"
 
 
 class RegistryError(Exception):
@@ -40,6 +58,60 @@ class AuditSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     arguments: AuditMode = "full"
     result: AuditMode = "full"
+
+
+class ResourceSpec(BaseModel):
+    """A resource the tool acts on: its entity type, and where its id is in the arguments.
+
+    `id` is a JSON pointer into the arguments; the value there is one id (a
+    string) or a list of ids. The policy engine looks each one up through the
+    entity provider of `type` (declared in the policy bundle) before deciding.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: str = Field(pattern=RESOURCE_TYPE_PATTERN)
+    id: str = Field(pattern=JSON_POINTER_PATTERN)
+
+    @field_validator("type")
+    @classmethod
+    def _not_an_engine_type(cls, value: str) -> str:
+        if value in ENGINE_ENTITY_TYPES:
+            raise ValueError(f"{value} is built by the policy engine itself; name another type "
+                             "(a task-scoped tool declares task_scope instead)")
+        return value
+
+
+def pointer_steps(pointer: str) -> list[str]:
+    """The unescaped steps of a JSON pointer ("/a~1b/0" -> ["a/b", "0"])."""
+    return [step.replace("~1", "/").replace("~0", "~") for step in pointer.split("/")[1:]]
+
+
+def _schema_at(schema: Any, steps: list[str]) -> Any:
+    """The subschema a pointer into the arguments reaches, or None where it cannot reach."""
+    for step in steps:
+        if not isinstance(schema, dict):
+            return None
+        properties = schema.get("properties")
+        if isinstance(properties, dict) and step in properties:
+            schema = properties[step]
+        elif step.isdigit() and isinstance(schema.get("items"), dict):
+            schema = schema["items"]
+        else:
+            return None
+    return schema
+
+
+def _names_ids(schema: Any) -> bool:
+    """Whether a subschema may hold a resource id: a string, or a list of strings."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string":
+        return True
+    if kind == "array":
+        items = schema.get("items")
+        return isinstance(items, dict) and items.get("type") == "string"
+    return False
 
 
 class ToolSpec(BaseModel):
@@ -67,6 +139,10 @@ class ToolSpec(BaseModel):
     audit: AuditSpec = AuditSpec()
     # Tool-specific settings, passed to the function's context (hosts, paths, ...).
     settings: dict[str, Any] = {}
+    # What the tool does (None: read when read_only, else write); the request's Cedar action.
+    action: ActionClass | None = None
+    # The resources it acts on, each looked up before the decision (see ResourceSpec).
+    resources: list[ResourceSpec] = []
 
     @field_validator("name")
     @classmethod
@@ -85,6 +161,29 @@ class ToolSpec(BaseModel):
         except Exception as exc:  # jsonschema_rs raises ValidationError / ValueError
             raise ValueError(f"not a valid JSON Schema: {exc}") from exc
         return value
+
+    @model_validator(mode="after")
+    def _action_and_resources_fit(self) -> ToolSpec:
+        if self.read_only and self.action not in (None, "read"):
+            raise ValueError(f"a read_only tool cannot declare action {self.action!r}")
+        seen: set[tuple[str, str]] = set()
+        for resource in self.resources:
+            if (resource.type, resource.id) in seen:
+                raise ValueError(f"resource {resource.type} at {resource.id} is declared twice")
+            seen.add((resource.type, resource.id))
+            reached = _schema_at(self.input_schema, pointer_steps(resource.id))
+            if not _names_ids(reached):
+                raise ValueError(
+                    f"resource {resource.type}: {resource.id} must point at a string (or a list "
+                    "of strings) property of the input_schema")
+        return self
+
+    @property
+    def action_class(self) -> str:
+        """The Cedar action of this tool's calls: declared, else read or write."""
+        if self.action is not None:
+            return self.action
+        return "read" if self.read_only else "write"
 
     def agent_allowed(self, agent: str) -> bool:
         return "*" in self.allowed_agents or agent in self.allowed_agents
