@@ -17,6 +17,11 @@ good bundle, a starting one refuses to start (exit status 2). The local
 default bundle is used only while nothing was ever pushed. Rate limits are
 counted in KV too, so they hold across replicas. Any error while deciding is
 a deny.
+
+A tool that declares resources has them looked up first, in parallel, through
+the active bundle's entity providers (providers.py; a short cache per replica,
+emptied when another bundle becomes active); what they said is passed to the
+engine and recorded in the decision event (`resources`), found or not.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from toolgate.contracts.events import (
     CallAuthorized,
     CallDenied,
     Event,
+    ResourceSeen,
     carried_fields,
     decode_event,
     derive_event_id,
@@ -73,11 +79,13 @@ from toolgate.services.policy.bundle_store import (
     watch_active,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
+from toolgate.services.policy.providers import EntityResolver
 from toolgate.services.policy.rate_limits import (
     RATE_LIMITED,
     RateLimiter,
     rate_limits_bucket_config,
 )
+from toolgate.services.policy.resources import ResourceProblem, resource_refs
 from toolgate.services.policy.rules import Decision
 from toolgate.services.policy.signing import (
     PUBLIC_KEY_FILE,
@@ -195,12 +203,49 @@ def where(entry: ActiveEntry) -> str:
 
 
 def decide_safely(engine: CedarEngine, registry: Registry, call: ToolCall,
-                  approvers: Sequence[str] = ()) -> Decision:
+                  approvers: Sequence[str] = (),
+                  resources: Sequence[ResourceSeen] | None = None) -> Decision:
     try:
-        return engine.decide(call, registry.get(call.tool), approvers)
+        return engine.decide(call, registry.get(call.tool), approvers, resources)
     except Exception as exc:  # fail closed
         return Decision(allowed=False, policy_version=engine.version, error=ToolError(
             code=ErrorCode.POLICY_ERROR, message=f"policy evaluation failed: {exc!r}"))
+
+
+class Resolvers:
+    """The entity resolver of the active bundle; another bundle gets a new one (empty cache)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.version = ""
+        self.current: EntityResolver | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def of(self, engine: CedarEngine) -> EntityResolver:
+        if self.current is None or self.version != engine.version:
+            if self.current is not None:
+                closing = asyncio.create_task(self.current.aclose())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            self.current = EntityResolver(engine.bundle.settings.entities, self.data_dir)
+            self.version = engine.version
+        return self.current
+
+    async def look_up(self, engine: CedarEngine, registry: Registry,
+                      call: ToolCall) -> list[ResourceSeen] | None:
+        """What the providers say of the call's resources (None: its tool declares none)."""
+        spec = registry.get(call.tool)
+        if spec is None or not spec.resources:
+            return None
+        try:
+            refs = resource_refs(call, spec)
+        except ResourceProblem:
+            return []  # nothing to look up: the engine denies, naming the argument
+        return await self.of(engine).resolve(refs, call.principal.tenant)
+
+    async def aclose(self) -> None:
+        if self.current is not None:
+            await self.current.aclose()
 
 
 @dataclass
@@ -221,14 +266,16 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     stores = Stores()
+    resolvers = Resolvers(settings.data_dir)
 
-    def denied(event: Event, delivery: bus.Delivery, decision: Decision) -> CallDenied:
+    def denied(event: Event, delivery: bus.Delivery, decision: Decision,
+               resources: Sequence[ResourceSeen] | None = None) -> CallDenied:
         return CallDenied(
             event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=utc_now(),
             service=SERVICE, status=decision.status,
             error=decision.error or ToolError(code=ErrorCode.POLICY_DENIED, message="denied"),
             policy_version=decision.policy_version, policy_ids=decision.policy_ids,
-            **carried_fields(event))
+            resources=list(resources or ()), **carried_fields(event))
 
     def refused(event: Event, delivery: bus.Delivery, code: str, message: str,
                 retryable: bool = False) -> CallDenied:
@@ -237,7 +284,8 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             error=ToolError(code=code, message=message, retryable=retryable)))
 
     def authorized(event: Event, call: ToolCall, delivery: bus.Delivery, decision: Decision,
-                   approvers: Sequence[str] = ()) -> CallAuthorized:
+                   approvers: Sequence[str] = (),
+                   resources: Sequence[ResourceSeen] | None = None) -> CallAuthorized:
         now = utc_now()
         authorization = sign(Authorization(
             call_id=call.call_id, tool=call.tool, arguments_sha256=arguments_sha256(call.arguments),
@@ -248,7 +296,8 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         return CallAuthorized(
             event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
             service=SERVICE, call=call, policy_version=decision.policy_version,
-            policy_ids=decision.policy_ids, authorization=authorization, **carried_fields(event))
+            policy_ids=decision.policy_ids, authorization=authorization,
+            resources=list(resources or ()), **carried_fields(event))
 
     async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
         call = event.call
@@ -256,9 +305,10 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             return refused(event, delivery, ErrorCode.POLICY_DENIED,
                            "the arguments do not match the hash they were validated with")
         engine = policy.engine  # one bundle for the whole decision, even if a push lands
-        decision = decide_safely(engine, registry, call)
+        resources = await resolvers.look_up(engine, registry, call)
+        decision = decide_safely(engine, registry, call, resources=resources)
         if not decision.allowed and not decision.awaits_approval:
-            return denied(event, delivery, decision)
+            return denied(event, delivery, decision, resources)
         spec = registry.get(call.tool)
         assert spec is not None and stores.limiter is not None
         if spec.rate_limit is not None:  # counted before a human is asked, too
@@ -276,8 +326,8 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                 required_approvals=decision.required_approvals,
                 expires_at=now + timedelta(seconds=engine.bundle.settings.approval_ttl_s),
                 reason=decision.error.message if decision.error else "",
-                **carried_fields(event))
-        return authorized(event, call, delivery, decision)
+                resources=list(resources or ()), **carried_fields(event))
+        return authorized(event, call, delivery, decision, resources=resources)
 
     async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
         if not event.quorum_reached:
@@ -287,11 +337,14 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                 arguments_sha256(call.arguments) != event.arguments_sha256:
             return refused(event, delivery, ErrorCode.POLICY_DENIED,
                            "the approval is bound to other arguments than this call's")
-        # Decided again under the bundle active now: it may have changed since the request.
-        decision = decide_safely(policy.engine, registry, call, event.approvers)
+        # Decided again under the bundle active now, on the resources as they are now:
+        # either may have changed since the request.
+        engine = policy.engine
+        resources = await resolvers.look_up(engine, registry, call)
+        decision = decide_safely(engine, registry, call, event.approvers, resources)
         if not decision.allowed:
-            return denied(event, delivery, decision)
-        return authorized(event, call, delivery, decision, event.approvers)
+            return denied(event, delivery, decision, resources)
+        return authorized(event, call, delivery, decision, event.approvers, resources)
 
     def subscribe(event_type: type[Event], durable: str,
                   outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]]) -> None:
@@ -346,5 +399,6 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             stores.watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await stores.watching
+        await resolvers.aclose()
 
     return app

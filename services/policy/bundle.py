@@ -15,6 +15,7 @@ Policy annotations the engine reads:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -22,13 +23,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cedarpy
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolgate.contracts.calls import ErrorCode
 from toolgate.services.policy.cedar_source import line_of_error, split_statements
+from toolgate.services.policy.providers import ProviderConfig, check_entity_type
 
 SCHEMA_FILE = "schema.cedarschema"
 SETTINGS_FILE = "bundle.yaml"
@@ -48,6 +51,46 @@ class BundleSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     approval_ttl_s: float = Field(default=900.0, gt=0)
     roles: dict[str, list[str]] = {}
+    # The clock policies read as context.local_time: each tenant's IANA time zone.
+    time_zone: str = "UTC"
+    tenant_time_zones: dict[str, str] = {}
+    # Where each resource type's attributes come from (providers.py), by entity type.
+    entities: dict[str, ProviderConfig] = {}
+
+    @field_validator("time_zone")
+    @classmethod
+    def _zone_exists(cls, value: str) -> str:
+        _zone(value)
+        return value
+
+    @field_validator("tenant_time_zones")
+    @classmethod
+    def _zones_exist(cls, value: dict[str, str]) -> dict[str, str]:
+        for tenant, name in value.items():
+            try:
+                _zone(name)
+            except ValueError as exc:
+                raise ValueError(f"tenant {tenant}: {exc}") from exc
+        return value
+
+    @field_validator("entities")
+    @classmethod
+    def _entity_types(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
+        for name in value:
+            check_entity_type(name)
+        return value
+
+    def zone_of(self, tenant: str) -> ZoneInfo:
+        return _zone(self.tenant_time_zones.get(tenant, self.time_zone))
+
+
+@functools.lru_cache(maxsize=256)
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"{name!r} is not a known time zone (IANA name, e.g. Europe/Berlin)"
+                         ) from exc
 
 
 @dataclass(frozen=True)

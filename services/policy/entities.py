@@ -1,15 +1,20 @@
 """The six-tuple of a call as a Cedar request: pure functions, no I/O.
 
     principal  User::"<user>"         attrs tenant, roles (roles from the bundle, never the call)
-    action     Action::"read"|"write"  each `in Action::"call"`; a read_only tool reads,
-                                      any other writes (send and delete are declared for
-                                      tools that will name their actions)
-    resource   Task::"<id>"           for a task-scoped tool: the task its arguments name
-               Tool::"<name>"         for any other tool
+    action     Action::"<class>"      the tool's action class (registry `action`: read, write,
+                                      delete, send, publish, execute; undeclared: a read_only
+                                      tool reads, any other writes), each `in Action::"call"`
+    resource   <Type>::"<id>"         each resource the tool declares (registry `resources`),
+                                      one evaluation per resource (resources.py)
+               Task::"<id>"           for a task-scoped tool: the task its arguments name
+               Tool::"<name>"         for a tool with neither
     context    agent (Agent entity: the user acts through it), tool (the Tool entity,
-               also when the resource is a Task), session, task (the call's own Task),
-               time (epoch s), risk, approval {state, approvers, count}, arguments
-               (all of them; see below)
+               also when the resource is something else), session, task (the call's own
+               Task), time (epoch s), risk, approval {state, approvers, count}, arguments
+               (all of them; see below); and when the bundle's schema declares them:
+               session_kind ("interactive" | "automated" as the platform states it in the
+               call's context, else "unspecified"), local_time {hour, minute, weekday,
+               time_zone} (the decision's time in the tenant's time zone, bundle.yaml)
 
 Arguments reach the context whole, or the call is denied: a policy must never
 decide without an argument it might have read. Representable are booleans,
@@ -32,9 +37,11 @@ error is a deny.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from toolgate.contracts.calls import ToolCall
 from toolgate.contracts.registry import ToolSpec
@@ -42,7 +49,11 @@ from toolgate.contracts.registry import ToolSpec
 CALL_ACTION = "call"
 # Cedar's decimal: a 64-bit integer of ten-thousandths.
 DECIMAL_LIMIT = 922337203685477.0
-FINER_ACTIONS = ("read", "write", "send", "delete")
+FINER_ACTIONS = ("read", "write", "send", "delete", "publish", "execute")
+# What the platform may state in `context.session_kind`; unstated: "unspecified".
+SESSION_KINDS = ("interactive", "automated")
+UNSPECIFIED_SESSION = "unspecified"
+WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 # The longest string argument a decision takes (longer: denied). Above every
 # built-in tool's maxLength (save_evidence's claim and quote: 4000), low
 # enough that one argument cannot make every decision slow.
@@ -82,8 +93,29 @@ def ref(entity_type: str, entity_id: str) -> dict[str, Any]:
 
 
 def action_of(spec: ToolSpec) -> str:
-    # The registry has no per-tool action list yet; read_only is all it says.
-    return "read" if spec.read_only else "write"
+    return spec.action_class
+
+
+class InvalidContext(ValueError):
+    """Something the platform stated in the call's context that a policy cannot take."""
+
+
+def session_kind_of(call: ToolCall) -> str:
+    """The session kind the platform stated, or "unspecified"; InvalidContext if unknown."""
+    kind = call.context.get("session_kind")
+    if kind is None:
+        return UNSPECIFIED_SESSION
+    if kind not in SESSION_KINDS:
+        raise InvalidContext(f"context.session_kind must be one of {', '.join(SESSION_KINDS)} "
+                             f"(or absent), not {str(kind)[:40]!r}")
+    return str(kind)
+
+
+def local_time(now_s: float, zone: ZoneInfo) -> dict[str, Any]:
+    """The decision's time as the tenant's clock shows it."""
+    at = datetime.fromtimestamp(now_s, zone)
+    return {"hour": at.hour, "minute": at.minute, "weekday": WEEKDAYS[at.weekday()],
+            "time_zone": zone.key}
 
 
 def task_target(call: ToolCall, spec: ToolSpec) -> str | None:
@@ -187,10 +219,10 @@ def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> Non
         raise Unrepresentable(path, f"is a {kind.__name__}, which Cedar cannot hold")
 
 
-def action_entities() -> list[dict[str, Any]]:
+def action_entities(names: Iterable[str] = FINER_ACTIONS) -> list[dict[str, Any]]:
     parent = [uid("Action", CALL_ACTION)]
     return [{"uid": uid("Action", CALL_ACTION), "attrs": {}, "parents": []}] + [
-        {"uid": uid("Action", name), "attrs": {}, "parents": parent} for name in FINER_ACTIONS]
+        {"uid": uid("Action", name), "attrs": {}, "parents": parent} for name in names]
 
 
 def tool_entity(spec: ToolSpec) -> dict[str, Any]:
@@ -230,7 +262,9 @@ def call_entities(call: ToolCall, spec: ToolSpec, roles: Mapping[str, list[str]]
 
 
 def request_for(call: ToolCall, spec: ToolSpec, approval: ApprovalState,
-                now_s: int) -> dict[str, Any]:
+                now_s: int, resource: dict[str, str] | None = None,
+                extra_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The Cedar request; `resource` overrides the Task or Tool it would otherwise name."""
     target = task_target(call, spec)
     context: dict[str, Any] = {
         "agent": ref("Agent", call.principal.agent),
@@ -243,9 +277,13 @@ def request_for(call: ToolCall, spec: ToolSpec, approval: ApprovalState,
     }
     if call.task_id:
         context["task"] = ref("Task", call.task_id)
+    if extra_context:
+        context.update(extra_context)
+    if resource is None:
+        resource = uid("Task", target) if target is not None else uid("Tool", spec.name)
     return {
         "principal": uid("User", call.principal.user),
         "action": uid("Action", action_of(spec)),
-        "resource": uid("Task", target) if target is not None else uid("Tool", spec.name),
+        "resource": resource,
         "context": context,
     }
