@@ -78,7 +78,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                   registry_dirs=list(args.registry or env.env_registry_dirs()),
                   executor_args=executor_args, clickhouse_url=args.clickhouse_url_given,
                   clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit,
-                  topology=Topology(max_calls_per_agent=args.max_calls_per_agent))
+                  topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
+                  example=args.example)
     return run_until_signalled(stack)
 
 
@@ -293,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="storage quota: calls each agent may have stored within the 7-day "
                          "retention; over it a call is refused before storage "
                          "(default %(default)s)")
+    up.add_argument("--example", choices=("orders",), default=None,  # supervisor.EXAMPLES
+                    help="also run a worked example beside the built-in tools: its tools, "
+                         "data and policy bundle (orders: README 'Worked example 3')")
     _add_runtime(up)
     up.set_defaults(func=cmd_up)
 

@@ -9,6 +9,7 @@ services first, then the servers.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
@@ -24,7 +26,7 @@ from toolgate.runtime.creds import connect_options
 from toolgate.runtime.settings import write_context
 from toolgate.runtime.topology import Topology, apply_topology
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
-from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials
+from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats
 from toolgate.stack.processes import die_with_parent, kill_process, stop_process
 
@@ -36,6 +38,16 @@ DEFAULT_TENANT = "default"
 DEFAULT_AGENT = "researcher"
 # The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
 AUDIT_SERVICE = "audit"
+# `toolgate up --example NAME`: a package toolgate.infra.examples.NAME with REGISTRY_DIR,
+# POLICY_DIR, AGENTS ((tenant, agent) to mint), TRY (a command to show) and
+# prepare(data_dir) (its data).
+EXAMPLES = ("orders",)
+
+
+def load_example(name: str) -> ModuleType:
+    if name not in EXAMPLES:
+        raise ValueError(f"no example {name!r} (examples: {', '.join(EXAMPLES)})")
+    return importlib.import_module(f"toolgate.infra.examples.{name}")
 
 
 def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
@@ -96,6 +108,31 @@ class Stack:
     clickhouse: EmbeddedClickHouse | None = None
     default_agent_creds: Path | None = None
     topology: Topology = field(default_factory=Topology)
+    # An example to run beside the built-in tools (EXAMPLES), and the policy bundle the
+    # policy service starts with (default: the example's, else the built-in one).
+    example: str | None = None
+    policy_dir: Path | None = None
+    example_agents: list[tuple[str, str, Path]] = field(default_factory=list)
+    example_hint: str = ""
+
+    def add_example(self) -> None:
+        """The example's tools beside the others, its data prepared, its bundle and agents."""
+        assert self.example is not None
+        example = load_example(self.example)
+        dirs = self.registry_dirs or [BUILTIN_TOOLS_DIR]
+        if example.REGISTRY_DIR not in dirs:
+            self.registry_dirs = [*dirs, example.REGISTRY_DIR]
+        self.policy_dir = self.policy_dir or example.POLICY_DIR
+        example.prepare(self.data_dir)
+        self.example_hint = example.TRY
+        if self.locked:
+            revoked = {(r.tenant, r.agent) for r in list_agents(self.data_dir) if r.revoked_at}
+            for tenant, agent in example.AGENTS:
+                if (tenant, agent) in revoked:  # an operator's revocation stands
+                    log.warning("example agent %s.%s is revoked; not minted again", tenant, agent)
+                    continue
+                creds, _ = add_agent(self.data_dir, tenant, agent)
+                self.example_agents.append((tenant, agent, creds))
 
     @property
     def audit_url(self) -> str:
@@ -115,6 +152,8 @@ class Stack:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         ensure_keypair(self.data_dir / "keys")
+        if self.example:
+            self.add_example()
         if self.locked:
             # Keys are kept across runs; permissions are rendered afresh (the
             # executor gets one durable per tool of this registry).
@@ -131,6 +170,8 @@ class Stack:
                                    **connect_options(self.creds_of("admin"))))
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
+            if name == "policy" and self.policy_dir is not None:
+                extra = ["--policy", str(self.policy_dir)]
             service = ServiceProcess(
                 name, serve_command(name, self.url, self.data_dir, self.registry_dirs, extra,
                                     creds=self.creds_of(name)),
@@ -212,8 +253,11 @@ def run_until_signalled(stack: Stack) -> int:
                  f"{stack.creds_of('agent')} (more: toolgate agents add TENANT AGENT)\n"
                  if stack.creds else "")
               + "  try:  toolgate call search_sources "
-              "'{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}'"
-              "\nPress Ctrl-C to stop.", flush=True)
+              "'{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}'\n"
+              + "".join(f"  example {stack.example}: agent {tenant}.{agent}, creds {creds}\n"
+                        f"    try:  {stack.example_hint} --creds {creds}\n"
+                        for tenant, agent, creds in stack.example_agents)
+              + "Press Ctrl-C to stop.", flush=True)
         while not stopping:
             time.sleep(0.5)
             stack.restart_dead()
