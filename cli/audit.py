@@ -6,145 +6,330 @@
     toolgate audit verify                check the hash chains against their signatures
     toolgate audit schema                apply the DDL (the sink does this at start-up)
 
-Every command that talks to ClickHouse takes --clickhouse-url
-(default $TOOLGATE_CLICKHOUSE_URL or http://127.0.0.1:8123/toolgate).
+Where the audit is: --clickhouse-url, else $TOOLGATE_CLICKHOUSE_URL, else the
+ClickHouse `toolgate up` recorded in DATA_DIR/context.json, else
+http://127.0.0.1:8123/toolgate. --since takes 90s, 30m, 24h, 7d or an ISO 8601
+time (UTC unless it says). Long runs print their progress to stderr.
+
+Exit codes: 0 done (trace: found; replay: every result the same; verify:
+intact), 1 a clear "no" (nothing found, a result differs, tampering found),
+2 bad input or configuration (a flag, a URL, no such database, a missing or
+bad key, a query ClickHouse refused), 3 could not reach ClickHouse or NATS.
+Every failure is one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import logging
+import os
 import sys
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from toolgate.runtime import settings as env
-from toolgate.services.audit.connection import ClickHouseTarget, env_clickhouse_url
+from toolgate.runtime.creds import CredentialsError
+from toolgate.runtime.timespec import FORMS, TimeSpecError, parse_since
+from toolgate.services.audit.connection import (
+    BAD_CONFIG,
+    DEFAULT_CLICKHOUSE_URL,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    UNREACHABLE,
+    ClickHouseTarget,
+    Store,
+    StoreError,
+    env_clickhouse_url,
+    one_line,
+)
 
+READONLY = 164  # ClickHouse's error code for a write under readonly=1
+
+
+class Failed(Exception):
+    """An operator command ends here: one line on stderr, this exit code."""
+
+    def __init__(self, message: str, exit_code: int = BAD_CONFIG) -> None:
+        super().__init__(one_line(message))
+        self.exit_code = exit_code
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A bad flag is one line too (argparse would print the usage first)."""
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        self.exit(BAD_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def fails_in_one_line(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
+                                                 Callable[[argparse.Namespace], int]]:
+    """Run an operator command; what it cannot do is one line on stderr and an exit code."""
+
+    def wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        @functools.wraps(func)
+        def run(args: argparse.Namespace) -> int:
+            from toolgate.client.gateway_client import ConnectFailed
+
+            quiet_driver()
+            try:
+                return func(args)
+            except (Failed, StoreError) as exc:
+                failure: Failed | StoreError = exc
+            except ConnectFailed as exc:
+                failure = Failed(str(exc), UNREACHABLE)
+            except CredentialsError as exc:
+                failure = Failed(f"NATS creds: {exc} (--creds or $TOOLGATE_NATS_CREDS)")
+            print(f"{command}: {failure}", file=sys.stderr)
+            return failure.exit_code
+
+        return run
+
+    return wrap
+
+
+def quiet_driver() -> None:
+    """clickhouse-connect logs a warning line of its own for every transport error; the
+    command says it once, better."""
+    driver = logging.getLogger("clickhouse_connect")
+    if not any(isinstance(h, logging.NullHandler) for h in driver.handlers):
+        driver.addHandler(logging.NullHandler())
+
+
+def since_of(text: str | None) -> Any:
+    """--since as a UTC datetime (None if not given), or Failed."""
+    if text is None:
+        return None
+    try:
+        return parse_since(text)
+    except TimeSpecError as exc:
+        raise Failed(f"--since {exc}") from None
+
+
+# -- where the audit is ------------------------------------------------------------------
 
 def add_clickhouse_url(parser: argparse.ArgumentParser) -> None:
+    """For services (`toolgate serve audit`): the URL, resolved when the parser is built."""
     parser.add_argument("--clickhouse-url", default=env_clickhouse_url(),
                         help="ClickHouse HTTP URL, database as the path "
                              "(default: $TOOLGATE_CLICKHOUSE_URL or %(default)s)")
 
 
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """For operator commands: resolved at run time, so a failure can say where it came from."""
+    parser.add_argument("--clickhouse-url", default=None,
+                        help="ClickHouse HTTP URL, database as the path (default: "
+                             "$TOOLGATE_CLICKHOUSE_URL, else the one `toolgate up` recorded "
+                             f"in DATA_DIR/context.json, else {DEFAULT_CLICKHOUSE_URL})")
+    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                        help="seconds to wait for ClickHouse (and NATS) to answer before "
+                             "giving up (default %(default)s)")
+
+
+def data_dir_of(given: Path | None) -> tuple[Path, str]:
+    """DATA_DIR and where it came from."""
+    if given is not None:
+        return given, "--data-dir"
+    if os.environ.get("TOOLGATE_DATA_DIR"):
+        return env.env_data_dir(), "$TOOLGATE_DATA_DIR"
+    return env.env_data_dir(), "the default: no --data-dir, no $TOOLGATE_DATA_DIR"
+
+
+def store_of(given: str | None, data_dir: Path | None = None) -> Store:
+    """The audit store an operator command reads: flag, variable, context file, default."""
+    if given:
+        return Store(given, "--clickhouse-url", "check the URL")
+    if os.environ.get("TOOLGATE_CLICKHOUSE_URL"):
+        return Store(os.environ["TOOLGATE_CLICKHOUSE_URL"], "$TOOLGATE_CLICKHOUSE_URL",
+                     "check the variable, or give --clickhouse-url")
+    context = ((data_dir or env.env_data_dir()) / env.CONTEXT_FILE).absolute()
+    recorded = env.read_context(data_dir).get("clickhouse_url")
+    if isinstance(recorded, str) and recorded:
+        return Store(recorded, f"{context}, written by `toolgate up`",
+                     "is that `toolgate up` still running? Otherwise give --clickhouse-url "
+                     "or $TOOLGATE_CLICKHOUSE_URL")
+    return Store(DEFAULT_CLICKHOUSE_URL,
+                 f"the default: no --clickhouse-url, no $TOOLGATE_CLICKHOUSE_URL, no ClickHouse "
+                 f"recorded in {context}",
+                 "run `toolgate up` in this folder first, or give --clickhouse-url or "
+                 "$TOOLGATE_CLICKHOUSE_URL")
+
+
+# -- the commands --------------------------------------------------------------------------
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     audit = subparsers.add_parser("audit", help="trace, query, verify and replay the audit",
                                   description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = audit.add_subparsers(dest="audit_command", required=True)
+    commands = audit.add_subparsers(dest="audit_command", required=True,
+                                    parser_class=OneLineParser)
 
     trace = commands.add_parser("trace", help="one call's story, in order")
     trace.add_argument("call_id")
     for name in ("tenant", "agent"):
         trace.add_argument(f"--{name}", default=None,
                            help=f"only the call of this {name} (a call_id is per agent)")
-    add_clickhouse_url(trace)
+    add_store_options(trace)
     trace.set_defaults(func=cmd_trace)
 
     sql = commands.add_parser("sql", help="run a read-only query")
     sql.add_argument("query")
     sql.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    add_clickhouse_url(sql)
+    add_store_options(sql)
     sql.set_defaults(func=cmd_sql)
 
     replay = commands.add_parser("replay", help="drive recorded calls through a gateway again")
     replay.add_argument("call_id", nargs="?", default=None)
-    replay.add_argument("--since", type=_utc_time, default=None,
-                        help="replay calls requested since this ISO time (UTC)")
+    replay.add_argument("--since", default=None,
+                        help=f"replay calls requested since then: {FORMS} (UTC unless it says)")
     for name in ("tool", "tenant", "agent", "user"):
         replay.add_argument(f"--{name}", default=None, help=f"only calls of this {name}")
     replay.add_argument("--status", default=None, help="only calls that ended with this status")
-    replay.add_argument("--limit", type=int, default=20)
+    replay.add_argument("--limit", type=int, default=20,
+                        help="at most this many calls, the latest (default %(default)s)")
     replay.add_argument("--include-replays", action="store_true")
-    replay.add_argument("--timeout", type=float, default=60.0)
+    replay.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for each replayed call's result "
+                             "(default %(default)s)")
     replay.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="the running gateway (default: $TOOLGATE_NATS_URL or %(default)s)")
+                        help="the running gateway (default: $TOOLGATE_NATS_URL, else the one "
+                             "`toolgate up` recorded; now %(default)s)")
     replay.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
                         help="on a locked bus: the operator's (admin) creds, or the creds of "
                              "the agent whose calls are replayed (default: "
-                             "$TOOLGATE_NATS_CREDS)")
-    add_clickhouse_url(replay)
+                             "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` "
+                             "recorded)")
+    add_store_options(replay)
     replay.set_defaults(func=cmd_replay)
 
     verify = commands.add_parser("verify", help="detect altered, deleted or inserted rows")
     verify.add_argument("--public-key", type=Path, default=None,
                         help="the audit seal public key (default: DATA_DIR/keys/audit-seal.pub)")
-    verify.add_argument("--data-dir", type=Path, default=env.env_data_dir())
-    add_clickhouse_url(verify)
+    verify.add_argument("--data-dir", type=Path, default=None,
+                        help="the gateway's state directory: its seal key and context.json "
+                             "(default: $TOOLGATE_DATA_DIR or .toolgate)")
+    add_store_options(verify)
     verify.set_defaults(func=cmd_verify)
 
     schema = commands.add_parser("schema", help="apply the versioned DDL")
     schema.add_argument("--ddl-set", choices=("single", "cluster"), default="single")
     schema.add_argument("--cluster", default="", help="cluster name for the cluster DDL set")
-    add_clickhouse_url(schema)
+    add_store_options(schema)
     schema.set_defaults(func=cmd_schema)
 
 
-def _utc_time(text: str) -> datetime:
-    value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+def _open(args: argparse.Namespace, data_dir: Path | None = None) -> tuple[Store, Any]:
+    store = store_of(args.clickhouse_url, data_dir)
+    return store, store.open(args.connect_timeout)
 
 
-def _client(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    return ClickHouseTarget.from_url(args.clickhouse_url).client()
+def _check_timeout(args: argparse.Namespace) -> None:
+    if not args.connect_timeout > 0:
+        raise Failed(f"--connect-timeout {args.connect_timeout:g}: give a number of seconds > 0")
 
 
+@fails_in_one_line("toolgate audit trace")
 def cmd_trace(args: argparse.Namespace) -> int:
     from toolgate.services.audit.trace import format_trace, read_call_events, senders, story
 
-    rows = read_call_events(_client(args), args.call_id, tenant=args.tenant, agent=args.agent)
+    _check_timeout(args)
+    store, client = _open(args)
+    with store.errors():
+        rows = read_call_events(client, args.call_id, tenant=args.tenant, agent=args.agent)
     several = senders(rows)
     if len(several) > 1:
-        print(f"toolgate audit trace: call_id {args.call_id} was used by "
-              f"{', '.join(f'{t}.{a}' for t, a in several)}: give --tenant and --agent",
-              file=sys.stderr)
-        return 2
+        raise Failed(f"call_id {args.call_id} was used by "
+                     f"{', '.join(f'{t}.{a}' for t, a in several)} (each its own call): "
+                     "give --tenant and --agent")
     steps = story(rows)
     print(format_trace(args.call_id, steps))
     return 0 if steps else 1
 
 
+@fails_in_one_line("toolgate audit sql")
 def cmd_sql(args: argparse.Namespace) -> int:
-    from clickhouse_connect.driver.exceptions import DatabaseError
+    from clickhouse_connect.driver.exceptions import DatabaseError, OperationalError
 
+    from toolgate.services.audit.connection import server_text
     from toolgate.services.audit.sql_console import render, run_readonly
 
+    _check_timeout(args)
+    if not args.query.strip():
+        raise Failed("give a query, e.g. \"SELECT tool, count() FROM calls GROUP BY tool\"")
+    store, client = _open(args)
     try:
-        columns, rows = run_readonly(_client(args), args.query)
+        columns, rows = run_readonly(client, args.query)
+    except OperationalError as exc:
+        raise store.explain(exc) from None
     except DatabaseError as exc:
-        print(f"toolgate audit sql: {exc}", file=sys.stderr)
-        return 2
+        readonly = " (audit sql is read-only)" if exc.code == READONLY else ""
+        raise Failed(f"ClickHouse refused the query{readonly}: {server_text(exc)}") from None
     print(render(columns, rows, args.format))
     return 0
 
 
+@fails_in_one_line("toolgate audit replay")
 def cmd_replay(args: argparse.Namespace) -> int:
+    from toolgate.services.audit.progress import Progress
     from toolgate.services.audit.replay import find_recorded, replay, side_by_side
 
-    if not args.call_id and args.since is None:
-        print("toolgate audit replay: give a CALL_ID or --since", file=sys.stderr)
-        return 2
-    recorded = find_recorded(_client(args), call_id=args.call_id, since=args.since,
-                             tool=args.tool, tenant=args.tenant, agent=args.agent,
-                             user=args.user,
-                             status=args.status, include_replays=args.include_replays,
-                             limit=args.limit)
+    since = since_of(args.since)
+    if not args.call_id and since is None:
+        raise Failed("give a CALL_ID or --since (e.g. --since 1h)")
+    if args.limit < 1:
+        raise Failed(f"--limit {args.limit}: give at least 1")
+    if not args.timeout > 0:
+        raise Failed(f"--timeout {args.timeout:g}: give a number of seconds > 0")
+    _check_timeout(args)
+    store, client = _open(args)
+    with store.errors():
+        recorded = find_recorded(client, call_id=args.call_id, since=since,
+                                 tool=args.tool, tenant=args.tenant, agent=args.agent,
+                                 user=args.user, status=args.status,
+                                 include_replays=args.include_replays, limit=args.limit)
     if not recorded:
-        print("no recorded call matches", file=sys.stderr)
+        asked = f"call_id {args.call_id}" if args.call_id else \
+            f"calls since {since:%Y-%m-%d %H:%M:%S} UTC"
+        print(f"toolgate audit replay: no recorded call matches ({asked} and the filters) in "
+              f"{store.target().display()}", file=sys.stderr)
         return 1
-    outcomes = asyncio.run(replay(args.nats_url, recorded, args.creds, timeout=args.timeout))
+    progress = Progress("toolgate audit replay", "calls replayed", len(recorded))
+    outcomes = asyncio.run(replay(args.nats_url, recorded, args.creds, timeout=args.timeout,
+                                  connect_timeout=args.connect_timeout, progress=progress))
+    progress.finish()
     for outcome in outcomes:
         print(side_by_side(outcome), end="\n\n")
     return 0 if all(o.same for o in outcomes) else 1
 
 
+@fails_in_one_line("toolgate audit verify")
 def cmd_verify(args: argparse.Namespace) -> int:
-    from toolgate.services.audit.chain import load_seal_public_key
-    from toolgate.services.audit.verify import verify_store
+    from toolgate.services.audit.chain import SEAL_PUBLIC_FILE, load_seal_public_key
+    from toolgate.services.audit.progress import Progress
+    from toolgate.services.audit.verify import read_checkpoints, read_rows, verify
 
-    key = load_seal_public_key(args.public_key or args.data_dir / "keys")
-    report = verify_store(_client(args), key)
+    _check_timeout(args)
+    data_dir, source = data_dir_of(args.data_dir)
+    if args.public_key is not None:
+        path, where = args.public_key, "--public-key"
+    else:
+        path, where = data_dir / "keys" / SEAL_PUBLIC_FILE, f"in DATA_DIR {data_dir}, {source}"
+    if not path.is_file():
+        raise Failed(f"no audit seal public key at {path.absolute()} ({where}): run it in the "
+                     "folder where `toolgate up` ran, or give --data-dir DIR or --public-key "
+                     "FILE (the audit sink writes DATA_DIR/keys/audit-seal.pub)")
+    try:
+        key = load_seal_public_key(path)
+    except (ValueError, OSError) as exc:
+        raise Failed(f"{path} ({where}) is not a readable Ed25519 public key in PEM "
+                     f"({str(exc).split('. See ')[0] or type(exc).__name__})") from None
+    store, client = _open(args, data_dir if args.data_dir is not None else None)
+    with store.errors():
+        total = int(client.query("SELECT count() FROM event_log").result_rows[0][0])
+        progress = Progress("toolgate audit verify", "rows read", total)
+        report = verify(progress.counted(read_rows(client)), read_checkpoints(client), key)
+    progress.finish()
     for finding in report.findings:
         print(finding.line())
     verdict = "OK" if report.ok else f"TAMPERED ({len(report.tampered)} finding(s))"
@@ -153,10 +338,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+@fails_in_one_line("toolgate audit schema")
 def cmd_schema(args: argparse.Namespace) -> int:
-    from toolgate.services.audit.schema import apply_schema
+    from toolgate.services.audit.schema import SchemaError, apply_schema
 
-    target = ClickHouseTarget.from_url(args.clickhouse_url)
-    ran = apply_schema(target, args.ddl_set, args.cluster)
+    _check_timeout(args)
+    store = store_of(args.clickhouse_url)
+    target: ClickHouseTarget = store.target()
+    store.probe(target, args.connect_timeout)  # the database may not exist yet: no open()
+    try:
+        with store.errors():
+            ran = apply_schema(target, args.ddl_set, args.cluster)
+    except SchemaError as exc:
+        raise Failed(str(exc)) from None
     print(f"{target.display()}: applied {ran or 'nothing new'}")
     return 0

@@ -9,7 +9,10 @@ file, line and reason and exits 2; a bus it cannot reach or write to gets
 one line and exit 3. push finds NATS the way every command does (flags,
 TOOLGATE_* variables, else what `toolgate up` recorded, as admin). test
 replays the decisions recorded in the audit store under a bundle and prints
-which would change (exit 0: none, 1: some, 2: bad bundle).
+which would change (exit 0: none, 1: some, 2: bad input or configuration: the
+bundle, the registry, --since, the ClickHouse URL or database; 3: no ClickHouse
+answered), every failure in one line; it finds the audit as `toolgate audit`
+does and shows its progress on stderr when it takes a while.
 """
 
 from __future__ import annotations
@@ -26,7 +29,15 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import Error as JetStreamError
 
-from toolgate.cli.audit import add_clickhouse_url
+from toolgate.cli.audit import (
+    Failed,
+    OneLineParser,
+    add_store_options,
+    fails_in_one_line,
+    since_of,
+    store_of,
+)
+from toolgate.contracts.registry import RegistryError
 from toolgate.runtime.creds import CredentialsError, connect_options
 from toolgate.runtime.settings import (
     GatewaySettings,
@@ -56,7 +67,8 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     policy = subparsers.add_parser("policy", help="check or push a Cedar policy bundle")
-    commands = policy.add_subparsers(dest="policy_command", required=True)
+    commands = policy.add_subparsers(dest="policy_command", required=True,
+                                     parser_class=OneLineParser)
     check = commands.add_parser("check", help="validate a bundle directory, print its version")
     check.add_argument("directory", type=Path)
     check.set_defaults(func=cmd_check)
@@ -77,13 +89,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     test = commands.add_parser("test", help="which recorded decisions a bundle would change")
     test.add_argument("directory", type=Path)
     test.add_argument("--since", default="24h",
-                      help="24h, 30m, 7d or an ISO time, UTC (default: %(default)s)")
+                      help="decisions since then: 90s, 30m, 24h, 7d or an ISO 8601 time "
+                           "(UTC unless it says; default: %(default)s)")
     test.add_argument("--registry", type=Path, action="append", default=None,
                       help="tool registry directory, repeatable (default: $TOOLGATE_REGISTRY "
                            "or the built-in tools)")
     test.add_argument("--limit", type=int, default=5, help="example call_ids per kind")
     test.add_argument("--format", choices=("text", "json"), default="text")
-    add_clickhouse_url(test)
+    add_store_options(test)
     test.set_defaults(func=cmd_test)
 
 
@@ -189,24 +202,36 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
+@fails_in_one_line("toolgate policy test")
 def cmd_test(args: argparse.Namespace) -> int:
-    from toolgate.cli.policy_history import evaluate_history, parse_since, read_recorded
-    from toolgate.services.audit.connection import connect
+    from toolgate.cli.policy_history import evaluate_history, read_recorded
+    from toolgate.services.audit.progress import Progress
 
+    since = since_of(args.since)
+    if args.limit < 0:
+        raise Failed(f"--limit {args.limit}: give 0 or more")
+    if not args.connect_timeout > 0:
+        raise Failed(f"--connect-timeout {args.connect_timeout:g}: give a number of seconds > 0")
     try:
-        since = parse_since(args.since)
-    except ValueError:
-        print(f"toolgate policy test: --since {args.since!r}: not 24h, 30m, 7d "
-              "or an ISO time", file=sys.stderr)
-        return 2
-    checked = checked_engine(args.directory)
-    if checked is None:
-        return 2
-    _, engine = checked
-    registry = GatewaySettings(registry_dirs=tuple(args.registry or env_registry_dirs())
-                               ).load_registry()
-    recorded = read_recorded(connect(args.clickhouse_url), since)
-    report = evaluate_history(engine.bundle, registry, recorded, since)
+        files = read_bundle_dir(args.directory)
+        engine = engine_from_files(files)
+    except BundleError as exc:
+        problems = str(exc).splitlines() or ["?"]
+        raise Failed(f"policy bundle {args.directory} rejected ({len(problems)} problem(s), "
+                     f"first: {problems[0]}): `toolgate policy check {args.directory}` lists "
+                     "them") from None
+    try:
+        registry = GatewaySettings(registry_dirs=tuple(args.registry or env_registry_dirs())
+                                   ).load_registry()
+    except RegistryError as exc:
+        raise Failed(f"tool registry: {exc} (--registry or $TOOLGATE_REGISTRY)") from None
+    store = store_of(args.clickhouse_url)
+    client = store.open(args.connect_timeout)
+    with store.errors():
+        recorded = read_recorded(client, since)
+    progress = Progress("toolgate policy test", "decisions replayed", len(recorded))
+    report = evaluate_history(engine.bundle, registry, recorded, since, progress)
+    progress.finish()
     if args.format == "json":
         print(json.dumps(report.to_json(args.limit), indent=2))
     else:

@@ -11,14 +11,15 @@ compared. Calls whose arguments the audit did not keep, rate-limit denials
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from toolgate.contracts.calls import ErrorCode, ToolCall
 from toolgate.contracts.registry import Registry
+from toolgate.runtime.timespec import parse_since as parse_since  # one --since format
+from toolgate.services.audit.progress import Progress
 from toolgate.services.audit.replay import REPLAY_PREFIX, recorded_call
 from toolgate.services.policy.bundle import PolicyBundle
 from toolgate.services.policy.engine import CedarEngine
@@ -63,16 +64,6 @@ class Outcome:
     @property
     def changed(self) -> bool:
         return self.kind not in NOT_CHANGES
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """"24h", "30m", "7d", "90s" back from now, or an ISO time (UTC unless it says)."""
-    match = re.fullmatch(r"(\d+)([smhd])", text.strip())
-    if match:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
-        return (now or datetime.now(UTC)) - timedelta(**{unit: int(match[1])})
-    value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def candidate_kind(decision: Decision) -> str:
@@ -176,10 +167,11 @@ class Report:
 
 
 def evaluate_history(bundle: PolicyBundle, registry: Registry, recorded: list[Recorded],
-                     since: datetime) -> Report:
+                     since: datetime, progress: Progress | None = None) -> Report:
     clock = RecordedClock()
     engine = CedarEngine(bundle, clock=clock)
-    return Report(engine.version, since, [compare(r, engine, registry, clock) for r in recorded])
+    items = progress.counted(recorded) if progress is not None else recorded
+    return Report(engine.version, since, [compare(r, engine, registry, clock) for r in items])
 
 
 # -- reading the audit store -----------------------------------------------------------
@@ -221,3 +213,4 @@ def read_recorded(client: Any, since: datetime) -> list[Recorded]:
         found.append(Recorded(call_id, tool, agent, RECORDED_DECISIONS[event_type], code,
                               int(required or 0), call, at))
     return found
+

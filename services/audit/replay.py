@@ -23,10 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from clickhouse_connect.driver.client import Client
+from nats.js.errors import Error as JetStreamError
 
-from toolgate.client.gateway_client import GatewayClient, ResultTimeout
+from toolgate.client.gateway_client import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    GatewayClient,
+    ResultTimeout,
+)
 from toolgate.contracts.calls import ToolCall, ToolResult
+from toolgate.services.audit.progress import Progress
 from toolgate.services.audit.rows import sha256_of
 
 REPLAY_PREFIX = "rp-"
@@ -133,10 +140,19 @@ def recorded_call(payload: str, note: str, tenant: str,
 
 
 async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None = None,
-                 timeout: float = 60.0) -> list[Replayed]:
-    async with await GatewayClient.connect(nats_url, creds) as client:
+                 timeout: float = 60.0, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 progress: Progress | None = None) -> list[Replayed]:
+    """Replay each call (all at once); `progress` counts the ones done."""
+    async with await GatewayClient.connect(nats_url, creds,
+                                           connect_timeout=connect_timeout) as client:
 
         async def one(original: RecordedCall) -> Replayed:
+            outcome = await attempt(original)
+            if progress is not None:
+                progress.advance()
+            return outcome
+
+        async def attempt(original: RecordedCall) -> Replayed:
             if original.call is None:
                 return Replayed(original, error=f"cannot replay: {original.why_not}")
             sender = (original.call.principal.tenant, original.call.principal.agent)
@@ -152,8 +168,20 @@ async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None
                 return Replayed(original, call.call_id, await client.submit(call, timeout))
             except ResultTimeout as exc:
                 return Replayed(original, call.call_id, error=str(exc))
+            except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
+                return Replayed(original, call.call_id, error=(
+                    f"the gateway did not take the call: {type(exc).__name__}: {exc}"))
 
-        return list(await asyncio.gather(*(one(r) for r in recorded)))
+        async def tick() -> None:  # a line every interval even while every call still waits
+            while progress is not None:
+                await asyncio.sleep(0.5)
+                progress.maybe_report()
+
+        ticker = asyncio.create_task(tick())
+        try:
+            return list(await asyncio.gather(*(one(r) for r in recorded)))
+        finally:
+            ticker.cancel()
 
 
 def side_by_side(replayed: Replayed, width: int = 60) -> str:

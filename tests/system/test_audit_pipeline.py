@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 
 import msgspec
@@ -259,6 +260,47 @@ def test_verify_finds_the_chains_intact(audited, story, capsys):
                      "--clickhouse-url", audited.stack.audit_url)
     out = capsys.readouterr().out
     assert code == 0 and out.strip().splitlines()[-1].startswith("OK"), out
+
+
+def test_verify_and_policy_test_need_no_flags_where_toolgate_up_ran(audited, story, capsys,
+                                                                     monkeypatch, tmp_path):
+    """In the folder where `toolgate up` ran (its state in ./.toolgate), the seal key and the
+    ClickHouse URL come from there: no flag, no variable."""
+    from toolgate.cli.main import main
+    from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR
+
+    for name in [n for n in os.environ if n.startswith("TOOLGATE_")]:
+        monkeypatch.delenv(name)
+    (tmp_path / ".toolgate").symlink_to(audited.data_dir)
+    monkeypatch.chdir(tmp_path)
+    assert audit_cli("verify") == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("OK")
+    assert main(["policy", "test", str(DEFAULT_BUNDLE_DIR), "--since", "1h",
+                 "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calls"] >= 2
+
+
+def test_replay_shows_progress_when_it_takes_a_while(audited, story, capsys, monkeypatch):
+    from toolgate.services.audit import progress
+
+    monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # every step counts as "a while"
+    assert audit_cli("replay", "--since", "1h", "--tool", "search_sources", "--status", "ok",
+                     *operator_bus(audited), "--clickhouse-url", audited.stack.audit_url) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err and err[-1].startswith("toolgate audit replay: ") and "calls replayed (100%)" \
+        in err[-1], err
+
+
+def test_replay_with_no_gateway_is_one_line(audited, story, capsys):
+    from toolgate.stack.clickhouse_server import free_port
+
+    nats_url = f"nats://127.0.0.1:{free_port()}"
+    assert audit_cli("replay", story["search"], "--nats-url", nats_url,
+                     "--connect-timeout", "0.5", "--clickhouse-url",
+                     audited.stack.audit_url) == 3
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"toolgate audit replay: no NATS at {nats_url}")
 
 
 def test_malformed_call_is_recorded(audited, story):
