@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from toolgate.contracts.calls import ToolCall
 from toolgate.contracts.events import ResourceSeen
 from toolgate.contracts.registry import ToolSpec, pointer_steps
@@ -125,3 +127,14 @@ def resource_entity(seen: ResourceSeen, references: Mapping[str, str]) -> dict[s
                               f"{exc.why}, so the policy cannot evaluate this call") from exc
     attrs.update(refs)
     return {"uid": uid(seen.type, seen.id), "attrs": attrs, "parents": []}
+
+
+def recorded_resources(decision: Mapping[str, Any]) -> list[ResourceSeen] | None:
+    """The resources a recorded decision event looked up (its JSON as the audit keeps it),
+    for deciding again on what was known then: `engine.decide(call, spec,
+    resources=recorded_resources(event))`. None when the event recorded none (a tool
+    that declares resources is then denied: nothing says what the policy knew)."""
+    found = decision.get("resources")
+    if not found:
+        return None
+    return msgspec.convert(found, list[ResourceSeen])

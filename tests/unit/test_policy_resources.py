@@ -335,3 +335,21 @@ class TestSchemas:
                          ("WHERE id = :id", "WHERE id = 'o-1001'")):
             with pytest.raises(BundleError, match=SETTINGS_FILE):
                 build_bundle({**files, SETTINGS_FILE: files[SETTINGS_FILE].replace(bad, why)})
+
+
+def test_a_recorded_decision_is_decided_again_on_what_was_known_then() -> None:
+    import msgspec
+
+    from toolgate.contracts.events import CallDenied
+    from toolgate.services.policy.resources import recorded_resources
+
+    denied = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY,
+                             resources=[O2002])
+    event = CallDenied(event_id="e", call_id="c1", occurred_at=datetime.now(UTC),
+                       service="policy", status="denied", error=denied.error,  # type: ignore[arg-type]
+                       resources=[O2002])
+    document = msgspec.json.decode(msgspec.json.encode(event))  # as the audit stores it
+    again = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY,
+                            resources=recorded_resources(document))
+    assert again.policy_ids == denied.policy_ids == ["orders-owner-only"]
+    assert recorded_resources({"resources": []}) is None
