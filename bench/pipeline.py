@@ -1,55 +1,73 @@
-"""`toolgate bench`: the full pipeline against a pass-through floor, in one run.
+"""`toolgate bench`: what an agent platform sees, next to what the bus itself gives.
 
-Both sides are driven by the same client loop: publish with a publish ack,
-receive on one wildcard subscription, match by call_id. Latency is measured
-one call at a time (p50/p99); throughput with a burst published at once.
-The floor has as many hops as the pipeline has services, each its own
-process like the services, doing no work.
+In one run, against one gateway (a private one started as `toolgate up`
+starts it: locked bus, audit on; or a running one with `--nats-url`):
 
-On a private gateway the pipeline's calls come from an agent's own identity
-(its account imports its calls subject and its results, as on a real
-gateway); against `--nats-url` they are published with the operator's
-credentials as agent `bench` of tenant `bench`.
+- `client (nats-py)`: a plain nats-py agent outside the gateway's processes,
+  with its own agent creds, on the v2 wire contract (toolgate.bench.drivers);
+- `GatewayClient`: the same calls through toolgate's Python client;
+- `floor (raw, 4 hops)`: four pass-through JetStream hops in one process,
+  plain nats-py (toolgate.bench.floor), driven by the same client loop.
+
+Each is measured one call at a time (p50, p99) and with a burst published at
+once (calls/s); with each window the CPU milliseconds per call of every
+process (each service, nats-server, ClickHouse, the floor's hops, this
+client) are read from /proc. `--rate R --duration S` holds a fixed arrival
+rate instead (open loop); `--curve` measures the burst throughput and then
+holds 25, 50, 75 and 90 % of it.
+
+Progress goes to stderr; the figures to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import math
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import nats
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
-from toolgate.bench import floor
+from toolgate.bench import floor, procs
+from toolgate.bench.drivers import Driver, FloorClient, GatewayDriver, PlainClient
+from toolgate.bench.loops import (
+    Closed,
+    Open,
+    Progress,
+    Window,
+    closed_loop,
+    combine,
+    open_loop,
+    say,
+)
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.calls import Principal
 from toolgate.runtime.creds import connect_options, identity_of_creds
 from toolgate.runtime.settings import env_nats_creds
 from toolgate.stack.processes import die_with_parent
-from toolgate.stack.supervisor import Stack
+from toolgate.stack.supervisor import AUDIT_SERVICE, SERVICES, Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
 # The services one call passes through: validator, policy, executor, attacher.
-HOPS = 4
-
-
-@dataclass
-class Figures:
-    p50_ms: float
-    p99_ms: float
-    burst_calls_per_s: float
-
-
-Send = Callable[[Client, str, bytes], Awaitable[None]]
+HOPS = floor.HOPS
+CURVE_FRACTIONS = (0.25, 0.50, 0.75, 0.90)
+# The gateway is quiet when its processes use less than this many cores together.
+QUIET_CORES = 0.15
+QUIET_SAMPLE_S = 0.3
+DRAIN_TIMEOUT_S = 120.0
+QUIET_TIMEOUT_S = 30.0
+STARTUP_QUIET_TIMEOUT_S = 60.0
+# Rows of the CPU table, in this order; others (if any) follow.
+PROCESS_ORDER = (*SERVICES, AUDIT_SERVICE, "nats-server", "clickhouse", "floor hops", "client")
 
 
 def principal_for(creds: Path | None) -> Principal:
@@ -59,141 +77,138 @@ def principal_for(creds: Path | None) -> Principal:
     return Principal(tenant=tenant, user=PRINCIPAL.user, agent=agent, session=PRINCIPAL.session)
 
 
-async def _measure(nc: Client, send: Send, out_wildcard: str, id_of: Callable[[str], str],
-                   calls: int, burst: int, prefix: str, principal: Principal) -> Figures:
-    waiting: dict[str, asyncio.Future[None]] = {}
-
-    async def on_out(msg: object) -> None:
-        future = waiting.pop(id_of(msg.subject), None)  # type: ignore[attr-defined]
-        if future is not None and not future.done():
-            future.set_result(None)
-
-    sub = await nc.subscribe(out_wildcard, cb=on_out)
-    loop = asyncio.get_running_loop()
-
-    async def one(call_id: str) -> None:
-        waiting[call_id] = loop.create_future()
-        future = waiting[call_id]
-        body = msgspec.json.encode(ToolCall(call_id=call_id, tool="echo", arguments={},
-                                            principal=principal))
-        await send(nc, call_id, body)
-        await asyncio.wait_for(future, 60)
-
-    for i in range(20):  # warm-up: connections, consumers, caches
-        await one(f"{prefix}-warm-{i}")
-    latencies = []
-    for i in range(calls):
-        started = time.perf_counter()
-        await one(f"{prefix}-lat-{i}")
-        latencies.append((time.perf_counter() - started) * 1000)
-    started = time.perf_counter()
-    await asyncio.gather(*(one(f"{prefix}-burst-{i}") for i in range(burst)))
-    elapsed = time.perf_counter() - started
-    await sub.unsubscribe()
-    latencies.sort()
-    return Figures(p50_ms=statistics.median(latencies),
-                   p99_ms=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
-                   burst_calls_per_s=burst / elapsed)
+# ---------------------------------------------------------------- waiting for quiet
 
 
-async def _pipeline(nats_url: str, calls: int, burst: int, run: str,
-                    creds: Path | None) -> Figures:
-    principal = principal_for(creds)
-    nc = await nats.connect(nats_url, **connect_options(creds))
-    js = nc.jetstream()
-    calls_subject = subjects.calls_subject(principal.tenant, principal.agent)
+class Gate:
+    """Drained: every consumer of `streams` caught up. Quiet: the watched processes idle."""
 
-    async def send(_: Client, call_id: str, body: bytes) -> None:
-        # As GatewayClient publishes: no Nats-Msg-Id (the gateway dedupes by call_id).
-        await js.publish(calls_subject, body, stream=subjects.CALLS_STREAM)
+    def __init__(self, js: JetStreamContext | None, streams: Sequence[str],
+                 processes: procs.Processes, quiet_timeout_s: float = QUIET_TIMEOUT_S) -> None:
+        self.js, self.streams, self.processes = js, list(streams), processes
+        self.quiet_timeout_s = quiet_timeout_s
 
+    async def pending(self) -> int:
+        assert self.js is not None
+        total = 0
+        for stream in self.streams:
+            for info in await self.js.consumers_info(stream):
+                total += (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return total
+
+    async def drain(self) -> None:
+        if self.js is None:  # no operator creds: nothing to ask; quiet() has to do
+            return
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while (left := await self.pending()) > 0:
+            if time.monotonic() > deadline:
+                say(f"{left} messages still pending after {DRAIN_TIMEOUT_S:.0f} s; going on")
+                return
+            await asyncio.sleep(0.05)
+
+    async def quiet(self, timeout_s: float | None = None) -> None:
+        watched = procs.Processes({name: pid for name, pid in self.processes.pids.items()
+                                   if name != "client"}, set(self.processes.alone))
+        if not watched.pids or not procs.available():
+            await asyncio.sleep(1.0)
+            return
+        deadline = time.monotonic() + (timeout_s or self.quiet_timeout_s)
+        while True:
+            before, started = watched.snapshot(), time.perf_counter()
+            await asyncio.sleep(QUIET_SAMPLE_S)
+            used = procs.delta(before, watched.snapshot())
+            cores = sum(used.values()) / (time.perf_counter() - started)
+            if cores < QUIET_CORES:
+                return
+            if time.monotonic() > deadline:
+                busiest = max(used, key=lambda name: used[name])
+                say(f"not quiet after {timeout_s or self.quiet_timeout_s:.0f} s "
+                    f"({cores:.2f} cores busy, most in {busiest}); going on")
+                return
+
+
+# ---------------------------------------------------------------- the runs
+
+
+@dataclass
+class Target:
+    """The gateway under test and who may do what on it."""
+
+    nats_url: str
+    agent_creds: Path | None
+    admin_creds: Path | None
+    processes: procs.Processes
+    description: str
+
+    @property
+    def principal(self) -> Principal:
+        return principal_for(self.agent_creds)
+
+
+async def _admin(target: Target) -> Client | None:
+    """A connection as the operator, for consumer info and the floor; None if refused."""
+    if target.admin_creds is not None and identity_of_creds(target.admin_creds) is not None:
+        return None  # an agent's creds: they may not
     try:
-        results = subjects.agent_results_prefix(principal.tenant, principal.agent)
-        return await _measure(nc, send, f"{results}.*",
-                              lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
-                              f"pipe-{run}", principal)
-    finally:
-        await nc.close()
+        return await nats.connect(target.nats_url, connect_timeout=5,
+                                  max_reconnect_attempts=0,
+                                  **connect_options(target.admin_creds))
+    except Exception as exc:
+        say(f"no operator connection ({exc!r}): no drain checks, no floor")
+        return None
 
 
-async def _floor(nats_url: str, calls: int, burst: int, run: str,
-                 creds: Path | None) -> Figures:
-    nc = await nats.connect(nats_url, **connect_options(creds))
-    js = nc.jetstream()
-    await js.add_stream(floor.stream_config())
+def _start_hops(target: Target, log: Path) -> subprocess.Popen[bytes]:
+    flags = ["--creds", str(target.admin_creds)] if target.admin_creds else []
+    with open(log, "wb") as err:
+        return subprocess.Popen([sys.executable, "-m", "toolgate.bench.floor",
+                                 "--nats-url", target.nats_url, "--hops", str(HOPS), *flags],
+                                stdout=subprocess.PIPE, stderr=err,
+                                preexec_fn=die_with_parent)
 
-    async def send(_: Client, call_id: str, body: bytes) -> None:
-        # The agent's publish: no Nats-Msg-Id, like the pipeline's first hop.
-        await js.publish(floor.hop_subject(0), body, stream=floor.STREAM,
-                         headers={floor.CALL_HEADER: call_id})
 
-    hops = [_start_hop(nats_url, i, creds) for i in range(HOPS)]
+async def _run_floor(target: Target, admin: Client, progress: Progress, prefix: str,
+                     calls: int, burst: int, tmp: Path) -> Closed:
+    js = admin.jetstream()
+    await floor.reset_stream(js)
+    log = tmp / "floor-hops.log"
+    hops = _start_hops(target, log)
     try:
-        return await _measure(nc, send, floor.out_subject("*"),
-                              lambda subject: subject.rsplit(".", 1)[-1], calls, burst,
-                              f"floor-{run}", principal_for(None))
-    finally:
-        for hop in hops:
-            hop.terminate()
-        for hop in hops:
-            hop.wait()
-        await nc.close()
-
-
-def _start_hop(nats_url: str, index: int, creds: Path | None) -> subprocess.Popen[bytes]:
-    flags = ["--creds", str(creds)] if creds else []
-    return subprocess.Popen([sys.executable, "-m", "toolgate.bench.floor",
-                             "--nats-url", nats_url, "--hop", str(index), "--hops", str(HOPS),
-                             *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=die_with_parent)
-
-
-def _print(name: str, figures: Figures) -> None:
-    print(f"{name:<9} p50 {figures.p50_ms:7.2f} ms   p99 {figures.p99_ms:7.2f} ms   "
-          f"burst {figures.burst_calls_per_s:8.0f} calls/s")
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    run = str(int(time.time()))
-    with tempfile.TemporaryDirectory(prefix="toolgate-bench-") as tmp:
-        stack = None
-        nats_url = args.nats_url
-        # The floor declares its own stream and subjects: on a locked bus that is the operator's.
-        creds = agent_creds = args.creds
-        if creds is not None and identity_of_creds(creds) is not None:
-            # An agent's creds drive the pipeline; the floor needs the operator's.
-            creds = env_nats_creds("admin")
-        if nats_url is None:
-            stack = Stack(data_dir=Path(tmp))
-            stack.start()
-            nats_url = stack.url
-            creds, agent_creds = stack.creds_of("admin"), stack.creds_of("agent")
-            asyncio.run(_wait_for_pipeline(nats_url, agent_creds))
+        assert hops.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(hops.stdout.readline), 30)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the floor's hops did not start: {log.read_text()[-2000:]}")
+        target.processes.add("floor hops", hops.pid)
+        gate = Gate(js, [floor.STREAM], target.processes)
+        client = await FloorClient.connect(target.nats_url, target.admin_creds,
+                                           target.principal)
         try:
-            print(f"toolgate bench: {args.calls} sequential calls, burst of {args.burst}, "
-                  f"tool 'echo', {HOPS} hops, NATS {nats_url}")
-            pipeline = asyncio.run(_pipeline(nats_url, args.calls, args.burst, run,
-                                             agent_creds))
-            base = asyncio.run(_floor(nats_url, args.calls, args.burst, run, creds))
+            return await closed_loop(client, target.processes, gate, prefix, calls, burst,
+                                     progress)
         finally:
-            if stack is not None:
-                stack.stop()
-    _print("pipeline", pipeline)
-    _print("floor", base)
-    print(f"ratio     p50 {pipeline.p50_ms / base.p50_ms:5.2f}x   "
-          f"p99 {pipeline.p99_ms / base.p99_ms:5.2f}x   "
-          f"throughput {pipeline.burst_calls_per_s / base.burst_calls_per_s:5.2f}x of the floor")
-    return 0
+            await client.close()
+    finally:
+        hops.terminate()
+        hops.wait()
+        target.processes.remove("floor hops")
+        await floor.delete_stream(js)
+
+
+async def _driver(kind: str, target: Target) -> Driver:
+    if kind == "gateway":
+        return await GatewayDriver.connect(target.nats_url, target.agent_creds,
+                                           target.principal)
+    return await PlainClient.connect(target.nats_url, target.agent_creds, target.principal)
 
 
 async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float = 60.0) -> None:
-    """Wait until one call goes through: every service is up."""
+    """Wait until one call goes through: every service on its path is up."""
     from toolgate.client.gateway_client import GatewayClient
 
     deadline = time.monotonic() + timeout
     principal = principal_for(creds)
-    async with await GatewayClient.connect(nats_url, creds) as client:
+    async with await GatewayClient.connect(nats_url, creds,
+                                           identity=(principal.tenant, principal.agent)) as client:
         while True:
             try:
                 await client.call("echo", {}, principal=principal, timeout=5)
@@ -201,3 +216,267 @@ async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float =
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise
+
+
+async def _measure(target: Target, args: argparse.Namespace, run: str,
+                   tmp: Path) -> list[Closed | Open | str]:
+    """Everything the arguments ask for; returns what to print (figures, or a note)."""
+    progress = Progress()
+    admin = await _admin(target)
+    gate = Gate(admin.jetstream() if admin else None,
+                [subjects.CALLS_STREAM, subjects.EVENTS_STREAM], target.processes)
+    out: list[Closed | Open | str] = []
+    try:
+        started = time.monotonic()
+        say("waiting for one call to go through")
+        await _wait_for_pipeline(target.nats_url, target.agent_creds)
+        say(f"a call went through after {time.monotonic() - started:.1f} s; "
+            "waiting for the gateway to go quiet (ClickHouse, audit, first calls)")
+        await gate.drain()
+        await gate.quiet(STARTUP_QUIET_TIMEOUT_S)
+        if args.curve or args.rate:
+            out += await _open_modes(target, args, run, gate, progress)
+            return out
+        kinds = ["plain", "gateway"] + (["floor"] if admin is not None else [])
+        if admin is None:
+            out.append("floor: skipped (needs the operator's creds: --creds)")
+        rounds: dict[str, list[Closed]] = {kind: [] for kind in kinds}
+        for index in range(args.rounds):
+            # Every other round in reverse order, so drift on a shared machine evens out.
+            for kind in kinds if index % 2 == 0 else kinds[::-1]:
+                if args.rounds > 1:
+                    say(f"round {index + 1} of {args.rounds}: {kind}")
+                prefix = f"b{run}-{kind}{index}"
+                if kind == "floor":
+                    assert admin is not None
+                    rounds[kind].append(await _run_floor(target, admin, progress, prefix,
+                                                         args.calls, args.burst, tmp))
+                    continue
+                driver = await _driver(kind, target)
+                try:
+                    rounds[kind].append(await closed_loop(driver, target.processes, gate,
+                                                          prefix, args.calls, args.burst,
+                                                          progress))
+                finally:
+                    await driver.close()
+        out += [combine(rounds[kind]) for kind in kinds]
+        return out
+    finally:
+        await progress.close()
+        if admin is not None:
+            await admin.close()
+
+
+async def _open_modes(target: Target, args: argparse.Namespace, run: str, gate: Gate,
+                      progress: Progress) -> list[Closed | Open | str]:
+    out: list[Closed | Open | str] = []
+    driver = await _driver("plain", target)
+    try:
+        if args.rate:
+            out.append(await open_loop(driver, target.processes, gate, f"b{run}-rate",
+                                       args.rate, args.duration, progress))
+            return out
+        # The curve: the most the gateway takes in a burst, then fractions of it.
+        closed = await closed_loop(driver, target.processes, gate, f"b{run}-max", 0,
+                                   args.burst, progress)
+        out.append(closed)
+        for fraction in CURVE_FRACTIONS:
+            rate = closed.burst_calls_per_s * fraction
+            point = await open_loop(driver, target.processes, gate,
+                                    f"b{run}-curve{round(fraction * 100)}", rate,
+                                    args.duration, progress, warm=False)
+            point.extra["fraction"] = fraction
+            out.append(point)
+        return out
+    finally:
+        await driver.close()
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _ms(value: float | None, width: int = 7) -> str:
+    if value is None or math.isnan(value):
+        return f"{'-':>{width}}"
+    return f"{value:{width}.2f}"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:6.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "     -"
+
+
+def _process_names(windows: Sequence[Window]) -> list[str]:
+    present = {name for window in windows for name in window.cpu_s}
+    return [n for n in PROCESS_ORDER if n in present] + sorted(present - set(PROCESS_ORDER))
+
+
+def _cpu_table(groups: Sequence[tuple[str, Sequence[tuple[str, Window]]]]) -> list[str]:
+    """CPU ms per call of every process, one column per measured window, grouped."""
+    columns = [column for _, group in groups for column in group]
+    names = _process_names([window for _, window in columns])
+    width = 9
+    lines = ["cpu ms/call  " + "".join(f"{title:^{width * len(group)}}"
+                                       for title, group in groups),
+             " " * 13 + "".join(f"{title:>{width}}" for title, _ in columns)]
+    for name in names:
+        lines.append(f"  {name:<11}" + "".join(
+            _ms(window.cpu_ms_per_call(name), width) for _, window in columns))
+    lines.append("  total      " + "".join(
+        f"{window.total_cpu_ms_per_call:{width}.2f}" for _, window in columns))
+    lines.append("  cores busy " + "".join(f"{window.cores:{width}.2f}" for _, window in columns))
+    return lines
+
+
+def _print_closed(results: Sequence[Closed], notes: Sequence[str]) -> None:
+    print(f"{'':<22}{'p50 ms':>9}{'p99 ms':>9}{'burst calls/s':>15}")
+    for r in results:
+        spread = ""
+        if r.rounds:
+            lo, hi = (min(x) for x in zip(*r.rounds, strict=True)), \
+                (max(x) for x in zip(*r.rounds, strict=True))
+            spread = "   rounds: " + "  ".join(
+                f"{a:.{d}f}-{b:.{d}f}" for a, b, d in zip(lo, hi, (2, 2, 0), strict=True))
+        print(f"{r.name:<22}{_ms(r.p50_ms, 9)}{_ms(r.p99_ms, 9)}{r.burst_calls_per_s:15.0f}"
+              + spread)
+    by_name = {r.name: r for r in results}
+    plain, gateway = by_name.get(PlainClient.name), by_name.get(GatewayDriver.name)
+    base = by_name.get(FloorClient.name)
+    pairs = [(plain, base, "client / floor"), (gateway, base, "GatewayClient / floor"),
+             (gateway, plain, "GatewayClient / client")]
+    for a, b, label in pairs:
+        if a is not None and b is not None:
+            print(f"{label:<22}{_ratio(a.p50_ms, b.p50_ms):>9}{_ratio(a.p99_ms, b.p99_ms):>9}"
+                  f"{_ratio(a.burst_calls_per_s, b.burst_calls_per_s):>15}")
+    for note in notes:
+        print(note)
+    failed = [r for r in results if r.failures]
+    for r in failed:
+        print(f"warning: {r.failures} calls of {r.name} did not end ok (denied? rate limited?)")
+    short = {PlainClient.name: "client", GatewayDriver.name: "GatewayClient",
+             FloorClient.name: "floor"}
+    groups = [(short.get(r.name, r.name), [("seq", r.sequential), ("burst", r.burst)])
+              for r in results]
+    print()
+    for line in _cpu_table(groups):
+        print(line)
+    print("(seq: the sequential calls; burst: from its first publish until every consumer, "
+          "the audit's too, has caught up)")
+
+
+def _print_open(point: Open) -> None:
+    print(f"open loop     {point.rate:.0f} calls/s for {point.duration_s:g} s "
+          f"({point.sent} calls, {point.name})")
+    print(f"latency ms    p50 {_ms(point.p(0.50))}  p90 {_ms(point.p(0.90))}  "
+          f"p99 {_ms(point.p(0.99))}  max {_ms(point.p(1.0))}")
+    print(f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost; "
+          f"last publish {point.send_lag_ms:.1f} ms behind its schedule")
+    if point.failures:
+        print(f"warning: {point.failures} calls did not end ok")
+    print()
+    for line in _cpu_table([("open loop", [(f"{point.rate:.0f}/s", point.window)])]):
+        print(line)
+
+
+def _print_curve(closed: Closed, points: Sequence[Open]) -> None:
+    duration = points[0].duration_s if points else 0
+    print(f"curve         max burst {closed.burst_calls_per_s:.0f} calls/s "
+          f"({closed.burst.calls} calls at once); open loop {duration:g} s per point")
+    print(f"{'load':>6}{'rate/s':>9}{'done/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+          f"{'max ms':>9}{'cpu ms/call':>13}{'cores':>7}{'lost':>6}")
+    for p in points:
+        print(f"{p.extra.get('fraction', 0) * 100:5.0f}%{p.rate:9.0f}{p.done_per_s:9.0f}"
+              f"{_ms(p.p(0.5), 9)}{_ms(p.p(0.9), 9)}{_ms(p.p(0.99), 9)}{_ms(p.p(1.0), 9)}"
+              f"{p.window.total_cpu_ms_per_call:13.2f}{p.window.cores:7.2f}{p.lost:6d}")
+    print()
+    groups = [("max", [("burst", closed.burst)]),
+              ("open loop", [(f"{p.extra.get('fraction', 0) * 100:.0f}%", p.window)
+                             for p in points])]
+    for line in _cpu_table(groups):
+        print(line)
+
+
+def _print(results: Sequence[Closed | Open | str]) -> None:
+    closed = [r for r in results if isinstance(r, Closed)]
+    opened = [r for r in results if isinstance(r, Open)]
+    notes = [r for r in results if isinstance(r, str)]
+    if opened and closed:
+        _print_curve(closed[0], opened)
+    elif opened:
+        _print_open(opened[0])
+    else:
+        _print_closed(closed, notes)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _creds_of(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
+    """(agent's, operator's) creds for a gateway given by --nats-url."""
+    creds: Path | None = args.creds
+    agent: Path | None = getattr(args, "agent_creds", None)
+    if creds is not None and identity_of_creds(creds) is not None:
+        # An agent's creds given as --creds: they drive the calls; the floor needs the admin's.
+        agent, creds = agent or creds, env_nats_creds("admin")
+    if agent is None:
+        recorded = env_nats_creds("agent")
+        agent = recorded if recorded is not None and identity_of_creds(recorded) else creds
+    return agent, creds
+
+
+def _load() -> str:
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return "load unknown"
+    return f"load average {one:.2f} (1 min) {five:.2f} (5 min)"
+
+
+def _header(args: argparse.Namespace, target: Target) -> str:
+    if args.rate:
+        what = f"open loop at {args.rate:g} calls/s for {args.duration:g} s"
+    elif args.curve:
+        what = (f"curve: a burst of {args.burst}, then {len(CURVE_FRACTIONS)} open-loop "
+                f"points of {args.duration:g} s")
+    else:
+        what = f"{args.calls} sequential calls, burst of {args.burst}"
+    principal = target.principal
+    return (f"toolgate bench: {what}, tool 'echo', as agent "
+            f"{principal.tenant}.{principal.agent}; {target.description}; "
+            f"NATS {target.nats_url}; {os.cpu_count()} CPUs, {_load()}")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    run = str(int(time.time()))
+    with tempfile.TemporaryDirectory(prefix="toolgate-bench-") as tmp:
+        stack = None
+        if args.nats_url is None:
+            say("starting a private gateway as `toolgate up` runs it (locked bus, audit on)")
+            stack = Stack(data_dir=Path(tmp) / "gateway", executor_args=["--concurrency", "8"])
+            try:
+                started = time.monotonic()
+                stack.start()
+                say(f"gateway processes started in {time.monotonic() - started:.1f} s")
+                target = Target(stack.url, stack.creds_of("agent"), stack.creds_of("admin"),
+                                procs.of_stack(stack),
+                                "a private gateway (locked bus, audit on)")
+                results = _run(args, target, run, Path(tmp))
+            finally:
+                stack.stop()
+        else:
+            agent, admin = _creds_of(args)
+            target = Target(args.nats_url, agent, admin,
+                            procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
+                            "a running gateway")
+            results = _run(args, target, run, Path(tmp))
+    _print(results)
+    print(f"(after: {_load()})")
+    return 0
+
+
+def _run(args: argparse.Namespace, target: Target, run: str,
+         tmp: Path) -> list[Closed | Open | str]:
+    print(_header(args, target), flush=True)
+    found = [name for name in target.processes.pids if name != "client"]
+    if not found:
+        say("no gateway processes found on this machine: CPU only for this client")
+    return asyncio.run(_measure(target, args, run, tmp))

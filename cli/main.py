@@ -267,6 +267,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         run_policy_bench(args.calls)
         return 0
+    if args.rate is not None and args.rate <= 0 or args.duration <= 0 or args.calls < 0 \
+            or args.burst < 1 or args.rounds < 1:
+        print("toolgate bench: --rate, --duration, --burst and --rounds must be positive, "
+              "-n not negative", file=sys.stderr)
+        return 2
+    if args.rate is not None and args.curve:
+        print("toolgate bench: --rate or --curve, not both", file=sys.stderr)
+        return 2
     from toolgate.bench.pipeline import run_bench
 
     return run_bench(args)
@@ -369,18 +377,36 @@ def build_parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="print the JSON Schema of the wire contract")
     schema.set_defaults(func=cmd_schema)
 
-    bench = commands.add_parser("bench", help="measure the pipeline against a pass-through floor")
+    bench = commands.add_parser(
+        "bench", help="measure the gateway as an agent sees it, next to the raw bus")
     bench.add_argument("target", nargs="?", choices=["pipeline", "policy", "audit"],
                        default="pipeline")
-    bench.add_argument("-n", "--calls", type=int, default=500)
-    bench.add_argument("--burst", type=int, default=1000)
+    bench.add_argument("-n", "--calls", type=int, default=500,
+                       help="calls sent one at a time, per client (default %(default)s)")
+    bench.add_argument("--burst", type=int, default=1000,
+                       help="calls published at once, per client (default %(default)s)")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="repeat the clients and the floor this many times, interleaved, "
+                            "and print medians (a shared machine drifts; default %(default)s)")
+    bench.add_argument("--rate", type=float, default=None,
+                       help="open loop instead: publish this many calls/s on a fixed schedule "
+                            "for --duration seconds, whatever earlier calls do")
+    bench.add_argument("--duration", type=float, default=10.0,
+                       help="seconds of each open-loop run (default %(default)s)")
+    bench.add_argument("--curve", action="store_true",
+                       help="measure the burst throughput, then hold 25/50/75/90%% of it "
+                            "open loop (--duration each) and print a table")
     bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),
-                       help="a running gateway (default: $TOOLGATE_NATS_URL, else start a "
-                            "private one in a temp dir)")
+                       help="a running gateway (default: $TOOLGATE_NATS_URL, else the one "
+                            "`toolgate up` recorded here, else start a private one in a temp "
+                            "dir as `toolgate up` runs it)")
     bench.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
                        help="with --nats-url on a locked bus: the operator's (admin) "
-                            "credentials (default: $TOOLGATE_NATS_CREDS, else the admin creds "
-                            "`toolgate up` recorded)")
+                            "credentials, for the floor and drain checks (default: "
+                            "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` recorded)")
+    bench.add_argument("--agent-creds", type=Path, default=None,
+                       help="with --nats-url: the agent the calls come from (default: the "
+                            "agent creds `toolgate up` recorded, else --creds)")
     from toolgate.bench.audit import add_bench_arguments
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)

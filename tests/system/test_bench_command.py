@@ -1,0 +1,84 @@
+"""`toolgate bench` runs end to end and prints its figure lines.
+
+Only that the command works is asserted: the lines and their shape, never a
+time, a rate or a ratio (CI machines are shared; the figures are for people).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.system
+
+NUMBER = r"\s+(?:\d+(?:\.\d+)?|-)"
+SERVICES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
+
+
+def bench(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    # A folder of its own, and no TOOLGATE_* variables: the bench starts a private gateway.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
+    return subprocess.run([sys.executable, "-m", "toolgate.cli.main", "bench", *flags],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+
+
+def assert_line(out: str, label: str, numbers: int) -> None:
+    pattern = rf"^\s*{re.escape(label)}" + NUMBER * numbers + r"x?"
+    assert re.search(pattern, out, re.MULTILINE), \
+        f"no `{label}` line with {numbers} figures:\n{out}"
+
+
+def assert_cpu_table(out: str, columns: int, extra: tuple[str, ...] = ()) -> None:
+    for name in (*SERVICES, "nats-server", "clickhouse", "client", *extra, "total",
+                 "cores busy"):
+        assert_line(out, name, columns)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU is read from /proc")
+def test_bench_prints_clients_floor_ratios_and_cpu(tmp_path: Path) -> None:
+    done = bench(tmp_path, "-n", "20", "--burst", "50")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("toolgate bench: 20 sequential calls, burst of 50")
+    for label in ("client (nats-py)", "GatewayClient", "floor (raw, 4 hops)"):
+        assert_line(out, label, 3)
+    for label in ("client / floor", "GatewayClient / floor", "GatewayClient / client"):
+        assert re.search(rf"^{re.escape(label)}(\s+\d+\.\d+x){{3}}$", out, re.MULTILINE), out
+    assert_cpu_table(out, 6, extra=("floor hops",))
+    assert "warning" not in out  # every call ended ok
+    assert ".. " in done.stderr  # progress while it runs
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU is read from /proc")
+def test_bench_curve_holds_open_loop_rates(tmp_path: Path) -> None:
+    done = bench(tmp_path, "--curve", "--burst", "50", "--duration", "1")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"^curve\s+max burst \d+ calls/s", out, re.MULTILINE), out
+    for load in ("25%", "50%", "75%", "90%"):
+        assert_line(out, load, 9)
+    assert_cpu_table(out, 5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU is read from /proc")
+def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
+    done = bench(tmp_path, "--rate", "20", "--duration", "1")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"^open loop\s+20 calls/s for 1 s \(20 calls", out, re.MULTILINE), out
+    assert re.search(r"^latency ms\s+p50" + NUMBER + r"\s+p90" + NUMBER + r"\s+p99" + NUMBER,
+                     out, re.MULTILINE), out
+    assert re.search(r"^throughput\s+\d+ calls/s done; 0 lost", out, re.MULTILINE), out
+    assert_cpu_table(out, 1)
+
+
+def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None:
+    for flags in (["--rate", "0"], ["--rate", "10", "--curve"], ["--rounds", "0"]):
+        done = bench(tmp_path, *flags)
+        assert done.returncode == 2, (flags, done.stdout, done.stderr)
+        assert not (tmp_path / ".toolgate").exists()
