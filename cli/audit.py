@@ -27,8 +27,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
@@ -97,7 +99,7 @@ def quiet_driver() -> None:
         driver.addHandler(logging.NullHandler())
 
 
-def since_of(text: str | None) -> Any:
+def since_of(text: str | None) -> datetime | None:
     """--since as a UTC datetime (None if not given), or Failed."""
     if text is None:
         return None
@@ -229,6 +231,17 @@ def _check_timeout(args: argparse.Namespace) -> None:
         raise Failed(f"--connect-timeout {args.connect_timeout:g}: give a number of seconds > 0")
 
 
+def _check_nats_url(url: str) -> None:
+    """A URL that cannot name a NATS server is bad input (2), not an unreachable server."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("nats", "tls", "ws", "wss") or not parts.hostname or not port_ok:
+        raise Failed(f"--nats-url {url!r} is not a NATS URL: give nats://HOST:PORT")
+
+
 @fails_in_one_line("toolgate audit trace")
 def cmd_trace(args: argparse.Namespace) -> int:
     from toolgate.services.audit.trace import format_trace, read_call_events, senders, story
@@ -282,6 +295,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise Failed(f"--timeout {args.timeout:g}: give a number of seconds > 0")
     _check_timeout(args)
+    _check_nats_url(args.nats_url)
     store, client = _open(args)
     with store.errors():
         recorded = find_recorded(client, call_id=args.call_id, since=since,

@@ -242,6 +242,11 @@ def test_replay_without_a_gateway(capsys, nowhere, recorded):
                          "--nats-url", nats_url, "--connect-timeout", "0.5")
     assert (code, out) == (3, "")
     assert f"no NATS at {nats_url}" in one_line(err, "audit replay")
+    for bad in ("ftp://host:4222", "nats://", "nats://127.0.0.1:port"):
+        code, _, err = run(capsys, "audit", "replay", "ok-0", "--clickhouse-url", recorded[0],
+                           "--nats-url", bad)
+        assert code == 2 and f"--nats-url {bad!r} is not a NATS URL" in one_line(
+            err, "audit replay")
     code, _, err = run(capsys, "audit", "replay", "ok-0", "--clickhouse-url", recorded[0],
                        "--nats-url", nats_url, "--creds", "/nonexistent/admin.creds")
     assert code == 2
