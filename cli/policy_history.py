@@ -23,6 +23,7 @@ from toolgate.services.audit.progress import Progress
 from toolgate.services.audit.replay import REPLAY_PREFIX, recorded_call
 from toolgate.services.policy.bundle import PolicyBundle
 from toolgate.services.policy.engine import CedarEngine
+from toolgate.services.policy.resources import ResourceSeen, recorded_resources
 from toolgate.services.policy.rules import Decision
 
 ALLOW, DENY, APPROVAL = "allow", "deny", "approval"
@@ -52,6 +53,9 @@ class Recorded:
     required_approvals: int = 0
     call: ToolCall | None = None  # None: arguments not stored (or not decodable)
     at: datetime | None = None  # when it was decided
+    # The resources the recorded decision looked up (owner, tenant, ...), so the
+    # candidate bundle decides on what was known then, not on today's data.
+    resources: list[ResourceSeen] | None = None
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ def compare(recorded: Recorded, engine: CedarEngine, registry: Registry,
         return Outcome(recorded, NOT_REGISTERED)
     if clock is not None and recorded.at is not None:
         clock.at = recorded.at  # policies that read the time see the recorded one
-    decision = engine.decide(recorded.call, spec)
+    decision = engine.decide(recorded.call, spec, resources=recorded.resources)
     return Outcome(recorded, classify(recorded, decision), candidate_kind(decision),
                    decision.policy_ids)
 
@@ -207,10 +211,11 @@ def read_recorded(client: Any, since: datetime) -> list[Recorded]:
         call = None
         if (tenant, agent, call_id) in validated:
             call, _ = recorded_call(*validated[(tenant, agent, call_id)], tenant, agent)
-        required = json.loads(payload).get("required_approvals", 0) \
+        document = json.loads(payload)
+        required = document.get("required_approvals", 0) \
             if event_type == "ApprovalRequested" else 0
         at = first if first.tzinfo else first.replace(tzinfo=UTC)
         found.append(Recorded(call_id, tool, agent, RECORDED_DECISIONS[event_type], code,
-                              int(required or 0), call, at))
+                              int(required or 0), call, at, recorded_resources(document)))
     return found
 

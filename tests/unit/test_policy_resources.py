@@ -353,3 +353,15 @@ def test_a_recorded_decision_is_decided_again_on_what_was_known_then() -> None:
                             resources=recorded_resources(document))
     assert again.policy_ids == denied.policy_ids == ["orders-owner-only"]
     assert recorded_resources({"resources": []}) is None
+
+
+def test_policy_test_re_decides_on_the_resources_the_decision_recorded() -> None:
+    from toolgate.cli.policy_history import ALLOW, DENY, UNCHANGED, Recorded, compare
+
+    read_own = call("query_order", {"order_id": "o-1001"})
+    recorded = Recorded("c1", "query_order", "support", ALLOW, call=read_own,
+                        resources=[O1001])
+    assert compare(recorded, engine(), ORDERS).kind == UNCHANGED
+    # Without what was known then, the candidate could not see the owner: a deny.
+    blind = Recorded("c1", "query_order", "support", ALLOW, call=read_own)
+    assert compare(blind, engine(), ORDERS).candidate == DENY
