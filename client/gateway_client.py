@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from toolgate.contracts import subjects
 from toolgate.contracts.calls import (
     MAX_CALL_BYTES,
     ErrorCode,
+    PendingNotice,
     Principal,
     ToolCall,
     ToolError,
@@ -35,6 +36,7 @@ from toolgate.contracts.calls import (
 from toolgate.runtime.creds import connect_options, identity_of_creds
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
+_pending_decoder = msgspec.json.Decoder(PendingNotice)
 _encoder = msgspec.json.Encoder()
 # JetStream's answers to a call it will not store: larger than max_msg_size, or
 # the agent's subject holds its quota of calls (max_msgs_per_subject, discard new).
@@ -74,6 +76,19 @@ def _decode_result(data: bytes, call_id: str) -> ToolResult | None:
     except msgspec.DecodeError:
         return None
     return result if result.call_id == call_id else None
+
+
+def _decode_pending(data: bytes, call_id: str) -> PendingNotice | None:
+    """A well-formed PendingNotice for `call_id`, or None."""
+    try:
+        notice = _pending_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None
+    return notice if notice.call_id == call_id else None
+
+
+# Told when a call waits for a human (its `.pending` notice); at most once per call.
+OnPending = Callable[[PendingNotice], object]
 
 
 class GatewayClient:
@@ -156,19 +171,38 @@ class GatewayClient:
             raise
         return None
 
-    async def submit(self, call: ToolCall, timeout: float = 30.0) -> ToolResult:
-        """Publish `call` and wait for its one ToolResult."""
+    async def submit(self, call: ToolCall, timeout: float = 30.0, *,
+                     on_pending: OnPending | None = None) -> ToolResult:
+        """Publish `call` and wait for its one ToolResult.
+
+        `on_pending(notice)` is called once if the call waits for a human first
+        (the `.pending` notice on its result subject), so a caller can say so.
+        """
         tenant, agent = self._identity(call)
         waiting: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        told: list[PendingNotice] = []
+
+        def tell(notice: PendingNotice | None) -> None:
+            if notice is not None and on_pending is not None and not told \
+                    and not waiting.done():
+                told.append(notice)
+                on_pending(notice)
 
         async def on_result(msg: Any) -> None:
             result = _decode_result(msg.data, call.call_id)
             if result is not None and not waiting.done():
                 waiting.set_result(result)
 
+        async def on_notice(msg: Any) -> None:
+            tell(_decode_pending(msg.data, call.call_id))
+
         # Subscribe before publishing, so a fast result is not missed.
         subject = subjects.results_subject(tenant, agent, call.call_id)
         sub = await self._nc.subscribe(subject, cb=on_result)
+        notices = None
+        if on_pending is not None:
+            notices = await self._nc.subscribe(
+                subjects.pending_subject(tenant, agent, call.call_id), cb=on_notice)
         try:
             refused = await self.publish(call)
             if refused is not None:
@@ -178,6 +212,8 @@ class GatewayClient:
             stored = await self._stored(tenant, agent, call.call_id)
             if stored is not None and not waiting.done():
                 waiting.set_result(stored)
+            elif on_pending is not None:  # it may have been waiting since an earlier try
+                tell(await self._stored_notice(tenant, agent, call.call_id))
             try:
                 return await asyncio.wait_for(asyncio.shield(waiting), timeout)
             except TimeoutError:
@@ -186,17 +222,20 @@ class GatewayClient:
                     "fetch it later with result(call_id)") from None
         finally:
             await sub.unsubscribe()
+            if notices is not None:
+                await notices.unsubscribe()
 
     async def call(self, tool: str, arguments: dict[str, Any], *,
                    principal: Principal | None = None, user: str = "", session: str = "",
                    task_id: str | None = None, context: dict[str, Any] | None = None,
-                   call_id: str | None = None, timeout: float = 30.0) -> ToolResult:
+                   call_id: str | None = None, timeout: float = 30.0,
+                   on_pending: OnPending | None = None) -> ToolResult:
         """One call. Give `user` and `session` (this agent's tenant and name are added),
         or a whole `principal` (whose tenant and agent must be this agent's)."""
         return await self.submit(ToolCall(
             call_id=call_id or new_call_id(), tool=tool, arguments=arguments,
             principal=principal or self.principal(user, session), task_id=task_id,
-            context=context or {}), timeout=timeout)
+            context=context or {}), timeout=timeout, on_pending=on_pending)
 
     async def call_many(self, calls: Sequence[ToolCall],
                         timeout: float = 30.0) -> list[ToolResult]:
@@ -215,3 +254,13 @@ class GatewayClient:
         except NotFoundError:
             return None
         return _decode_result(msg.data or b"", call_id)
+
+    async def _stored_notice(self, tenant: str, agent: str,
+                             call_id: str) -> PendingNotice | None:
+        try:
+            msg = await self._js.get_last_msg(
+                subjects.RESULTS_STREAM, subjects.pending_subject(tenant, agent, call_id),
+                direct=True)
+        except NotFoundError:
+            return None
+        return _decode_pending(msg.data or b"", call_id)
