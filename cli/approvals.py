@@ -7,7 +7,7 @@
     toolgate approvals add-approver NAME --tenant T [--tenant T2 ...]
                                                    create an approver; prints its token once
     toolgate approvals inbox [--port N]            the web inbox
-    toolgate approvals serve                       the approvals service itself
+    (the approvals service itself is `toolgate serve approvals`)
 
 CALL is a call key, TENANT.AGENT.CALL_ID, as `list` prints it (a call_id is
 unique only per agent); a bare CALL_ID is accepted when just one call you
@@ -18,6 +18,11 @@ the approver creds `toolgate up` made). An approver sees and votes on the
 calls of their own tenants only. Votes carry the SHA-256 of the arguments
 the approver saw (--sha256; without it, the command shows the call and
 votes on exactly the hash it shows).
+
+Exit codes: 0 done, 1 the service said no (bad token, unknown call, wrong
+hash, ...), 2 bad input (no token, a missing creds file or data dir), 3 no
+NATS or no approvals service answered, or NATS refused the creds. A failure
+is one line on stderr.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ APPROVER_ROLE = "approver"
 def _nats(parser: argparse.ArgumentParser, creds_default: Path | None, creds_help: str) -> None:
     parser.add_argument("--nats-url", default=env.env_nats_url(),
                         help="NATS server URL (default: $TOOLGATE_NATS_URL, else what "
-                             "`toolgate up` recorded, else %(default)s)")
+                             "`toolgate up` recorded; now %(default)s)")
     parser.add_argument("--creds", type=Path, default=creds_default, help=creds_help)
 
 
@@ -52,17 +57,21 @@ def _approver(parser: argparse.ArgumentParser) -> None:
     """Options of the commands that ask the approvals service as an approver."""
     _nats(parser, env.env_nats_creds(APPROVER_ROLE),
           f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-          "approver creds `toolgate up` recorded)")
-    parser.add_argument("--token", default=os.environ.get(ENV_TOKEN),
-                        help=f"the approver's token (default: ${ENV_TOKEN})")
+          "approver creds `toolgate up` recorded; now %(default)s)")
+    token = os.environ.get(ENV_TOKEN)
+    parser.add_argument("--token", default=token,
+                        help=f"the approver's token, as add-approver printed it (default: "
+                             f"${ENV_TOKEN}, now {'set' if token else 'unset'})")
     parser.add_argument("--timeout", type=float, default=5.0,
-                        help="seconds to wait for the service's answer")
+                        help="seconds to wait for the service's answer (default %(default)s)")
+    parser.add_argument("--connect-timeout", type=float, default=5.0,
+                        help="seconds to wait for NATS before giving up (default %(default)s)")
 
 
 def _data_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
                         help="state directory holding approvers.yaml "
-                             "(default: $TOOLGATE_DATA_DIR or .toolgate)")
+                             "(default: $TOOLGATE_DATA_DIR, else %(default)s)")
 
 
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -94,45 +103,52 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     for name, decision in (("approve", "approve"), ("deny", "deny")):
         vote = commands.add_parser(name, help=f"{name} a pending call")
         vote.add_argument("call", metavar="CALL", help="TENANT.AGENT.CALL_ID (or a CALL_ID)")
-        vote.add_argument("--reason", required=True, help="why (kept in the audit)")
+        vote.add_argument("--reason", required=True, help="why (kept in the audit; required)")
         vote.add_argument("--sha256", default=None,
                           help="the arguments hash you were shown (default: show the call "
                                "now and vote on its hash)")
         vote.add_argument("--approver", default=None,
-                          help="your approver name; must own the token")
+                          help="your approver name; must own the token (default: the token's "
+                               "owner)")
         _approver(vote)
         vote.set_defaults(func=cmd_vote, decision=decision)
 
     add = commands.add_parser("add-approver", help="create an approver and print its token")
-    add.add_argument("name")
+    add.add_argument("name", help="the approver's name (letters, digits, . _ @ -)")
     add.add_argument("--tenant", action="append", default=[],
                      help="a tenant whose calls the approver sees and decides; repeatable "
-                          "(one is required, unless --all-tenants)")
+                          "(one is required, unless --all-tenants; default none)")
     add.add_argument("--all-tenants", action="store_true",
-                     help="an operator-wide approver: every tenant's calls (explicit only)")
-    add.add_argument("--rotate", action="store_true", help="replace an existing approver's token")
+                     help="an operator-wide approver: every tenant's calls (explicit only; "
+                          "default: off)")
+    add.add_argument("--rotate", action="store_true",
+                     help="replace an existing approver's token (default: refuse an existing "
+                          "name)")
     _data_dir(add)
     add.set_defaults(func=cmd_add_approver)
 
     inbox = commands.add_parser("inbox", help="serve the web inbox")
-    inbox.add_argument("--port", type=int, default=8090)
+    inbox.add_argument("--port", type=int, default=8090,
+                       help="HTTP port (default %(default)s)")
     inbox.add_argument("--host", default="127.0.0.1",
-                       help="interface to listen on (default loopback; put TLS in front "
+                       help="interface to listen on (default %(default)s; put TLS in front "
                             "before exposing it)")
     # Each approver logs in with their own token; the inbox has none of its own.
     _nats(inbox, env.env_nats_creds(APPROVER_ROLE),
           f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-          "approver creds `toolgate up` recorded)")
+          "approver creds `toolgate up` recorded; now %(default)s)")
     inbox.set_defaults(func=cmd_inbox)
 
     return approvals
 
 
 async def _client(args: argparse.Namespace) -> Any:
+    """The approvals client over one connection made within --connect-timeout, or Failed."""
+    from toolgate.cli.main import connect_nats
     from toolgate.services.approvals.client import ApprovalsClient
 
-    return await ApprovalsClient.connect(args.nats_url, token=args.token,
-                                         **connect_options(args))
+    nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
+    return ApprovalsClient(nc, args.token)
 
 
 def _needs_token(args: argparse.Namespace) -> bool:
@@ -144,7 +160,11 @@ def _needs_token(args: argparse.Namespace) -> bool:
 
 def _run(args: argparse.Namespace, work: Any) -> int:
     """Run `work(client)`; report a refusal or a missing service as the exit code."""
+    from toolgate.cli.main import check_creds, check_nats_url
     from toolgate.services.approvals.client import Refused, ServiceUnavailable
+
+    check_nats_url(args.nats_url)
+    check_creds(args.creds)
 
     async def run() -> int:
         async with await _client(args) as client:
@@ -155,8 +175,10 @@ def _run(args: argparse.Namespace, work: Any) -> int:
     except Refused as exc:
         print(str(exc), file=sys.stderr)
         return 1
-    except ServiceUnavailable as exc:
-        print(str(exc), file=sys.stderr)
+    except ServiceUnavailable:
+        print(f"no approvals service answered at {args.nats_url} within {args.timeout:g}s: "
+              "is toolgate up running (or `toolgate serve approvals`), and are --creds the "
+              "approver's? (--nats-url, --creds, --timeout)", file=sys.stderr)
         return 3
 
 
@@ -223,6 +245,11 @@ def cmd_vote(args: argparse.Namespace) -> int:
 
 
 def cmd_add_approver(args: argparse.Namespace) -> int:
+    if not args.data_dir.is_dir():
+        print(f"no gateway data dir at {args.data_dir} (`toolgate up` has not run here): run "
+              "toolgate up first, or give --data-dir (the approvals service reads "
+              "approvers.yaml there)", file=sys.stderr)
+        return 2
     try:
         token = add_approver(args.data_dir, args.name, tenants=args.tenant,
                              all_tenants=args.all_tenants, rotate=args.rotate)
@@ -237,8 +264,19 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
+    from toolgate.cli.main import Failed, check_creds, check_nats_url, quiet_nats_tracebacks
     from toolgate.services.approvals.inbox import serve_inbox
 
+    check_nats_url(args.nats_url)
+    check_creds(args.creds)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s inbox %(levelname)s %(message)s")
-    return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
+    # It waits for NATS as long as it takes, one line at a time (a service, not a command).
+    quiet_nats_tracebacks(args.nats_url)
+    try:
+        return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
+    except OSError as exc:
+        if exc.errno is not None and "address" in (exc.strerror or "").lower():
+            raise Failed(f"toolgate approvals inbox: cannot listen on {args.host}:{args.port} "
+                         f"({exc.strerror}): choose another --port or --host", 2) from None
+        raise

@@ -1,6 +1,6 @@
 """The `toolgate` command: parse, build a contract, call the library.
 
-    toolgate up                        the whole gateway on the embedded default
+    toolgate up [--example NAME]       the whole gateway on the embedded default
     toolgate serve NAME                one service (validator|policy|executor|attacher|
                                        approvals|audit)
     toolgate agents add|list|revoke    one NATS identity per agent of each tenant
@@ -15,8 +15,11 @@
 After `toolgate up` in a folder, every command there finds the gateway through
 .toolgate/context.json; flags and TOOLGATE_* variables win.
 Exit codes: 0 done (for `call`: result ok), 1 a clear failure (for `call`: the
-result is an error), 2 bad input or configuration, 3 could not reach or wait
-for the gateway.
+result is an error), 2 bad input or configuration (a bad flag or URL, a
+missing data dir, registry or creds file), 3 could not reach or wait for the
+gateway (no NATS there, creds refused, no result in time). A failure is one
+line on stderr: what was tried and what to do. Services (`serve`, `up`) keep
+reconnecting to NATS for as long as they run.
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -37,12 +44,27 @@ from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
 SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
+# `toolgate up --example NAME` (toolgate.stack.supervisor.EXAMPLES).
+EXAMPLES = ("orders", "refund")
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+CONNECT_TIMEOUT_S = 5.0
+NEVER_UP = "no toolgate up ran here yet"
+
+
+class Failed(Exception):
+    """A command cannot go on: `str()` is the one line to print, `code` the exit status."""
+
+    def __init__(self, line: str, code: int) -> None:
+        super().__init__(line)
+        self.code = code
 
 
 def _add_nats(parser: argparse.ArgumentParser, role: str = "agent") -> None:
     parser.add_argument("--nats-url", default=env.env_nats_url(),
                         help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
-                             "`toolgate up` recorded in DATA_DIR, else %(default)s)")
+                             "`toolgate up` recorded in DATA_DIR; now %(default)s)")
     parser.add_argument("--creds", type=Path, default=env.env_nats_creds(role),
                         help=f"NATS creds file (default: $TOOLGATE_NATS_CREDS, else the {role} "
                              "creds `toolgate up` recorded; now %(default)s)")
@@ -53,44 +75,229 @@ def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
                         help="seconds to wait for NATS before giving up (default %(default)s)")
 
 
-def _add_runtime(parser: argparse.ArgumentParser) -> None:
+def _recorded_registry() -> list[Path]:
+    """$TOOLGATE_REGISTRY, else the registry dirs `toolgate up` started its services with."""
+    return env.env_registry_dirs() or [
+        Path(p) for p in env.read_context().get("registry_dirs") or [] if isinstance(p, str)]
+
+
+def _add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
     parser.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
                         help="state directory: keys, tool data, embedded servers "
-                             "(default: $TOOLGATE_DATA_DIR or .toolgate)")
+                             "(default: $TOOLGATE_DATA_DIR, else %(default)s)")
+    registry = _recorded_registry() if recorded else env.env_registry_dirs()
     parser.add_argument("--registry", type=Path, action="append", default=None,
-                        help="directory of tool YAML files; repeatable "
-                             "(default: $TOOLGATE_REGISTRY or the built-in tools)")
+                        help="directory of tool YAML files; repeatable (default: "
+                             "$TOOLGATE_REGISTRY"
+                             + (", else what `toolgate up` recorded" if recorded else "")
+                             + ", else the built-in tools; now "
+                             + (":".join(map(str, registry)) or "the built-in tools") + ")")
+    parser.set_defaults(registry_default=registry)
 
 
 def _settings(args: argparse.Namespace) -> env.GatewaySettings:
     return env.GatewaySettings(
         nats_url=args.nats_url, nats_creds=args.creds, data_dir=args.data_dir,
-        registry_dirs=tuple(args.registry or env.env_registry_dirs()))
+        registry_dirs=tuple(args.registry or args.registry_default))
+
+
+# ---------------------------------------------------------------- failing in one line
+
+
+def check_nats_url(url: str, flag: str = "--nats-url") -> str:
+    """`url` if it can name a NATS server; else Failed (exit 2)."""
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        parts = parts._replace(netloc="")
+    if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+        raise Failed(f"{url!r} is not a NATS URL: expected nats://HOST:PORT ({flag})", 2)
+    return url
+
+
+def check_creds(path: Path | None, flag: str = "--creds") -> Path | None:
+    """`path` if it is a readable NATS creds file (or None); else Failed (exit 2)."""
+    if path is None:
+        return None
+    from toolgate.runtime.creds import read_creds
+
+    try:
+        read_creds(Path(path).read_text())
+    except IsADirectoryError:
+        raise Failed(f"{path} is a directory, not a NATS creds file ({flag})", 2) from None
+    except FileNotFoundError:
+        raise Failed(f"no creds file at {path} ({flag}; `toolgate agents list` shows the "
+                     "agents' creds)", 2) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise Failed(f"cannot read the creds file {path}: {exc} ({flag})", 2) from None
+    except ValueError:
+        raise Failed(f"{path} is not a NATS creds file (user JWT and nkey seed) ({flag})",
+                     2) from None
+    return Path(path)
+
+
+def nats_url_source(url: str) -> str:
+    """Where --nats-url came from, for a message that says what was tried."""
+    if os.environ.get("TOOLGATE_NATS_URL") == url:
+        return "$TOOLGATE_NATS_URL"
+    recorded = env.read_context().get("nats_url")
+    if recorded == url:
+        return f"recorded by `toolgate up` in {env.env_data_dir() / env.CONTEXT_FILE}"
+    if url == env.DEFAULT_NATS_URL:
+        return (f"the default: no `toolgate up` recorded one in "
+                f"{env.env_data_dir() / env.CONTEXT_FILE}")
+    return "--nats-url"
+
+
+def connect_failure(url: str, cause: BaseException | str) -> Failed:
+    """The one line for a NATS that is not there or says no, exit 3."""
+    text = str(cause) or type(cause).__name__
+    lowered = text.lower()
+    if "authorization" in lowered or "authentication" in lowered or "revoked" in lowered:
+        return Failed(f"authorization refused at {url}: wrong, revoked or missing creds "
+                      "(--creds)", 3)
+    if "permissions violation" in lowered:
+        return Failed(f"permission denied at {url}: {text.removeprefix('nats: ')} (these "
+                      "creds may not do this: --creds)", 3)
+    if isinstance(cause, TimeoutError) or lowered in ("timeouterror", "nats: timeout"):
+        reason = "nothing answered as NATS in time"
+    elif "refused" in lowered or "connect call failed" in lowered:
+        reason = "connection refused"
+    elif "name or service not known" in lowered or "nodename nor servname" in lowered:
+        reason = "unknown host"
+    else:
+        reason = text.removeprefix("nats: ")
+    return Failed(f"no NATS at {url} ({reason}; URL from {nats_url_source(url)}): is "
+                  "toolgate up running? (--nats-url)", 3)
+
+
+async def connect_nats(url: str, creds: Path | None, timeout: float,
+                       **options: Any) -> Any:
+    """One NATS connection within `timeout`, or Failed: for a command that runs once."""
+    import nats
+    import nats.errors
+
+    from toolgate.runtime.creds import connect_options
+
+    errors: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
+        errors.append(exc)
+
+    options = {"connect_timeout": timeout, "allow_reconnect": False, "error_cb": remember,
+               **connect_options(creds), **options}
+    try:
+        return await asyncio.wait_for(nats.connect(url, **options), timeout)
+    except (TimeoutError, OSError, nats.errors.Error) as exc:
+        raise connect_failure(url, errors[-1] if errors else exc) from None
+
+
+class _OneLineNatsErrors(logging.Filter):
+    """A long-running service logs a NATS it cannot reach as one line, not a traceback
+    per attempt (it keeps reconnecting); the same line at most every 30 s."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import nats.errors
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, (OSError, TimeoutError, nats.errors.Error)):
+            return True
+        line = f"{connect_failure(self.url, exc)}; reconnecting"
+        now = time.monotonic()
+        if now - self.last.get(line, -1e9) < 30:
+            return False
+        self.last[line] = now
+        record.msg, record.args, record.exc_info, record.exc_text = line, None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_nats_tracebacks(url: str) -> None:
+    one_line = _OneLineNatsErrors(url)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(one_line)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from toolgate.stack.supervisor import Stack, run_until_signalled
-
-    executor_args = ["--concurrency", str(args.concurrency)]
     from toolgate.runtime.topology import Topology
+    from toolgate.stack.clickhouse_server import ClickHouseServerError
+    from toolgate.stack.nats_server import NatsServerError
+    from toolgate.stack.supervisor import Stack, StackError, run_until_signalled
 
+    if args.nats_url_given:
+        check_nats_url(args.nats_url_given)
+    for directory in args.registry or []:
+        if not directory.is_dir():
+            raise Failed(f"toolgate up: no registry directory at {directory} (--registry)", 2)
+    executor_args = ["--concurrency", str(args.concurrency)]
     stack = Stack(data_dir=args.data_dir, nats_url=args.nats_url_given, nats_port=args.nats_port,
                   registry_dirs=list(args.registry or env.env_registry_dirs()),
                   executor_args=executor_args, clickhouse_url=args.clickhouse_url_given,
                   clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit,
                   topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
                   example=args.example)
-    return run_until_signalled(stack)
+    try:
+        return run_until_signalled(stack)
+    except StackError as exc:
+        raise Failed(f"toolgate up: {exc}", exc.exit_code) from None
+    except (NatsServerError, ClickHouseServerError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise Failed(f"toolgate up: {first} (logs in {args.data_dir})", 3) from None
+
+
+def _wait_for_nats(url: str, creds: Path | None) -> None:
+    """A service waits for its NATS for as long as it takes, saying so in one line (every
+    30 s at most), then (on an open bus) creates the streams and buckets."""
+    from toolgate.runtime.topology import apply_topology
+
+    log = logging.getLogger("toolgate")
+    said: dict[str, float] = {}
+    while True:
+        try:
+            asyncio.run(_once(url, creds, None if creds else apply_topology))
+            return
+        except Failed as exc:
+            line = f"{exc}; trying again"
+            if time.monotonic() - said.get(line, -1e9) >= 30:
+                said[line] = time.monotonic()
+                log.warning("%s", line)
+            time.sleep(2)
+
+
+async def _once(url: str, creds: Path | None, apply: Any) -> None:
+    nc = await connect_nats(url, creds, CONNECT_TIMEOUT_S)
+    await nc.close()
+    if apply is not None:  # on a locked bus the operator (admin) applied it
+        try:
+            await asyncio.wait_for(apply(url, allow_reconnect=False, error_cb=_ignore,
+                                         connect_timeout=CONNECT_TIMEOUT_S), 30)
+        except Exception as exc:
+            raise connect_failure(url, exc) from None
+
+
+async def _ignore(exc: Exception) -> None:
+    pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from toolgate.runtime.topology import apply_topology
-
+    if args.creds is None:  # this service's own role, as `toolgate up` recorded it
+        args.creds = env.env_nats_creds(args.name)
+    check_nats_url(args.nats_url)
+    check_creds(args.creds)
+    if args.name == "policy" and args.policy is None:
+        recorded = env.read_context().get("policy_dir")
+        args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
-    if settings.nats_creds is None:  # on a locked bus the operator (admin) applied it
-        asyncio.run(apply_topology(settings.nats_url))
+    quiet_nats_tracebacks(settings.nats_url)
+    _wait_for_nats(settings.nats_url, settings.nats_creds)
     if args.name == "validator":
         from toolgate.services.validator.app import build_app
         app = build_app(settings)
@@ -114,23 +321,56 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _connect_client(args: argparse.Namespace, command: str) -> Any:
+    """A GatewayClient as the agent of --creds within --connect-timeout (then it reconnects
+    for as long as the command runs), or Failed in one line."""
+    from toolgate.client.gateway_client import GatewayClient
+    from toolgate.runtime.creds import identity_of_creds
+
+    check_nats_url(args.nats_url)
+    check_creds(args.creds)
+
+    async def connect() -> Any:
+        nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout,
+                                allow_reconnect=True, max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.5)
+        identity = identity_of_creds(args.creds) if args.creds is not None else None
+        if identity is None and args.creds is not None:
+            await nc.close()
+            raise Failed(f"{args.creds} is not an agent's creds (no tenant and agent in it): "
+                         "use one `toolgate agents add TENANT AGENT` printed (--creds)", 2)
+        return GatewayClient(nc, identity)
+
+    return connect
+
+
+def _call_problem(exc: BaseException, url: str, what: str) -> Failed | None:
+    """A NATS error while a connected command works, as one line (None: not one of those)."""
+    import nats.errors
+    from nats.js.errors import APIError
+
+    if isinstance(exc, (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError)):
+        return Failed(f"{what} at {url}: no answer from the gateway's streams (is toolgate up "
+                      "complete? may these creds do this?)", 3)
+    if isinstance(exc, APIError):
+        return Failed(f"{what} at {url}: the server said {exc.description or exc} "
+                      f"(code {exc.err_code})", 3)
+    if isinstance(exc, (nats.errors.Error, OSError)):
+        return connect_failure(url, exc)
+    return None
+
+
 def cmd_call(args: argparse.Namespace) -> int:
-    from toolgate.client.gateway_client import (
-        ConnectFailed,
-        GatewayClient,
-        IdentityUnknown,
-        ResultTimeout,
-        new_call_id,
-    )
+    from toolgate.client.gateway_client import ResultTimeout, new_call_id
+    from toolgate.contracts.calls import PendingNotice
 
     try:
         arguments = json.loads(args.arguments)
     except json.JSONDecodeError as exc:
-        print(f"arguments are not JSON: {exc}", file=sys.stderr)
-        return 2
+        raise Failed(f"toolgate call: arguments are not JSON: {exc}", 2) from None
     if not isinstance(arguments, dict):
-        print("arguments must be a JSON object", file=sys.stderr)
-        return 2
+        raise Failed("toolgate call: arguments must be a JSON object", 2)
+    connect = _connect_client(args, "call")
     # On a locked bus the creds say which tenant and agent this is; --tenant and
     # --agent only matter on an unlocked one.
     call = ToolCall(call_id=args.call_id or new_call_id(), tool=args.tool, arguments=arguments,
@@ -139,43 +379,56 @@ def cmd_call(args: argparse.Namespace) -> int:
                     task_id=args.task)
 
     async def run() -> ToolResult:
-        client = await GatewayClient.connect(args.nats_url, args.creds,
-                                             connect_timeout=args.connect_timeout)
+        client = await connect()
         async with client:
             principal = client.principal(args.user, args.session) if client.identity else \
                 call.principal
-            return await client.submit(msgspec.structs.replace(call, principal=principal),
-                                       timeout=args.timeout)
 
-    try:
-        result = asyncio.run(run())
-    except (ResultTimeout, ConnectFailed, IdentityUnknown) as exc:
-        print(f"toolgate call: {exc}", file=sys.stderr)
-        return 3
+            def waiting(notice: PendingNotice) -> None:
+                key = f"{principal.tenant}.{principal.agent}.{call.call_id}"
+                expires = f", until {notice.expires_at}" if notice.expires_at else ""
+                print(f"toolgate call: {call.call_id} waits for a human: {notice.message}"
+                      f"{expires} (an approver: toolgate approvals approve {key})",
+                      file=sys.stderr, flush=True)
+
+            try:
+                return await client.submit(msgspec.structs.replace(call, principal=principal),
+                                           timeout=args.timeout, on_pending=waiting)
+            except ResultTimeout:
+                raise Failed(f"toolgate call: no result for {call.call_id} within "
+                             f"{args.timeout:g}s (it may still finish; fetch it with "
+                             f"`toolgate result {call.call_id}`, or wait longer: --timeout)",
+                             3) from None
+            except Exception as exc:
+                problem = _call_problem(exc, args.nats_url, f"cannot publish {call.call_id}")
+                if problem is None:
+                    raise
+                raise problem from None
+
+    result = asyncio.run(run())
     print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
     return 0 if result.ok else 1
 
 
 def cmd_result(args: argparse.Namespace) -> int:
-    from toolgate.client.gateway_client import (
-        ConnectFailed,
-        GatewayClient,
-        IdentityUnknown,
-    )
+    connect = _connect_client(args, "result")
 
     async def run() -> ToolResult | None:
-        client = await GatewayClient.connect(args.nats_url, args.creds,
-                                             connect_timeout=args.connect_timeout)
+        client = await connect()
         async with client:
-            return await client.result(args.call_id)
+            try:
+                return await client.result(args.call_id)  # type: ignore[no-any-return]
+            except Exception as exc:
+                problem = _call_problem(exc, args.nats_url,
+                                        f"cannot read the result of {args.call_id}")
+                if problem is None:
+                    raise
+                raise problem from None
 
-    try:
-        result = asyncio.run(run())
-    except (ConnectFailed, IdentityUnknown) as exc:
-        print(f"toolgate result: {exc}", file=sys.stderr)
-        return 3
+    result = asyncio.run(run())
     if result is None:
-        print(f"no result stored for {args.call_id}", file=sys.stderr)
+        print(f"toolgate result: no result stored for {args.call_id} (yet) for this agent",
+              file=sys.stderr)
         return 1
     print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
     return 0
@@ -185,6 +438,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
     from toolgate.stack import nats_auth
 
     data_dir: Path = args.data_dir
+    if not data_dir.is_dir() and not (args.action == "add" and args.offline):
+        raise Failed(f"toolgate agents: no gateway data dir at {data_dir} (`toolgate up` has "
+                     "not run here): run toolgate up first, or give --data-dir"
+                     + (", or --offline to mint for a later toolgate up"
+                        if args.action == "add" else ""), 2)
     if args.action == "list":
         records = nats_auth.list_agents(data_dir)
         if not records:
@@ -195,46 +453,61 @@ def cmd_agents(args: argparse.Namespace) -> int:
             print(f"{record.tenant:<20} {record.agent:<20} {state:<28} "
                   f"{creds if not record.revoked_at else '-'}")
         return 0
+    if not args.offline:
+        check_nats_url(args.nats_url)
     try:
         if args.action == "add":
             creds, token = nats_auth.add_agent(data_dir, args.tenant, args.agent)
         else:
             token = nats_auth.revoke_agent(data_dir, args.tenant, args.agent)
     except nats_auth.AgentError as exc:
-        print(f"toolgate agents: {exc}", file=sys.stderr)
-        return 2
-    pushed = _push_account(args, data_dir, token)
+        raise Failed(f"toolgate agents: {exc}", 2) from None
+    told = _push_account(args, data_dir, token)
+    name = f"{args.tenant}.{args.agent}"
     if args.action == "add":
         print(creds)
-        print(f"agent {args.tenant}.{args.agent}: publishes only to "
-              f"toolgate.calls.{args.tenant}.{args.agent}, reads only "
-              f"toolgate.results.{args.tenant}.{args.agent}.>; "
-              + ("active now" if pushed else "active at the next `toolgate up`"),
-              file=sys.stderr)
+        if told is None:
+            print(f"agent {name}: publishes only to toolgate.calls.{name}, reads only "
+                  f"toolgate.results.{name}.>; active now", file=sys.stderr)
+        else:
+            print(f"toolgate agents: agent {name} minted, active at the next toolgate up "
+                  f"({told})", file=sys.stderr)
         return 0
-    print(f"agent {args.tenant}.{args.agent} revoked: creds deleted; "
-          + ("the server refuses it and has cut its connections" if pushed else
-             "the server refuses it from its next start (it is not running here)"))
-    return 0 if pushed or args.offline else 1
+    if told is None:
+        print(f"agent {name} revoked: creds deleted; the server refuses it and has cut its "
+              "connections")
+        return 0
+    print(f"toolgate agents: agent {name} revoked in {data_dir}, creds deleted; the server "
+          f"refuses it from its next start ({told})", file=sys.stderr)
+    return 0 if args.offline or told == NEVER_UP else 3
 
 
-def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> bool:
-    """Hand the account JWT to the running server; False if there is none to reach."""
+def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> str | None:
+    """Hand the account JWT to the running server: None once done, else why it was not."""
     from toolgate.stack import nats_auth
 
     if args.offline:
-        return False
-    if not nats_auth.creds_path(data_dir / nats_auth.CREDS_DIR, nats_auth.SYSTEM_ROLE).exists():
-        return False  # no `toolgate up` ran here yet: its start will preload the account
+        return "--offline"
+    system = nats_auth.creds_path(data_dir / nats_auth.CREDS_DIR, nats_auth.SYSTEM_ROLE)
+    if not system.exists():
+        return NEVER_UP  # its start will preload the account
+
+    async def push() -> None:
+        # Reachable at all? (nats-py alone can wait for ever on a refused port.)
+        nc = await connect_nats(args.nats_url, system, CONNECT_TIMEOUT_S)
+        await nc.close()
+        await asyncio.wait_for(nats_auth.push_account_jwts(
+            args.nats_url, data_dir, [token], timeout=CONNECT_TIMEOUT_S), 3 * CONNECT_TIMEOUT_S)
+
     try:
-        nats_auth.push_account_jwts_sync(args.nats_url, data_dir, [token])
+        asyncio.run(push())
     except nats_auth.AgentError:
         raise
-    except Exception as exc:  # no server: it loads the account when it starts
-        print(f"toolgate agents: no NATS answered at {args.nats_url} ({exc!r})",
-              file=sys.stderr)
-        return False
-    return True
+    except Failed as exc:  # no server: it loads the account when it starts
+        return str(exc)
+    except Exception as exc:
+        return str(connect_failure(args.nats_url, exc))
+    return None
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -286,39 +559,52 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="start the gateway on its embedded default")
-    up.add_argument("--nats-url", dest="nats_url_given", default=env.env_nats_url_or_none(),
+    # Not what an earlier `toolgate up` recorded: that is the server it started itself.
+    up.add_argument("--nats-url", dest="nats_url_given",
+                    default=os.environ.get("TOOLGATE_NATS_URL") or None,
                     help="use this NATS instead of starting one (default: $TOOLGATE_NATS_URL, "
-                         "else start the embedded nats-server)")
+                         "else start the embedded nats-server; now %(default)s)")
     up.add_argument("--nats-port", type=int, default=4222,
                     help="port of the embedded NATS (default %(default)s; 0: any free port)")
-    up.add_argument("--concurrency", type=int, default=8, help="executor calls in flight per tool")
+    up.add_argument("--concurrency", type=int, default=8,
+                    help="executor calls in flight per tool (default %(default)s)")
     up.add_argument("--clickhouse-url", dest="clickhouse_url_given", default=None,
                     help="audit into this ClickHouse (http://host:port/database) instead of "
-                         "starting the embedded one")
+                         "starting the embedded one (default %(default)s: the embedded one)")
     up.add_argument("--clickhouse-port", type=int, default=0,
-                    help="port of the embedded ClickHouse (0: any)")
-    up.add_argument("--no-audit", action="store_true", help="run without ClickHouse and audit")
+                    help="port of the embedded ClickHouse (default %(default)s: any free port)")
+    up.add_argument("--no-audit", action="store_true",
+                    help="run without ClickHouse and the audit sink (default: with them)")
     up.add_argument("--max-calls-per-agent", type=int, default=DEFAULT_MAX_CALLS_PER_AGENT,
                     help="storage quota: calls each agent may have stored within the 7-day "
                          "retention; over it a call is refused before storage "
                          "(default %(default)s)")
-    up.add_argument("--example", choices=("orders",), default=None,  # supervisor.EXAMPLES
+    up.add_argument("--example", choices=EXAMPLES, default=None,
                     help="also run a worked example beside the built-in tools: its tools, "
-                         "data and policy bundle (orders: README 'Worked example 3')")
-    _add_runtime(up)
+                         "data, policy bundle and agent (refund: README 'Worked example 2'; "
+                         "orders: 'Worked example 3'; default %(default)s)")
+    _add_runtime(up, recorded=False)
     up.set_defaults(func=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service")
     serve.add_argument("name", choices=SERVICE_NAMES)
-    serve.add_argument("--tools", default="", help="executor: comma-separated tools (default all)")
+    serve.add_argument("--tools", default="",
+                       help="executor: comma-separated tools (default: every tool of the "
+                            "registry)")
     serve.add_argument("--concurrency", type=int, default=8,
-                       help="executor: calls in flight per tool")
+                       help="executor: calls in flight per tool (default %(default)s)")
     serve.add_argument("--sweep-interval", type=float, default=5.0,
                        help="approvals: seconds between expiry sweeps (default %(default)s)")
     serve.add_argument("--policy", type=Path, default=None,
-                       help="policy: bundle directory to start with (default: the pushed "
-                            "bundle, else the built-in one)")
-    _add_nats(serve, role="service")
+                       help="policy: bundle directory to start with; a pushed bundle wins "
+                            "(default: the one `toolgate up` started with, else the built-in "
+                            "one)")
+    serve.add_argument("--nats-url", default=env.env_nats_url(),
+                       help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+                            "`toolgate up` recorded in DATA_DIR; now %(default)s)")
+    serve.add_argument("--creds", type=Path, default=None,
+                       help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the creds "
+                            "`toolgate up` recorded for service NAME, else none: an open bus)")
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -340,7 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("tenant", help="tenant name (letters, digits, - _; at most 64)")
         command.add_argument("agent", help="agent name (letters, digits, - _; at most 64)")
         command.add_argument("--offline", action="store_true",
-                             help="only write the files; do not tell a running server")
+                             help="only write the files; do not tell a running server "
+                                  "(default: tell it)")
         command.add_argument("--nats-url", default=env.env_nats_url(),
                              help="the running server to tell (default: $TOOLGATE_NATS_URL, "
                                   "else the one `toolgate up` recorded; now %(default)s)")
@@ -348,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in agent_actions.choices.values():
         command.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
                              help="the gateway's state directory (default: "
-                                  "$TOOLGATE_DATA_DIR or .toolgate)")
+                                  "$TOOLGATE_DATA_DIR, else %(default)s)")
     agents.set_defaults(func=cmd_agents)
 
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
@@ -357,11 +644,14 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--user", default="u-cli", help="the end user (default %(default)s)")
     call.add_argument("--session", default="s-cli", help="the session (default %(default)s)")
     call.add_argument("--agent", default="researcher",
-                      help="unlocked bus only: the agent (on a locked bus the creds say)")
+                      help="unlocked bus only: the agent (on a locked bus the creds say; "
+                           "default %(default)s)")
     call.add_argument("--tenant", default="default",
-                      help="unlocked bus only: the tenant (on a locked bus the creds say)")
-    call.add_argument("--task", default=None, help="the task id (default none)")
-    call.add_argument("--call-id", default=None, help="default: a new unique id")
+                      help="unlocked bus only: the tenant (on a locked bus the creds say; "
+                           "default %(default)s)")
+    call.add_argument("--task", default=None, help="the task id (default %(default)s)")
+    call.add_argument("--call-id", default=None,
+                      help="the call's id, a subject-safe token (default: a new unique id)")
     call.add_argument("--timeout", type=float, default=30.0,
                       help="seconds to wait for the result (default %(default)s)")
     _add_nats(call)
@@ -369,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     call.set_defaults(func=cmd_call)
 
     result = commands.add_parser("result", help="fetch the stored result of a call")
-    result.add_argument("call_id")
+    result.add_argument("call_id", help="the call_id of one of this agent's calls")
     _add_nats(result)
     _add_connect_timeout(result)
     result.set_defaults(func=cmd_result)
@@ -415,16 +705,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in ("serve", "up"):
+        # One-shot commands say what went wrong in one line: no nats-py tracebacks.
+        logging.getLogger("nats").addHandler(logging.NullHandler())
+        logging.getLogger("nats").propagate = False
     try:
         return int(args.func(args))
+    except Failed as exc:
+        print(str(exc), file=sys.stderr)
+        return exc.code
     except RegistryError as exc:
-        print(f"toolgate: registry error: {exc}", file=sys.stderr)
+        print(f"toolgate: registry error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except CredentialsError as exc:
-        print(f"toolgate: {exc}", file=sys.stderr)
+        print(f"toolgate: {exc} (--creds)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug, or a failure nobody foresaw: still one line
+        if os.environ.get("TOOLGATE_DEBUG"):
+            raise
+        print(f"toolgate {args.command}: unexpected {type(exc).__name__}: {_one_line(exc)} "
+              "(TOOLGATE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -13,12 +13,16 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+import nats
+import nats.errors
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
@@ -39,9 +43,18 @@ DEFAULT_AGENT = "researcher"
 # The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
 AUDIT_SERVICE = "audit"
 # `toolgate up --example NAME`: a package toolgate.infra.examples.NAME with REGISTRY_DIR,
-# POLICY_DIR, AGENTS ((tenant, agent) to mint), TRY (a command to show) and
-# prepare(data_dir) (its data).
-EXAMPLES = ("orders",)
+# POLICY_DIR (None, or relative: under the data dir), AGENTS ((tenant, agent) to mint),
+# TRY (a command to show) and prepare(data_dir) (its data).
+EXAMPLES = ("orders", "refund")
+
+
+class StackError(RuntimeError):
+    """`toolgate up` cannot start as asked; the message is one line saying why and what to do.
+    `exit_code`: 2 bad configuration, 3 a server it needs is not there or says no."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def load_example(name: str) -> ModuleType:
@@ -122,7 +135,10 @@ class Stack:
         dirs = self.registry_dirs or [BUILTIN_TOOLS_DIR]
         if example.REGISTRY_DIR not in dirs:
             self.registry_dirs = [*dirs, example.REGISTRY_DIR]
-        self.policy_dir = self.policy_dir or example.POLICY_DIR
+        policy = example.POLICY_DIR
+        if policy is not None and not Path(policy).is_absolute():
+            policy = self.data_dir / policy  # under the data dir, written by prepare()
+        self.policy_dir = self.policy_dir or policy
         example.prepare(self.data_dir)
         self.example_hint = example.TRY
         if self.locked:
@@ -150,8 +166,12 @@ class Stack:
         return self.nats.url
 
     def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        ensure_keypair(self.data_dir / "keys")
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            ensure_keypair(self.data_dir / "keys")
+        except OSError as exc:
+            raise StackError(f"cannot use {self.data_dir} as the data dir: "
+                             f"{exc.strerror or exc} (--data-dir)") from None
         if self.example:
             self.add_example()
         if self.locked:
@@ -163,11 +183,14 @@ class Stack:
                                                     DEFAULT_AGENT)
             self.creds = create_credentials(self.data_dir, tools=tools)
         if not self.nats_url:
+            if self.nats_port and not port_is_free(self.nats_port):
+                raise StackError(
+                    f"port {self.nats_port} is in use (another `toolgate up`, or a NATS "
+                    "server?): stop it, or use --nats-port 0 (any free port) or --nats-url")
             self.nats = EmbeddedNats(
                 self.data_dir / "nats", port=self.nats_port,
                 config_file=self.creds.auth_config if self.creds else None).start()
-        asyncio.run(apply_topology(self.url, self.topology,
-                                   **connect_options(self.creds_of("admin"))))
+        asyncio.run(self.apply_topology())
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
             if name == "policy" and self.policy_dir is not None:
@@ -182,6 +205,36 @@ class Stack:
             self.start_audit()
         self.record_context()
 
+    async def apply_topology(self, connect_timeout: float = 5.0) -> None:
+        """Streams and buckets, as the admin; StackError within `connect_timeout` if the
+        server is not there or refuses the operator's admin."""
+        errors: list[Exception] = []
+
+        async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
+            errors.append(exc)
+
+        options = {**connect_options(self.creds_of("admin")), "allow_reconnect": False,
+                   "connect_timeout": connect_timeout, "error_cb": remember}
+        try:
+            # Reachable at all, within the deadline? (nats-py alone may wait far longer.)
+            probe = await asyncio.wait_for(nats.connect(self.url, **options), connect_timeout)
+            await probe.close()
+            await apply_topology(self.url, self.topology, **options)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            cause = str(errors[-1] if errors else exc) or type(exc).__name__
+            if "authorization" in cause.lower():
+                raise StackError(
+                    f"authorization refused at {self.url}: that NATS does not trust the "
+                    f"operator of {self.data_dir} (its config must include "
+                    f"{self.data_dir / 'creds' / 'nats-auth.conf'}; README: The locked bus)",
+                    3) from None
+            if "refused" in cause.lower() or "connect call failed" in cause.lower():
+                cause = "connection refused"
+            elif isinstance(exc, TimeoutError) and not errors:
+                cause = "nothing answered as NATS in time"
+            raise StackError(f"no NATS answered at {self.url} ({cause}): check --nats-url, "
+                             "or leave it out to start the embedded one", 3) from None
+
     def record_context(self) -> None:
         """Tell every later command in this folder what runs where, and whose creds are whose."""
         creds = {role: str(self.creds.path(role).resolve())
@@ -195,6 +248,10 @@ class Stack:
             "locked": self.locked,
             "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
             "creds": creds,
+            # What the services were started with, so a copy started by hand here
+            # (`toolgate serve NAME`) serves the same tools under the same bundle.
+            "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
+            "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
         })
 
     def start_audit(self) -> None:
@@ -235,6 +292,16 @@ class Stack:
             self.nats.stop()
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def run_until_signalled(stack: Stack) -> int:
     stopping = False
 
@@ -246,6 +313,10 @@ def run_until_signalled(stack: Stack) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     try:
         stack.start()
+    except BaseException:
+        stack.stop()  # whatever did start; the caller says why in one line
+        raise
+    try:
         audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
         print(f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
               f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
