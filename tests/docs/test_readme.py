@@ -1,0 +1,370 @@
+"""Every example of README.md runs as written, so the page cannot rot.
+
+The page is read top to bottom as a reader in a fresh folder would follow it
+(tests/docs/readme.py says how its blocks and comments are read): shell
+blocks run in bash in a temporary folder, long-running commands (`toolgate
+up`, `toolgate serve`, a call that waits for a human) in the background as
+in shells of their own, Python blocks with this interpreter; JSON, Cedar and
+YAML blocks are checked against the code. Liberties taken, and only these:
+
+- the install commands (`python3 -m venv`, `pip install`) are not re-run, and
+  `.venv/bin/toolgate` is the `toolgate` of this test's environment;
+- `toolgate up` gets `--nats-port 0`, so this can run beside a gateway on 4222;
+- a `toolgate up` block stops the one running first, as the page says (Ctrl-C);
+- the audit section (edited by its own owner) names placeholders that the
+  table PLACEHOLDERS below fills in from this very run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from tests.docs.readme import (
+    CHECKED,
+    RUNNABLE,
+    Block,
+    Command,
+    json_documents,
+    matches,
+    python_prints,
+    read_blocks,
+    shell_commands,
+    split_comment,
+)
+from tests.harness import REPO_ROOT
+from toolgate.contracts.calls import ToolCall, ToolResult
+
+README = REPO_ROOT / "README.md"
+BIN = Path(sys.executable).parent
+# Words a reader replaces, in blocks of sections this test does not own, filled in
+# from this run: acme.writer's call (the audit block also traces it as that agent's),
+# and the bundle worked example 2 wrote.
+PLACEHOLDERS = {"CALL_ID": "call_02", "DIR": ".toolgate/examples/refund/policy"}
+# Commands whose documented exit statuses are all an answer, not a failure: 1 is
+# "decisions would change" for policy test, "a replayed result differs" for replay
+# (a save_evidence result names an evidence_id derived from the call_id, and a replay
+# is a new call_id, so its replay always differs).
+ANSWERS = {"toolgate policy test": {0, 1},
+           "toolgate audit replay --since 1h --tool save_evidence": {0, 1}}
+INSTALL = re.compile(r"^\s*(python3 -m venv\b|\.venv/bin/pip install\b|pip install\b)")
+BLOCK_DEADLINE_S = 300.0
+READY_DEADLINE_S = 180.0
+
+
+# ---------------------------------------------------------------- the page, without a stack
+
+
+def blocks() -> list[Block]:
+    return read_blocks(README)
+
+
+def test_every_block_is_run_or_checked_or_says_why_not() -> None:
+    found = blocks()
+    assert found, "no code blocks in README.md"
+    for block in found:
+        assert block.language in {*RUNNABLE, *CHECKED, ""}, \
+            f"{block.where}: a ```{block.language} block nobody runs or checks"
+        if block.ready_at or block.output_of:
+            assert block.not_run is None, block.where
+    not_run = [b for b in found if b.not_run]
+    assert len(not_run) <= 3, [f"{b.where}: {b.not_run}" for b in not_run]
+    outputs = [b for b in found if b.output_of]
+    assert all(b.language == "json" for b in outputs), [b.where for b in outputs]
+
+
+def test_json_examples_are_wire_messages() -> None:
+    """A JSON block that is not a command's output is a ToolCall or a ToolResult."""
+    checked = 0
+    for block in blocks():
+        if block.language != "json" or block.output_of:
+            continue
+        for document in json_documents(block.text):
+            raw = json.dumps(document).encode()
+            kind = ToolCall if "tool" in document else ToolResult
+            try:
+                msgspec.json.decode(raw, type=kind, strict=True)
+            except msgspec.ValidationError as exc:
+                pytest.fail(f"{block.where}: not a {kind.__name__}: {exc}")
+            checked += 1
+    assert checked >= 3
+
+
+def shipped_policy_ids() -> set[str]:
+    ids: set[str] = set()
+    for path in (REPO_ROOT / "infra").rglob("*.cedar"):
+        ids.update(re.findall(r'@id\("([^"]+)"\)', path.read_text(encoding="utf-8")))
+    return ids
+
+
+def test_cedar_examples_name_shipped_policies() -> None:
+    shipped = shipped_policy_ids()
+    for block in blocks():
+        if block.language == "cedar":
+            named = re.findall(r'@id\("([^"]+)"\)', block.text)
+            assert named, block.where
+            assert set(named) <= shipped, f"{block.where}: {set(named) - shipped} not shipped"
+
+
+def test_cedar_example_2_is_the_shipped_file() -> None:
+    """Worked example 2 quotes infra/policies/examples/refund_payment.cedar, policy for policy."""
+    shipped = (REPO_ROOT / "infra/policies/examples/refund_payment.cedar").read_text()
+    code = "\n".join(line for line in shipped.splitlines() if not line.startswith("//"))
+    block = next(b for b in blocks() if b.language == "cedar" and "refund_payment" in b.text)
+    assert " ".join(block.text.split()) in " ".join(code.split())
+
+
+def test_yaml_examples_parse() -> None:
+    for block in blocks():
+        if block.language == "yaml":
+            assert isinstance(yaml.safe_load(block.text), dict), block.where
+
+
+@pytest.mark.parametrize(("line", "code", "comment"), [
+    ("toolgate agents list   # prints acme", "toolgate agents list", "prints acme"),
+    ("toolgate call x '{\"a\": \"#1\"}'  # ok: fine", "toolgate call x '{\"a\": \"#1\"}'",
+     "ok: fine"),
+    ("echo a#b", "echo a#b", ""),
+])
+def test_shell_comments(line: str, code: str, comment: str) -> None:
+    assert split_comment(line) == (code, comment)
+
+
+def test_shell_commands_join_continuations_and_read_expectations() -> None:
+    commands = shell_commands("toolgate call t '{}' \\\n  --user u   # denied: not yours\n"
+                              "# a comment\n\nls   # prints x y\n")
+    assert [c.text for c in commands] == ["toolgate call t '{}' \\\n  --user u", "ls"]
+    assert commands[0].expect_status == "denied" and commands[0].expected_exit == 1
+    assert commands[1].prints == "x y" and commands[1].expected_exit == 0
+
+
+def test_documented_output_matching() -> None:
+    assert matches({"a": 1, "b": ["x", "..."]}, {"a": 1, "b": ["x", "y", "z"], "c": 2})
+    assert matches({"a": "..."}, {"a": {"deep": True}})
+    assert not matches({"a": 1}, {"a": 2})
+    assert not matches({"b": ["x"]}, {"b": ["x", "y"]})
+    assert not matches({"a": 1}, {})
+
+
+# ---------------------------------------------------------------- the page, against a stack
+
+
+@dataclass
+class Background:
+    block: Block
+    command: str
+    process: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
+
+    def stop(self, deadline: float = 90.0) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGINT)  # Ctrl-C in its shell
+        try:
+            return self.process.wait(deadline)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            raise AssertionError(f"{self.block.where}: {self.command!r} did not stop on "
+                                 f"Ctrl-C within {deadline}s:\n{self.output()[-3000:]}") \
+                from None
+
+
+@dataclass
+class Reader:
+    """A reader at a terminal in `home`, following the page."""
+
+    home: Path
+    env: dict[str, str]
+    up: Background | None = None
+    services: list[Background] = field(default_factory=list)
+    last_background: Background | None = None
+    last_stdout: str = ""
+    ran: int = 0
+
+    # -------------------------------------------------------------- commands as they run
+
+    @staticmethod
+    def as_run(command: str) -> str:
+        parts = [p for p in command.split("&&") if not INSTALL.match(p)]
+        text = "&&".join(parts).strip()
+        text = re.sub(r"(^|\s)\.venv/bin/toolgate(?=\s|$)", r"\1toolgate", text)
+        if re.match(r"^toolgate up\b", text) and "--nats-port" not in text \
+                and "--nats-url" not in text:
+            text = text.replace("toolgate up", "toolgate up --nats-port 0", 1)
+        for word, value in PLACEHOLDERS.items():
+            text = re.sub(rf"\b{word}\b", value, text)
+        return text
+
+    def shell(self, block: Block) -> None:
+        commands = shell_commands(block.text)
+        logs = self.home / ".readme" / f"block{block.line}"
+        logs.mkdir(parents=True)
+        script = ["set +e"]
+        for number, command in enumerate(commands):
+            run = self.as_run(command.text)
+            allowed = self.allowed_exits(run, command)
+            check = " -o ".join(f'"$rc" = "{code}"' for code in sorted(allowed))
+            script.append(f"{{ {run}\n}} >{logs}/{number}.out 2>{logs}/{number}.err "
+                          f"</dev/null; rc=$?; echo $rc >{logs}/{number}.rc; "
+                          f"[ {check} ] || exit 0")
+        subprocess.run(["bash", "-c", "\n".join(script)], cwd=self.home, env=self.env,
+                       timeout=BLOCK_DEADLINE_S, check=True)
+        for number, command in enumerate(commands):
+            self.check_command(block, command, logs, number)
+
+    def allowed_exits(self, run: str, command: Command) -> set[int]:
+        for prefix, codes in ANSWERS.items():
+            if run.startswith(prefix):
+                return codes
+        return {command.expected_exit}
+
+    def check_command(self, block: Block, command: Command, logs: Path, number: int) -> None:
+        rc_file = logs / f"{number}.rc"
+        assert rc_file.exists(), f"{block.where}: {command.text!r} never ran (one before failed)"
+        exit_code = int(rc_file.read_text())
+        stdout = (logs / f"{number}.out").read_text(errors="replace")
+        stderr = (logs / f"{number}.err").read_text(errors="replace")
+        said = f"{block.where}: {command.text!r} exited {exit_code}\n" \
+               f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        assert exit_code in self.allowed_exits(self.as_run(command.text), command), said
+        if command.prints is not None:
+            assert command.prints in stdout, f"does not print {command.prints!r}: {said}"
+        if command.expect_status is not None:
+            assert json.loads(stdout)["status"] == command.expect_status, said
+        self.last_stdout = stdout
+        self.ran += 1
+
+    def python(self, block: Block) -> None:
+        path = self.home / ".readme" / f"block{block.line}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block.text)
+        done = subprocess.run([sys.executable, str(path)], cwd=self.home, env=self.env,
+                              capture_output=True, text=True, timeout=BLOCK_DEADLINE_S)
+        said = f"{block.where}: exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}" \
+               f"\n--- stderr\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, said
+        for text in python_prints(block.text):
+            assert text in done.stdout, f"does not print {text!r}: {said}"
+        self.last_stdout = done.stdout
+        self.ran += 1
+
+    def background(self, block: Block) -> None:
+        assert block.ready_at is not None
+        for number, command in enumerate(shell_commands(block.text)):
+            run = self.as_run(command.text)
+            if not run:
+                continue  # only install commands
+            is_up = run.startswith("toolgate up")
+            if is_up and self.up is not None:
+                assert self.up.stop() == 0, f"toolgate up did not stop cleanly: " \
+                                            f"{self.up.output()[-3000:]}"
+                self.up = None
+            logs = self.home / ".readme"
+            logs.mkdir(exist_ok=True)
+            out, err = logs / f"bg{block.line}.{number}.out", logs / f"bg{block.line}.{number}.err"
+            with open(out, "wb") as stdout, open(err, "wb") as stderr:
+                process = subprocess.Popen(["bash", "-c", run], cwd=self.home, env=self.env,
+                                           stdout=stdout, stderr=stderr,
+                                           stdin=subprocess.DEVNULL, start_new_session=True)
+            started = Background(block, run, process, out, err)
+            if is_up:
+                self.up = started
+            else:
+                self.services.append(started)
+            deadline = time.monotonic() + READY_DEADLINE_S
+            while block.ready_at not in started.output():
+                assert process.poll() is None, \
+                    f"{block.where}: {run!r} ended ({process.returncode}) before it said " \
+                    f"{block.ready_at!r}:\n{started.output()[-3000:]}"
+                assert time.monotonic() < deadline, \
+                    f"{block.where}: {run!r} never said {block.ready_at!r}:\n" \
+                    f"{started.output()[-3000:]}"
+                time.sleep(0.2)
+            if not is_up:
+                self.last_background = started
+            self.ran += 1
+
+    def output(self, block: Block) -> None:
+        documented = json_documents(block.text)
+        assert len(documented) == 1, block.where
+        if block.output_of == "background block":
+            waited = self.last_background
+            assert waited is not None, f"{block.where}: no background block before it"
+            try:
+                exit_code = waited.process.wait(BLOCK_DEADLINE_S)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{block.where}: {waited.command!r} is still running:\n"
+                                     f"{waited.output()[-3000:]}") from None
+            self.services.remove(waited)
+            stdout = waited.out.read_text()
+            assert exit_code == 0, f"{block.where}: {waited.command!r} exited {exit_code}:\n" \
+                                   f"{waited.output()[-3000:]}"
+        else:
+            stdout = self.last_stdout
+        actual = json.loads(stdout)
+        assert matches(documented[0], actual), \
+            f"{block.where}: printed\n{json.dumps(actual, indent=2)}\nnot as documented"
+
+    def stop_all(self) -> None:
+        problems = []
+        for service in reversed(self.services):
+            code = service.stop()
+            if code not in (0, -signal.SIGINT, 130):
+                problems.append(f"{service.command!r} exited {code} on Ctrl-C:\n"
+                                f"{service.output()[-2000:]}")
+        if self.up is not None:
+            code = self.up.stop()
+            if code != 0:
+                problems.append(f"toolgate up exited {code} on Ctrl-C:\n"
+                                f"{self.up.output()[-2000:]}")
+        assert not problems, "\n".join(problems)
+
+
+def reader_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TOOLGATE_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    return env
+
+
+@pytest.mark.system
+@pytest.mark.timeout(1200)
+def test_readme_runs_as_written(tmp_path: Path) -> None:
+    home = tmp_path / "reader"
+    home.mkdir()
+    reader = Reader(home, reader_env())
+    try:
+        for block in blocks():
+            if block.not_run:
+                continue
+            if block.ready_at:
+                reader.background(block)
+            elif block.output_of:
+                reader.output(block)
+            elif RUNNABLE.get(block.language) == "sh":
+                reader.shell(block)
+            elif block.language == "python":
+                reader.python(block)
+    finally:
+        reader.stop_all()
+    # Every command of every block ran (an install-only command has nothing to run).
+    expected = sum(1 if b.language == "python" else
+                   sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
+                   for b in blocks()
+                   if not b.not_run and not b.output_of and b.language in RUNNABLE)
+    assert reader.ran == expected
