@@ -38,7 +38,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from toolgate.bench import floor, procs
-from toolgate.bench.drivers import Driver, FloorClient, GatewayDriver, PlainClient
+from toolgate.bench.drivers import (
+    RESULT_TIMEOUT_S,
+    Driver,
+    FloorClient,
+    GatewayDriver,
+    PlainClient,
+)
 from toolgate.bench.loops import (
     Closed,
     Open,
@@ -232,8 +238,10 @@ async def _measure(target: Target, args: argparse.Namespace, run: str,
         await _wait_for_pipeline(target.nats_url, target.agent_creds)
         say(f"a call went through after {time.monotonic() - started:.1f} s; "
             "waiting for the gateway to go quiet (ClickHouse, audit, first calls)")
+        settling = time.monotonic()
         await gate.drain()
         await gate.quiet(STARTUP_QUIET_TIMEOUT_S)
+        say(f"quiet after {time.monotonic() - settling:.1f} s more; measuring")
         if args.curve or args.rate:
             out += await _open_modes(target, args, run, gate, progress)
             return out
@@ -368,7 +376,8 @@ def _print_open(point: Open) -> None:
           f"({point.sent} calls, {point.name})")
     print(f"latency ms    p50 {_ms(point.p(0.50))}  p90 {_ms(point.p(0.90))}  "
           f"p99 {_ms(point.p(0.99))}  max {_ms(point.p(1.0))}")
-    print(f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost; "
+    print(f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost "
+          f"(no publish ack or no result within {RESULT_TIMEOUT_S:.0f} s); "
           f"last publish {point.send_lag_ms:.1f} ms behind its schedule")
     if point.failures:
         print(f"warning: {point.failures} calls did not end ok")
