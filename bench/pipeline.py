@@ -66,6 +66,7 @@ PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-
 # The services one call passes through: validator, policy, executor, attacher.
 HOPS = floor.HOPS
 CURVE_FRACTIONS = (0.25, 0.50, 0.75, 0.90)
+KIND_NAMES = {"plain": PlainClient.name, "gateway": GatewayDriver.name, "floor": FloorClient.name}
 # The gateway is quiet when its processes use less than this many cores together.
 QUIET_CORES = 0.15
 QUIET_SAMPLE_S = 0.3
@@ -253,20 +254,23 @@ async def _measure(target: Target, args: argparse.Namespace, run: str,
             # Every other round in reverse order, so drift on a shared machine evens out.
             for kind in kinds if index % 2 == 0 else kinds[::-1]:
                 if args.rounds > 1:
-                    say(f"round {index + 1} of {args.rounds}: {kind}")
+                    say(f"round {index + 1} of {args.rounds}: {KIND_NAMES[kind]}")
                 prefix = f"b{run}-{kind}{index}"
                 if kind == "floor":
                     assert admin is not None
                     rounds[kind].append(await _run_floor(target, admin, progress, prefix,
                                                          args.calls, args.burst, tmp))
-                    continue
-                driver = await _driver(kind, target)
-                try:
-                    rounds[kind].append(await closed_loop(driver, target.processes, gate,
-                                                          prefix, args.calls, args.burst,
-                                                          progress))
-                finally:
-                    await driver.close()
+                else:
+                    driver = await _driver(kind, target)
+                    try:
+                        rounds[kind].append(await closed_loop(driver, target.processes, gate,
+                                                              prefix, args.calls, args.burst,
+                                                              progress))
+                    finally:
+                        await driver.close()
+                done = rounds[kind][-1]
+                say(f"{done.name}: p50 {done.p50_ms:.2f} ms, p99 {done.p99_ms:.2f} ms, "
+                    f"burst {done.burst_calls_per_s:.0f} calls/s")
         out += [combine(rounds[kind]) for kind in kinds]
         return out
     finally:
@@ -287,6 +291,7 @@ async def _open_modes(target: Target, args: argparse.Namespace, run: str, gate: 
         # The curve: the most the gateway takes in a burst, then fractions of it.
         closed = await closed_loop(driver, target.processes, gate, f"b{run}-max", 0,
                                    args.burst, progress)
+        say(f"max burst {closed.burst_calls_per_s:.0f} calls/s")
         out.append(closed)
         for fraction in CURVE_FRACTIONS:
             rate = closed.burst_calls_per_s * fraction
@@ -294,6 +299,8 @@ async def _open_modes(target: Target, args: argparse.Namespace, run: str, gate: 
                                     f"b{run}-curve{round(fraction * 100)}", rate,
                                     args.duration, progress, warm=False)
             point.extra["fraction"] = fraction
+            say(f"{fraction:.0%} ({rate:.0f} calls/s): p50 {point.p(0.5):.2f} ms, "
+                f"p99 {point.p(0.99):.2f} ms, {point.done_per_s:.0f} calls/s done")
             out.append(point)
         return out
     finally:
