@@ -93,8 +93,12 @@ class Gateway:
         return await read_events(self.url, **self.admin)
 
     def start(self, timeout: float = 60.0) -> Gateway:
-        self.stack.start()
-        asyncio.run(self.wait_ready(timeout))
+        try:
+            self.stack.start()
+            asyncio.run(self.wait_ready(timeout))
+        except BaseException:
+            self.stop()  # a gateway that failed to start leaves no process behind
+            raise
         return self
 
     def stop(self) -> None:
