@@ -190,7 +190,11 @@ async def connect_nats(url: str, creds: Path | None, timeout: float,
     try:
         return await asyncio.wait_for(nats.connect(url, **options), timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
-        raise connect_failure(url, errors[-1] if errors else exc) from None
+        # A refused login often ends in a reset connection: the refusal is the news.
+        refusal = [e for e in errors if "authoriz" in str(e).lower()
+                   or "authentic" in str(e).lower()]
+        raise connect_failure(url, refusal[-1] if refusal else errors[-1] if errors
+                              else exc) from None
 
 
 class _OneLineNatsErrors(logging.Filter):
@@ -294,6 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         recorded = env.read_context().get("policy_dir")
         args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
+    settings.load_registry()  # a bad registry ends it now, not after NATS is found
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     quiet_nats_tracebacks(settings.nats_url)
@@ -548,9 +553,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.rate is not None and args.curve:
         print("toolgate bench: --rate or --curve, not both", file=sys.stderr)
         return 2
+    if args.nats_url:  # a running gateway: is it there at all? (one line, exit 3, if not)
+        check_nats_url(args.nats_url)
+        check_creds(args.creds)
+        asyncio.run(_probe(args.nats_url, args.creds))
     from toolgate.bench.pipeline import run_bench
 
     return run_bench(args)
+
+
+async def _probe(url: str, creds: Path | None) -> None:
+    nc = await connect_nats(url, creds, CONNECT_TIMEOUT_S)
+    await nc.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -587,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service")
-    serve.add_argument("name", choices=SERVICE_NAMES)
+    serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
     serve.add_argument("--tools", default="",
                        help="executor: comma-separated tools (default: every tool of the "
                             "registry)")
