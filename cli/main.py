@@ -39,6 +39,7 @@ import msgspec
 
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
+from toolgate.runtime import bus
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
@@ -322,6 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         from toolgate.services.attacher.app import build_app as build_attacher
         app = build_attacher(settings)
+    bus.tune_gc_for_a_service()
     asyncio.run(app.run())
     return 0
 
