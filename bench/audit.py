@@ -47,8 +47,17 @@ from toolgate.stack.processes import die_with_parent
 GOAL_RATIO = 5.0
 ROWS_PER_CALL = 6
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="researcher", session="s-bench")
-OUTPUT = {"items": [{"title": f"Result {i}", "url": f"https://example.org/{i}",
-                     "source_type": "official", "snippet": "x" * 160} for i in range(3)]}
+OUTPUT = {
+    "items": [
+        {
+            "title": f"Result {i}",
+            "url": f"https://example.org/{i}",
+            "source_type": "official",
+            "snippet": "x" * 160,
+        }
+        for i in range(3)
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -63,21 +72,39 @@ class AuditFigures:
 
 
 def call_story(i: int) -> tuple[ToolCall, list[Event]]:
-    call = ToolCall(call_id=f"bench-{i:08d}", tool="search_sources", principal=PRINCIPAL,
-                    arguments={"query": f"agent state management {i}", "source_type": "any",
-                               "limit": 3}, task_id="task-bench")
+    call = ToolCall(
+        call_id=f"bench-{i:08d}",
+        tool="search_sources",
+        principal=PRINCIPAL,
+        arguments={"query": f"agent state management {i}", "source_type": "any", "limit": 3},
+        task_id="task-bench",
+    )
     now = utc_now()
-    common = dict(occurred_at=now, service="bench", **call_fields(call),
-                  arguments_sha256=arguments_sha256(call.arguments))
-    auth = Authorization(call_id=call.call_id, tool=call.tool, arguments_sha256="0" * 64,
-                         policy_version="bench", expires_at=now + timedelta(hours=1),
-                         tenant=PRINCIPAL.tenant, agent=PRINCIPAL.agent, user=PRINCIPAL.user,
-                         session=PRINCIPAL.session, task_id=call.task_id,
-                         key_id="k", signature="s" * 88)
+    common = dict(
+        occurred_at=now,
+        service="bench",
+        **call_fields(call),
+        arguments_sha256=arguments_sha256(call.arguments),
+    )
+    auth = Authorization(
+        call_id=call.call_id,
+        tool=call.tool,
+        arguments_sha256="0" * 64,
+        policy_version="bench",
+        expires_at=now + timedelta(hours=1),
+        tenant=PRINCIPAL.tenant,
+        agent=PRINCIPAL.agent,
+        user=PRINCIPAL.user,
+        session=PRINCIPAL.session,
+        task_id=call.task_id,
+        key_id="k",
+        signature="s" * 88,
+    )
     return call, [
         ArgumentsValidated(event_id=f"{i}-v", call=call, **common),
-        CallAuthorized(event_id=f"{i}-a", call=call, policy_version="bench",
-                       authorization=auth, **common),
+        CallAuthorized(
+            event_id=f"{i}-a", call=call, policy_version="bench", authorization=auth, **common
+        ),
         ExecutionStarted(event_id=f"{i}-s", attempt=1, worker="bench", **common),
         ExecutionSucceeded(event_id=f"{i}-x", output=OUTPUT, duration_ms=1.25, **common),
         ResultAttached(event_id=f"{i}-r", result=success(call.call_id, OUTPUT), **common),
@@ -101,17 +128,30 @@ async def fill_backlog(nats_url: str, calls: int) -> int:
     return calls * ROWS_PER_CALL
 
 
-def measure_sink(nats_url: str, clickhouse_url: str, data_dir: Path, rows: int,
-                 timeout: float = 600.0) -> float:
+def measure_sink(
+    nats_url: str, clickhouse_url: str, data_dir: Path, rows: int, timeout: float = 600.0
+) -> float:
     """Start the sink on the backlog; rows/s from its genesis checkpoint (schema applied,
     about to pull) to the checkpoint that sealed its last row, both signed by the sink
     itself: start-up does not count, and a backlog written in one batch still has a
     duration (the time between first and last rows seen by polling would be zero)."""
-    command = [sys.executable, "-m", "toolgate.cli", "serve", "audit", "--nats-url", nats_url,
-               "--clickhouse-url", clickhouse_url, "--data-dir", str(data_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "toolgate.cli",
+        "serve",
+        "audit",
+        "--nats-url",
+        nats_url,
+        "--clickhouse-url",
+        clickhouse_url,
+        "--data-dir",
+        str(data_dir),
+    ]
     log = open(data_dir / "audit-bench.log", "ab")  # noqa: SIM115 (the child owns it)
-    sink = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=die_with_parent)
+    sink = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+    )
     try:
         target = ClickHouseTarget.from_url(clickhouse_url)
         deadline = time.monotonic() + timeout
@@ -139,7 +179,8 @@ def _sealed_span(client: Client | None, rows: int) -> float | None:
         genesis, last = client.query(
             "SELECT minIf(signed_at, chain_seq = 0), minIf(signed_at, chain_seq >= {rows:UInt64})"
             " FROM chain_checkpoints HAVING countIf(chain_seq >= {rows:UInt64}) > 0",
-            parameters={"rows": rows}).result_rows[0]
+            parameters={"rows": rows},
+        ).result_rows[0]
     except Exception:  # no checkpoint table or no row yet: not sealed yet
         return None
     return float((last - genesis).total_seconds())
@@ -161,8 +202,9 @@ def _count(client: Client | None) -> int:
         return 0
 
 
-async def _burst(nats_url: str, calls: int, agent_creds: Path | None,
-                 admin_creds: Path | None) -> float:
+async def _burst(
+    nats_url: str, calls: int, agent_creds: Path | None, admin_creds: Path | None
+) -> float:
     """Rows the pipeline produces per second under a burst of echo calls."""
     from toolgate.client.gateway_client import GatewayClient
     from toolgate.runtime.creds import connect_options
@@ -177,14 +219,29 @@ async def _burst(nats_url: str, calls: int, agent_creds: Path | None,
         js = nc.jetstream()
 
         async def stored() -> int:
-            return sum([(await js.stream_info(s)).state.messages
-                        for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)])
+            return sum(
+                [
+                    (await js.stream_info(s)).state.messages
+                    for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)
+                ]
+            )
 
         before = await stored()
         started = time.perf_counter()
-        await asyncio.gather(*(client.submit(ToolCall(
-            call_id=f"burst-{i}", tool="echo", arguments={"payload": i}, principal=principal),
-            timeout=300) for i in range(calls)))
+        await asyncio.gather(
+            *(
+                client.submit(
+                    ToolCall(
+                        call_id=f"burst-{i}",
+                        tool="echo",
+                        arguments={"payload": i},
+                        principal=principal,
+                    ),
+                    timeout=300,
+                )
+                for i in range(calls)
+            )
+        )
         elapsed = time.perf_counter() - started
         rows = await stored() - before
         await nc.close()
@@ -197,14 +254,19 @@ def measure_pipeline_peak(tmp: Path, calls: int) -> float:
     stack = Stack(data_dir=tmp / "pipeline", with_audit=False)
     stack.start()
     try:
-        return asyncio.run(_burst(stack.url, calls, stack.creds_of("agent"),
-                                  stack.creds_of("admin")))
+        return asyncio.run(
+            _burst(stack.url, calls, stack.creds_of("agent"), stack.creds_of("admin"))
+        )
     finally:
         stack.stop()
 
 
-def run_audit_bench(calls: int = 10_000, pipeline_events_per_s: float | None = None,
-                    burst: int = 1000, clickhouse_url: str | None = None) -> AuditFigures:
+def run_audit_bench(
+    calls: int = 10_000,
+    pipeline_events_per_s: float | None = None,
+    burst: int = 1000,
+    clickhouse_url: str | None = None,
+) -> AuditFigures:
     """Measure and print; `calls` stories of six rows make the sink's backlog."""
     from toolgate.runtime.topology import apply_topology
     from toolgate.stack.clickhouse_server import EmbeddedClickHouse
@@ -213,16 +275,16 @@ def run_audit_bench(calls: int = 10_000, pipeline_events_per_s: float | None = N
     with tempfile.TemporaryDirectory(prefix="toolgate-audit-bench-") as name:
         tmp = Path(name)
         if pipeline_events_per_s is None:
-            print(f"pipeline: burst of {burst} echo calls through a private gateway ...",
-                  flush=True)
+            print(
+                f"pipeline: burst of {burst} echo calls through a private gateway ...", flush=True
+            )
             pipeline_events_per_s = measure_pipeline_peak(tmp, burst)
         nats_server = EmbeddedNats(tmp / "nats").start()
         clickhouse = None if clickhouse_url else EmbeddedClickHouse(tmp / "clickhouse").start()
         url = clickhouse_url or f"{clickhouse.url}/audit_bench"  # type: ignore[union-attr]
         try:
             asyncio.run(apply_topology(nats_server.url))
-            print(f"sink: backlog of {calls} calls ({calls * ROWS_PER_CALL} rows) ...",
-                  flush=True)
+            print(f"sink: backlog of {calls} calls ({calls * ROWS_PER_CALL} rows) ...", flush=True)
             rows = asyncio.run(fill_backlog(nats_server.url, calls))
             sink_rate = measure_sink(nats_server.url, url, tmp, rows)
         finally:
@@ -231,23 +293,34 @@ def run_audit_bench(calls: int = 10_000, pipeline_events_per_s: float | None = N
             nats_server.stop()
     figures = AuditFigures(rows, sink_rate, pipeline_events_per_s)
     verdict = "meets" if figures.ratio >= GOAL_RATIO else "MISSES"
-    print(f"audit sink   {figures.sink_rows_per_s:10.0f} rows/s sustained into ClickHouse "
-          f"({rows} rows, one sink process)\n"
-          f"pipeline     {figures.pipeline_events_per_s:10.0f} events/s at peak "
-          f"(calls + events stored per second)\n"
-          f"ratio        {figures.ratio:10.1f}x  ({verdict} the goal of {GOAL_RATIO:.0f}x)",
-          flush=True)
+    print(
+        f"audit sink   {figures.sink_rows_per_s:10.0f} rows/s sustained into ClickHouse "
+        f"({rows} rows, one sink process)\n"
+        f"pipeline     {figures.pipeline_events_per_s:10.0f} events/s at peak "
+        f"(calls + events stored per second)\n"
+        f"ratio        {figures.ratio:10.1f}x  ({verdict} the goal of {GOAL_RATIO:.0f}x)",
+        flush=True,
+    )
     return figures
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--audit-calls", type=int, default=10_000,
-                        help="audit: calls in the sink's backlog (six rows each)")
-    parser.add_argument("--events-per-s", type=float, default=None,
-                        help="audit: the pipeline's peak events/s (default: measure a burst)")
+    parser.add_argument(
+        "--audit-calls",
+        type=int,
+        default=10_000,
+        help="audit: calls in the sink's backlog (six rows each)",
+    )
+    parser.add_argument(
+        "--events-per-s",
+        type=float,
+        default=None,
+        help="audit: the pipeline's peak events/s (default: measure a burst)",
+    )
 
 
 def cmd_bench_audit(args: argparse.Namespace) -> int:
-    run_audit_bench(calls=args.audit_calls, pipeline_events_per_s=args.events_per_s,
-                    burst=args.burst)
+    run_audit_bench(
+        calls=args.audit_calls, pipeline_events_per_s=args.events_per_s, burst=args.burst
+    )
     return 0

@@ -75,8 +75,7 @@ class PlainClient:
         self.failures = 0
 
     @classmethod
-    async def connect(cls, nats_url: str, creds: Path | None,
-                      principal: Principal) -> PlainClient:
+    async def connect(cls, nats_url: str, creds: Path | None, principal: Principal) -> PlainClient:
         client = cls(await nats.connect(nats_url, **connect_options(creds)), principal)
         prefix = subjects.agent_results_prefix(principal.tenant, principal.agent)
         await client._nc.subscribe(f"{prefix}.*", cb=client._waiting.on_message)
@@ -87,9 +86,11 @@ class PlainClient:
         future = self._waiting.expect(call_id)
         try:
             # As an agent publishes: to its own subject, with a publish ack, no Nats-Msg-Id.
-            await self._js.publish(self._subject, _encoder.encode(tool_call(call_id,
-                                                                             self._principal)),
-                                   stream=subjects.CALLS_STREAM)
+            await self._js.publish(
+                self._subject,
+                _encoder.encode(tool_call(call_id, self._principal)),
+                stream=subjects.CALLS_STREAM,
+            )
             data = await asyncio.wait_for(future, RESULT_TIMEOUT_S)
         finally:
             self._waiting.forget(call_id)
@@ -108,15 +109,18 @@ class GatewayDriver:
         self.failures = 0
 
     @classmethod
-    async def connect(cls, nats_url: str, creds: Path | None,
-                      principal: Principal) -> GatewayDriver:
-        client = await GatewayClient.connect(nats_url, creds,
-                                             identity=(principal.tenant, principal.agent))
+    async def connect(
+        cls, nats_url: str, creds: Path | None, principal: Principal
+    ) -> GatewayDriver:
+        client = await GatewayClient.connect(
+            nats_url, creds, identity=(principal.tenant, principal.agent)
+        )
         return cls(client, principal)
 
     async def call(self, call_id: str) -> None:
-        result = await self._client.submit(tool_call(call_id, self._principal),
-                                           timeout=RESULT_TIMEOUT_S)
+        result = await self._client.submit(
+            tool_call(call_id, self._principal), timeout=RESULT_TIMEOUT_S
+        )
         if not result.ok:
             self.failures += 1
 
@@ -134,8 +138,7 @@ class FloorClient:
         self.failures = 0
 
     @classmethod
-    async def connect(cls, nats_url: str, creds: Path | None,
-                      principal: Principal) -> FloorClient:
+    async def connect(cls, nats_url: str, creds: Path | None, principal: Principal) -> FloorClient:
         client = cls(await nats.connect(nats_url, **connect_options(creds)), principal)
         await client._nc.subscribe(floor.out_subject("*"), cb=client._waiting.on_message)
         await client._nc.flush()
@@ -145,9 +148,12 @@ class FloorClient:
         future = self._waiting.expect(call_id)
         try:
             # The same body an agent publishes, and like it no Nats-Msg-Id.
-            await self._js.publish(floor.hop_subject(0),
-                                   _encoder.encode(tool_call(call_id, self._principal)),
-                                   stream=floor.STREAM, headers={floor.CALL_HEADER: call_id})
+            await self._js.publish(
+                floor.hop_subject(0),
+                _encoder.encode(tool_call(call_id, self._principal)),
+                stream=floor.STREAM,
+                headers={floor.CALL_HEADER: call_id},
+            )
             await asyncio.wait_for(future, RESULT_TIMEOUT_S)
         finally:
             self._waiting.forget(call_id)

@@ -55,16 +55,27 @@ def out_subject(call_id: str) -> str:
 
 def stream_config() -> StreamConfig:
     # File storage and a duplicate window, like the gateway's events stream.
-    return StreamConfig(name=STREAM, subjects=[f"{SUBJECT_PREFIX}.>"],
-                        retention=RetentionPolicy.LIMITS, storage=StorageType.FILE,
-                        duplicate_window=120.0, max_age=3600.0)
+    return StreamConfig(
+        name=STREAM,
+        subjects=[f"{SUBJECT_PREFIX}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=120.0,
+        max_age=3600.0,
+    )
 
 
 def consumer_config(index: int) -> ConsumerConfig:
     # The services' consumer shape (toolgate.runtime.bus.consumer_config).
-    return ConsumerConfig(durable_name=f"bench-hop{index}", filter_subject=hop_subject(index),
-                          ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL,
-                          ack_wait=30.0, max_deliver=-1, max_ack_pending=1000)
+    return ConsumerConfig(
+        durable_name=f"bench-hop{index}",
+        filter_subject=hop_subject(index),
+        ack_policy=AckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=30.0,
+        max_deliver=-1,
+        max_ack_pending=1000,
+    )
 
 
 async def reset_stream(js: JetStreamContext) -> None:
@@ -81,14 +92,22 @@ async def delete_stream(js: JetStreamContext) -> None:
 
 async def _hop(nc: Client, index: int, last: bool, batch: int, ready: asyncio.Event) -> None:
     js = nc.jetstream()
-    psub = await js.pull_subscribe(hop_subject(index), durable=f"bench-hop{index}",
-                                   stream=STREAM, config=consumer_config(index))
+    psub = await js.pull_subscribe(
+        hop_subject(index),
+        durable=f"bench-hop{index}",
+        stream=STREAM,
+        config=consumer_config(index),
+    )
 
     async def forward(msg: Msg) -> None:
         call_id = (msg.headers or {}).get(CALL_HEADER, "")
         target = out_subject(call_id) if last else hop_subject(index + 1)
-        await js.publish(target, msg.data, stream=STREAM,
-                         headers={CALL_HEADER: call_id, "Nats-Msg-Id": f"{call_id}.{index}"})
+        await js.publish(
+            target,
+            msg.data,
+            stream=STREAM,
+            headers={CALL_HEADER: call_id, "Nats-Msg-Id": f"{call_id}.{index}"},
+        )
         await msg.ack()
 
     ready.set()
@@ -100,17 +119,19 @@ async def _hop(nc: Client, index: int, last: bool, batch: int, ready: asyncio.Ev
         await asyncio.gather(*(forward(m) for m in messages))
 
 
-async def run_hops(nats_url: str, creds: Path | None, hops: int = HOPS,
-                   batch: int = BATCH) -> None:
-    connections = [await nats.connect(nats_url, name=f"bench-hop{i}", **connect_options(creds))
-                   for i in range(hops)]
+async def run_hops(nats_url: str, creds: Path | None, hops: int = HOPS, batch: int = BATCH) -> None:
+    connections = [
+        await nats.connect(nats_url, name=f"bench-hop{i}", **connect_options(creds))
+        for i in range(hops)
+    ]
     tasks = []
     for index, nc in enumerate(connections):
         ready = asyncio.Event()
         task = asyncio.create_task(_hop(nc, index, index == hops - 1, batch, ready))
         tasks.append(task)
-        await asyncio.wait([task, asyncio.create_task(ready.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            [task, asyncio.create_task(ready.wait())], return_when=asyncio.FIRST_COMPLETED
+        )
         if task.done():
             task.result()  # it failed before subscribing: say why
     print("ready", flush=True)

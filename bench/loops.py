@@ -27,7 +27,6 @@ WARM_UP_CALLS = 20
 PROGRESS_EVERY_S = 2.0
 
 
-
 class Gate(Protocol):
     async def drain(self) -> None:
         """Return when every consumer of the system measured has caught up."""
@@ -121,22 +120,27 @@ class Closed:
 
 def _sum_windows(windows: list[Window]) -> Window:
     names = {name for window in windows for name in window.cpu_s}
-    return Window(sum(w.calls for w in windows), sum(w.seconds for w in windows),
-                  {name: sum(w.cpu_s.get(name, 0.0) for w in windows) for name in names})
+    return Window(
+        sum(w.calls for w in windows),
+        sum(w.seconds for w in windows),
+        {name: sum(w.cpu_s.get(name, 0.0) for w in windows) for name in names},
+    )
 
 
 def combine(rounds: list[Closed]) -> Closed:
     """Several rounds of one client: median figures; CPU per call over all rounds."""
     if len(rounds) == 1:
         return rounds[0]
-    return Closed(rounds[0].name,
-                  statistics.median(r.p50_ms for r in rounds),
-                  statistics.median(r.p99_ms for r in rounds),
-                  statistics.median(r.burst_calls_per_s for r in rounds),
-                  _sum_windows([r.sequential for r in rounds]),
-                  _sum_windows([r.burst for r in rounds]),
-                  failures=sum(r.failures for r in rounds),
-                  rounds=[(r.p50_ms, r.p99_ms, r.burst_calls_per_s) for r in rounds])
+    return Closed(
+        rounds[0].name,
+        statistics.median(r.p50_ms for r in rounds),
+        statistics.median(r.p99_ms for r in rounds),
+        statistics.median(r.burst_calls_per_s for r in rounds),
+        _sum_windows([r.sequential for r in rounds]),
+        _sum_windows([r.burst for r in rounds]),
+        failures=sum(r.failures for r in rounds),
+        rounds=[(r.p50_ms, r.p99_ms, r.burst_calls_per_s) for r in rounds],
+    )
 
 
 @dataclass
@@ -161,8 +165,9 @@ class Open:
         return percentile(self.latencies_ms, fraction)
 
 
-async def warm_up(driver: Driver, prefix: str, progress: Progress,
-                  calls: int = WARM_UP_CALLS) -> None:
+async def warm_up(
+    driver: Driver, prefix: str, progress: Progress, calls: int = WARM_UP_CALLS
+) -> None:
     """Connections, consumers and caches warm: a few calls one by one."""
     progress.start(f"{driver.name}: warm-up", calls)
     for i in range(calls):
@@ -171,8 +176,15 @@ async def warm_up(driver: Driver, prefix: str, progress: Progress,
     progress.stop()
 
 
-async def closed_loop(driver: Driver, processes: Processes, gate: Gate, prefix: str,
-                      calls: int, burst: int, progress: Progress) -> Closed:
+async def closed_loop(
+    driver: Driver,
+    processes: Processes,
+    gate: Gate,
+    prefix: str,
+    calls: int,
+    burst: int,
+    progress: Progress,
+) -> Closed:
     await warm_up(driver, prefix, progress)
     await gate.drain()
     await gate.quiet()
@@ -188,8 +200,7 @@ async def closed_loop(driver: Driver, processes: Processes, gate: Gate, prefix: 
         progress.done += 1
     progress.stop()
     await gate.drain()
-    sequential = Window(calls, time.perf_counter() - started,
-                        delta(before, processes.snapshot()))
+    sequential = Window(calls, time.perf_counter() - started, delta(before, processes.snapshot()))
     await gate.quiet()
 
     progress.start(f"{driver.name}: burst of {burst} calls", burst)
@@ -206,14 +217,27 @@ async def closed_loop(driver: Driver, processes: Processes, gate: Gate, prefix: 
     window = Window(burst, time.perf_counter() - started, delta(before, processes.snapshot()))
     await gate.quiet()
     latencies.sort()
-    return Closed(driver.name, percentile(latencies, 0.50), percentile(latencies, 0.99),
-                  burst / elapsed, sequential, window,
-                  failures=driver.failures - failures_before)
+    return Closed(
+        driver.name,
+        percentile(latencies, 0.50),
+        percentile(latencies, 0.99),
+        burst / elapsed,
+        sequential,
+        window,
+        failures=driver.failures - failures_before,
+    )
 
 
-async def open_loop(driver: Driver, processes: Processes, gate: Gate, prefix: str,
-                    rate: float, duration_s: float, progress: Progress,
-                    warm: bool = True) -> Open:
+async def open_loop(
+    driver: Driver,
+    processes: Processes,
+    gate: Gate,
+    prefix: str,
+    rate: float,
+    duration_s: float,
+    progress: Progress,
+    warm: bool = True,
+) -> Open:
     """Publish `rate` calls/s for `duration_s` on a fixed schedule; latency from the due time."""
     if warm:
         await warm_up(driver, prefix, progress)
@@ -254,5 +278,14 @@ async def open_loop(driver: Driver, processes: Processes, gate: Gate, prefix: st
     window = Window(total, last_result - start, delta(before, processes.snapshot()))
     await gate.quiet()
     latencies.sort()
-    return Open(driver.name, rate, duration_s, total, latencies, window, lost=lost,
-                failures=driver.failures - failures_before, send_lag_ms=lag * 1000)
+    return Open(
+        driver.name,
+        rate,
+        duration_s,
+        total,
+        latencies,
+        window,
+        lost=lost,
+        failures=driver.failures - failures_before,
+        send_lag_ms=lag * 1000,
+    )

@@ -90,8 +90,13 @@ def principal_for(creds: Path | None) -> Principal:
 class Gate:
     """Drained: every consumer of `streams` caught up. Quiet: the watched processes idle."""
 
-    def __init__(self, js: JetStreamContext | None, streams: Sequence[str],
-                 processes: procs.Processes, quiet_timeout_s: float = QUIET_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext | None,
+        streams: Sequence[str],
+        processes: procs.Processes,
+        quiet_timeout_s: float = QUIET_TIMEOUT_S,
+    ) -> None:
         self.js, self.streams, self.processes = js, list(streams), processes
         self.quiet_timeout_s = quiet_timeout_s
 
@@ -114,8 +119,10 @@ class Gate:
             await asyncio.sleep(0.05)
 
     async def quiet(self, timeout_s: float | None = None) -> None:
-        watched = procs.Processes({name: pid for name, pid in self.processes.pids.items()
-                                   if name != "client"}, set(self.processes.alone))
+        watched = procs.Processes(
+            {name: pid for name, pid in self.processes.pids.items() if name != "client"},
+            set(self.processes.alone),
+        )
         if not watched.pids or not procs.available():
             await asyncio.sleep(1.0)
             return
@@ -129,8 +136,10 @@ class Gate:
                 return
             if time.monotonic() > deadline:
                 busiest = max(used, key=lambda name: used[name])
-                say(f"not quiet after {timeout_s or self.quiet_timeout_s:.0f} s "
-                    f"({cores:.2f} cores busy, most in {busiest}); going on")
+                say(
+                    f"not quiet after {timeout_s or self.quiet_timeout_s:.0f} s "
+                    f"({cores:.2f} cores busy, most in {busiest}); going on"
+                )
                 return
 
 
@@ -157,9 +166,12 @@ async def _admin(target: Target) -> Client | None:
     if target.admin_creds is not None and identity_of_creds(target.admin_creds) is not None:
         return None  # an agent's creds: they may not
     try:
-        return await nats.connect(target.nats_url, connect_timeout=5,
-                                  max_reconnect_attempts=0,
-                                  **connect_options(target.admin_creds))
+        return await nats.connect(
+            target.nats_url,
+            connect_timeout=5,
+            max_reconnect_attempts=0,
+            **connect_options(target.admin_creds),
+        )
     except Exception as exc:
         say(f"no operator connection ({exc!r}): no drain checks, no floor")
         return None
@@ -168,14 +180,32 @@ async def _admin(target: Target) -> Client | None:
 def _start_hops(target: Target, log: Path) -> subprocess.Popen[bytes]:
     flags = ["--creds", str(target.admin_creds)] if target.admin_creds else []
     with open(log, "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "toolgate.bench.floor",
-                                 "--nats-url", target.nats_url, "--hops", str(HOPS), *flags],
-                                stdout=subprocess.PIPE, stderr=err,
-                                preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "toolgate.bench.floor",
+                "--nats-url",
+                target.nats_url,
+                "--hops",
+                str(HOPS),
+                *flags,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            preexec_fn=die_with_parent,
+        )
 
 
-async def _run_floor(target: Target, admin: Client, progress: Progress, prefix: str,
-                     calls: int, burst: int, tmp: Path) -> Closed:
+async def _run_floor(
+    target: Target,
+    admin: Client,
+    progress: Progress,
+    prefix: str,
+    calls: int,
+    burst: int,
+    tmp: Path,
+) -> Closed:
     js = admin.jetstream()
     await floor.reset_stream(js)
     log = tmp / "floor-hops.log"
@@ -187,11 +217,9 @@ async def _run_floor(target: Target, admin: Client, progress: Progress, prefix: 
             raise RuntimeError(f"the floor's hops did not start: {log.read_text()[-2000:]}")
         target.processes.add("floor hops", hops.pid)
         gate = Gate(js, [floor.STREAM], target.processes)
-        client = await FloorClient.connect(target.nats_url, target.admin_creds,
-                                           target.principal)
+        client = await FloorClient.connect(target.nats_url, target.admin_creds, target.principal)
         try:
-            return await closed_loop(client, target.processes, gate, prefix, calls, burst,
-                                     progress)
+            return await closed_loop(client, target.processes, gate, prefix, calls, burst, progress)
         finally:
             await client.close()
     finally:
@@ -203,8 +231,7 @@ async def _run_floor(target: Target, admin: Client, progress: Progress, prefix: 
 
 async def _driver(kind: str, target: Target) -> Driver:
     if kind == "gateway":
-        return await GatewayDriver.connect(target.nats_url, target.agent_creds,
-                                           target.principal)
+        return await GatewayDriver.connect(target.nats_url, target.agent_creds, target.principal)
     return await PlainClient.connect(target.nats_url, target.agent_creds, target.principal)
 
 
@@ -214,8 +241,9 @@ async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float =
 
     deadline = time.monotonic() + timeout
     principal = principal_for(creds)
-    async with await GatewayClient.connect(nats_url, creds,
-                                           identity=(principal.tenant, principal.agent)) as client:
+    async with await GatewayClient.connect(
+        nats_url, creds, identity=(principal.tenant, principal.agent)
+    ) as client:
         while True:
             try:
                 await client.call("echo", {}, principal=principal, timeout=5)
@@ -225,20 +253,26 @@ async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float =
                     raise
 
 
-async def _measure(target: Target, args: argparse.Namespace, run: str,
-                   tmp: Path) -> list[Closed | Open | str]:
+async def _measure(
+    target: Target, args: argparse.Namespace, run: str, tmp: Path
+) -> list[Closed | Open | str]:
     """Everything the arguments ask for; returns what to print (figures, or a note)."""
     progress = Progress()
     admin = await _admin(target)
-    gate = Gate(admin.jetstream() if admin else None,
-                [subjects.CALLS_STREAM, subjects.EVENTS_STREAM], target.processes)
+    gate = Gate(
+        admin.jetstream() if admin else None,
+        [subjects.CALLS_STREAM, subjects.EVENTS_STREAM],
+        target.processes,
+    )
     out: list[Closed | Open | str] = []
     try:
         started = time.monotonic()
         say("waiting for one call to go through")
         await _wait_for_pipeline(target.nats_url, target.agent_creds)
-        say(f"a call went through after {time.monotonic() - started:.1f} s; "
-            "waiting for the gateway to go quiet (ClickHouse, audit, first calls)")
+        say(
+            f"a call went through after {time.monotonic() - started:.1f} s; "
+            "waiting for the gateway to go quiet (ClickHouse, audit, first calls)"
+        )
         settling = time.monotonic()
         await gate.drain()
         await gate.quiet(STARTUP_QUIET_TIMEOUT_S)
@@ -258,19 +292,32 @@ async def _measure(target: Target, args: argparse.Namespace, run: str,
                 prefix = f"b{run}-{kind}{index}"
                 if kind == "floor":
                     assert admin is not None
-                    rounds[kind].append(await _run_floor(target, admin, progress, prefix,
-                                                         args.calls, args.burst, tmp))
+                    rounds[kind].append(
+                        await _run_floor(
+                            target, admin, progress, prefix, args.calls, args.burst, tmp
+                        )
+                    )
                 else:
                     driver = await _driver(kind, target)
                     try:
-                        rounds[kind].append(await closed_loop(driver, target.processes, gate,
-                                                              prefix, args.calls, args.burst,
-                                                              progress))
+                        rounds[kind].append(
+                            await closed_loop(
+                                driver,
+                                target.processes,
+                                gate,
+                                prefix,
+                                args.calls,
+                                args.burst,
+                                progress,
+                            )
+                        )
                     finally:
                         await driver.close()
                 done = rounds[kind][-1]
-                say(f"{done.name}: p50 {done.p50_ms:.2f} ms, p99 {done.p99_ms:.2f} ms, "
-                    f"burst {done.burst_calls_per_s:.0f} calls/s")
+                say(
+                    f"{done.name}: p50 {done.p50_ms:.2f} ms, p99 {done.p99_ms:.2f} ms, "
+                    f"burst {done.burst_calls_per_s:.0f} calls/s"
+                )
         out += [combine(rounds[kind]) for kind in kinds]
         return out
     finally:
@@ -279,28 +326,48 @@ async def _measure(target: Target, args: argparse.Namespace, run: str,
             await admin.close()
 
 
-async def _open_modes(target: Target, args: argparse.Namespace, run: str, gate: Gate,
-                      progress: Progress) -> list[Closed | Open | str]:
+async def _open_modes(
+    target: Target, args: argparse.Namespace, run: str, gate: Gate, progress: Progress
+) -> list[Closed | Open | str]:
     out: list[Closed | Open | str] = []
     driver = await _driver("plain", target)
     try:
         if args.rate:
-            out.append(await open_loop(driver, target.processes, gate, f"b{run}-rate",
-                                       args.rate, args.duration, progress))
+            out.append(
+                await open_loop(
+                    driver,
+                    target.processes,
+                    gate,
+                    f"b{run}-rate",
+                    args.rate,
+                    args.duration,
+                    progress,
+                )
+            )
             return out
         # The curve: the most the gateway takes in a burst, then fractions of it.
-        closed = await closed_loop(driver, target.processes, gate, f"b{run}-max", 0,
-                                   args.burst, progress)
+        closed = await closed_loop(
+            driver, target.processes, gate, f"b{run}-max", 0, args.burst, progress
+        )
         say(f"max burst {closed.burst_calls_per_s:.0f} calls/s")
         out.append(closed)
         for fraction in CURVE_FRACTIONS:
             rate = closed.burst_calls_per_s * fraction
-            point = await open_loop(driver, target.processes, gate,
-                                    f"b{run}-curve{round(fraction * 100)}", rate,
-                                    args.duration, progress, warm=False)
+            point = await open_loop(
+                driver,
+                target.processes,
+                gate,
+                f"b{run}-curve{round(fraction * 100)}",
+                rate,
+                args.duration,
+                progress,
+                warm=False,
+            )
             point.extra["fraction"] = fraction
-            say(f"{fraction:.0%} ({rate:.0f} calls/s): p50 {point.p(0.5):.2f} ms, "
-                f"p99 {point.p(0.99):.2f} ms, {point.done_per_s:.0f} calls/s done")
+            say(
+                f"{fraction:.0%} ({rate:.0f} calls/s): p50 {point.p(0.5):.2f} ms, "
+                f"p99 {point.p(0.99):.2f} ms, {point.done_per_s:.0f} calls/s done"
+            )
             out.append(point)
         return out
     finally:
@@ -330,14 +397,19 @@ def _cpu_table(groups: Sequence[tuple[str, Sequence[tuple[str, Window]]]]) -> li
     columns = [column for _, group in groups for column in group]
     names = _process_names([window for _, window in columns])
     width = 9
-    lines = ["cpu ms/call  " + "".join(f"{title:^{width * len(group)}}"
-                                       for title, group in groups),
-             " " * 13 + "".join(f"{title:>{width}}" for title, _ in columns)]
+    lines = [
+        "cpu ms/call  " + "".join(f"{title:^{width * len(group)}}" for title, group in groups),
+        " " * 13 + "".join(f"{title:>{width}}" for title, _ in columns),
+    ]
     for name in names:
-        lines.append(f"  {name:<11}" + "".join(
-            _ms(window.cpu_ms_per_call(name), width) for _, window in columns))
-    lines.append("  total      " + "".join(
-        f"{window.total_cpu_ms_per_call:{width}.2f}" for _, window in columns))
+        lines.append(
+            f"  {name:<11}"
+            + "".join(_ms(window.cpu_ms_per_call(name), width) for _, window in columns)
+        )
+    lines.append(
+        "  total      "
+        + "".join(f"{window.total_cpu_ms_per_call:{width}.2f}" for _, window in columns)
+    )
     lines.append("  cores busy " + "".join(f"{window.cores:{width}.2f}" for _, window in columns))
     return lines
 
@@ -347,45 +419,66 @@ def _print_closed(results: Sequence[Closed], notes: Sequence[str]) -> None:
     for r in results:
         spread = ""
         if r.rounds:
-            lo, hi = (min(x) for x in zip(*r.rounds, strict=True)), \
-                (max(x) for x in zip(*r.rounds, strict=True))
+            lo, hi = (
+                (min(x) for x in zip(*r.rounds, strict=True)),
+                (max(x) for x in zip(*r.rounds, strict=True)),
+            )
             spread = "   rounds: " + "  ".join(
-                f"{a:.{d}f}-{b:.{d}f}" for a, b, d in zip(lo, hi, (2, 2, 0), strict=True))
-        print(f"{r.name:<22}{_ms(r.p50_ms, 9)}{_ms(r.p99_ms, 9)}{r.burst_calls_per_s:15.0f}"
-              + spread)
+                f"{a:.{d}f}-{b:.{d}f}" for a, b, d in zip(lo, hi, (2, 2, 0), strict=True)
+            )
+        print(
+            f"{r.name:<22}{_ms(r.p50_ms, 9)}{_ms(r.p99_ms, 9)}{r.burst_calls_per_s:15.0f}" + spread
+        )
     by_name = {r.name: r for r in results}
     plain, gateway = by_name.get(PlainClient.name), by_name.get(GatewayDriver.name)
     base = by_name.get(FloorClient.name)
-    pairs = [(plain, base, "client / floor"), (gateway, base, "GatewayClient / floor"),
-             (gateway, plain, "GatewayClient / client")]
+    pairs = [
+        (plain, base, "client / floor"),
+        (gateway, base, "GatewayClient / floor"),
+        (gateway, plain, "GatewayClient / client"),
+    ]
     for a, b, label in pairs:
         if a is not None and b is not None:
-            print(f"{label:<22}{_ratio(a.p50_ms, b.p50_ms):>9}{_ratio(a.p99_ms, b.p99_ms):>9}"
-                  f"{_ratio(a.burst_calls_per_s, b.burst_calls_per_s):>15}")
+            print(
+                f"{label:<22}{_ratio(a.p50_ms, b.p50_ms):>9}{_ratio(a.p99_ms, b.p99_ms):>9}"
+                f"{_ratio(a.burst_calls_per_s, b.burst_calls_per_s):>15}"
+            )
     for note in notes:
         print(note)
     failed = [r for r in results if r.failures]
     for r in failed:
         print(f"warning: {r.failures} calls of {r.name} did not end ok (denied? rate limited?)")
-    short = {PlainClient.name: "client", GatewayDriver.name: "GatewayClient",
-             FloorClient.name: "floor"}
-    groups = [(short.get(r.name, r.name), [("seq", r.sequential), ("burst", r.burst)])
-              for r in results]
+    short = {
+        PlainClient.name: "client",
+        GatewayDriver.name: "GatewayClient",
+        FloorClient.name: "floor",
+    }
+    groups = [
+        (short.get(r.name, r.name), [("seq", r.sequential), ("burst", r.burst)]) for r in results
+    ]
     print()
     for line in _cpu_table(groups):
         print(line)
-    print("(seq: the sequential calls; burst: from its first publish until every consumer, "
-          "the audit's too, has caught up)")
+    print(
+        "(seq: the sequential calls; burst: from its first publish until every consumer, "
+        "the audit's too, has caught up)"
+    )
 
 
 def _print_open(point: Open) -> None:
-    print(f"open loop     {point.rate:.0f} calls/s for {point.duration_s:g} s "
-          f"({point.sent} calls, {point.name})")
-    print(f"latency ms    p50 {_ms(point.p(0.50))}  p90 {_ms(point.p(0.90))}  "
-          f"p99 {_ms(point.p(0.99))}  max {_ms(point.p(1.0))}")
-    print(f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost "
-          f"(no publish ack or no result within {RESULT_TIMEOUT_S:.0f} s); "
-          f"last publish {point.send_lag_ms:.1f} ms behind its schedule")
+    print(
+        f"open loop     {point.rate:.0f} calls/s for {point.duration_s:g} s "
+        f"({point.sent} calls, {point.name})"
+    )
+    print(
+        f"latency ms    p50 {_ms(point.p(0.50))}  p90 {_ms(point.p(0.90))}  "
+        f"p99 {_ms(point.p(0.99))}  max {_ms(point.p(1.0))}"
+    )
+    print(
+        f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost "
+        f"(no publish ack or no result within {RESULT_TIMEOUT_S:.0f} s); "
+        f"last publish {point.send_lag_ms:.1f} ms behind its schedule"
+    )
     if point.failures:
         print(f"warning: {point.failures} calls did not end ok")
     print()
@@ -395,18 +488,25 @@ def _print_open(point: Open) -> None:
 
 def _print_curve(closed: Closed, points: Sequence[Open]) -> None:
     duration = points[0].duration_s if points else 0
-    print(f"curve         max burst {closed.burst_calls_per_s:.0f} calls/s "
-          f"({closed.burst.calls} calls at once); open loop {duration:g} s per point")
-    print(f"{'load':>6}{'rate/s':>9}{'done/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
-          f"{'max ms':>9}{'cpu ms/call':>13}{'cores':>7}{'lost':>6}")
+    print(
+        f"curve         max burst {closed.burst_calls_per_s:.0f} calls/s "
+        f"({closed.burst.calls} calls at once); open loop {duration:g} s per point"
+    )
+    print(
+        f"{'load':>6}{'rate/s':>9}{'done/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+        f"{'max ms':>9}{'cpu ms/call':>13}{'cores':>7}{'lost':>6}"
+    )
     for p in points:
-        print(f"{p.extra.get('fraction', 0) * 100:5.0f}%{p.rate:9.0f}{p.done_per_s:9.0f}"
-              f"{_ms(p.p(0.5), 9)}{_ms(p.p(0.9), 9)}{_ms(p.p(0.99), 9)}{_ms(p.p(1.0), 9)}"
-              f"{p.window.total_cpu_ms_per_call:13.2f}{p.window.cores:7.2f}{p.lost:6d}")
+        print(
+            f"{p.extra.get('fraction', 0) * 100:5.0f}%{p.rate:9.0f}{p.done_per_s:9.0f}"
+            f"{_ms(p.p(0.5), 9)}{_ms(p.p(0.9), 9)}{_ms(p.p(0.99), 9)}{_ms(p.p(1.0), 9)}"
+            f"{p.window.total_cpu_ms_per_call:13.2f}{p.window.cores:7.2f}{p.lost:6d}"
+        )
     print()
-    groups = [("max", [("burst", closed.burst)]),
-              ("open loop", [(f"{p.extra.get('fraction', 0) * 100:.0f}%", p.window)
-                             for p in points])]
+    groups = [
+        ("max", [("burst", closed.burst)]),
+        ("open loop", [(f"{p.extra.get('fraction', 0) * 100:.0f}%", p.window) for p in points]),
+    ]
     for line in _cpu_table(groups):
         print(line)
 
@@ -451,14 +551,18 @@ def _header(args: argparse.Namespace, target: Target) -> str:
     if args.rate:
         what = f"open loop at {args.rate:g} calls/s for {args.duration:g} s"
     elif args.curve:
-        what = (f"curve: a burst of {args.burst}, then {len(CURVE_FRACTIONS)} open-loop "
-                f"points of {args.duration:g} s")
+        what = (
+            f"curve: a burst of {args.burst}, then {len(CURVE_FRACTIONS)} open-loop "
+            f"points of {args.duration:g} s"
+        )
     else:
         what = f"{args.calls} sequential calls, burst of {args.burst}"
     principal = target.principal
-    return (f"toolgate bench: {what}, tool 'echo', as agent "
-            f"{principal.tenant}.{principal.agent}; {target.description}; "
-            f"NATS {target.nats_url}; {os.cpu_count()} CPUs, {_load()}")
+    return (
+        f"toolgate bench: {what}, tool 'echo', as agent "
+        f"{principal.tenant}.{principal.agent}; {target.description}; "
+        f"NATS {target.nats_url}; {os.cpu_count()} CPUs, {_load()}"
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -472,25 +576,34 @@ def run_bench(args: argparse.Namespace) -> int:
                 started = time.monotonic()
                 stack.start()
                 say(f"gateway processes started in {time.monotonic() - started:.1f} s")
-                target = Target(stack.url, stack.creds_of("agent"), stack.creds_of("admin"),
-                                procs.of_stack(stack),
-                                "a private gateway (locked bus, audit on)")
+                target = Target(
+                    stack.url,
+                    stack.creds_of("agent"),
+                    stack.creds_of("admin"),
+                    procs.of_stack(stack),
+                    "a private gateway (locked bus, audit on)",
+                )
                 results = _run(args, target, run, Path(tmp))
             finally:
                 stack.stop()
         else:
             agent, admin = _creds_of(args)
-            target = Target(args.nats_url, agent, admin,
-                            procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
-                            "a running gateway")
+            target = Target(
+                args.nats_url,
+                agent,
+                admin,
+                procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
+                "a running gateway",
+            )
             results = _run(args, target, run, Path(tmp))
     _print(results)
     print(f"(after: {_load()})")
     return 0
 
 
-def _run(args: argparse.Namespace, target: Target, run: str,
-         tmp: Path) -> list[Closed | Open | str]:
+def _run(
+    args: argparse.Namespace, target: Target, run: str, tmp: Path
+) -> list[Closed | Open | str]:
     print(_header(args, target), flush=True)
     found = [name for name in target.processes.pids if name != "client"]
     if not found:

@@ -39,8 +39,13 @@ ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-
 BOT = Principal(tenant="acme", user="u-alice", agent="browser-bot", session="s-1")
 
 
-SHAPES = ("allowed read", "allowed write", "cross-task write", "agent not allowed",
-          "critical: awaits approval (two evaluations)")
+SHAPES = (
+    "allowed read",
+    "allowed write",
+    "cross-task write",
+    "agent not allowed",
+    "critical: awaits approval (two evaluations)",
+)
 
 
 def bench_calls() -> list[tuple[ToolCall, ToolSpec]]:
@@ -55,9 +60,15 @@ def bench_calls() -> list[tuple[ToolCall, ToolSpec]]:
         ("save_evidence", evidence, BOT, None),
         ("echo", {"payload": 1}, ALICE, critical),
     ]
-    return [(ToolCall(call_id=f"bench-{i}", tool=tool, arguments=args, principal=who,
-                      task_id="task_c04"), override or spec(tool))  # type: ignore[misc]
-            for i, (tool, args, who, override) in enumerate(cases)]
+    return [
+        (
+            ToolCall(
+                call_id=f"bench-{i}", tool=tool, arguments=args, principal=who, task_id="task_c04"
+            ),
+            override or spec(tool),
+        )  # type: ignore[misc]
+        for i, (tool, args, who, override) in enumerate(cases)
+    ]
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -88,8 +99,10 @@ def run_policy_bench(n: int = 10_000, bundle_dir: Path = DEFAULT_BUNDLE_DIR) -> 
         "bundle_load_ms": load_ms,
         "text_per_call_p50_us": text_p50,
     }
-    print(f"policy engine, bundle {engine.version}, {n} decisions "
-          f"({len(calls)} call shapes, pure engine, no broker)")
+    print(
+        f"policy engine, bundle {engine.version}, {n} decisions "
+        f"({len(calls)} call shapes, pure engine, no broker)"
+    )
     for name, value in figures.items():
         print(f"  {name:22} {value:12.1f}")
     for shape, values in zip(SHAPES, by_shape, strict=True):
@@ -108,9 +121,12 @@ def run_resource_bench(n: int = 10_000) -> dict[str, float]:
     assert spec is not None
     plain = Registry({spec.name: spec.model_copy(update={"resources": []})})
     engine = CedarEngine(load_bundle(orders.POLICY_DIR))
-    call = ToolCall(call_id="bench-order", tool=spec.name, arguments={"order_id": "o-1001"},
-                    principal=Principal(tenant="acme", user="u-alice", agent="support",
-                                        session="s-1"))
+    call = ToolCall(
+        call_id="bench-order",
+        tool=spec.name,
+        arguments={"order_id": "o-1001"},
+        principal=Principal(tenant="acme", user="u-alice", agent="support", session="s-1"),
+    )
     uncached_n = min(n, 2000)
 
     async def measure(data_dir: Path) -> dict[str, list[float]]:
@@ -147,30 +163,41 @@ def run_resource_bench(n: int = 10_000) -> dict[str, float]:
     p50 = {kind: percentile(sorted(values), 0.50) for kind, values in timings.items()}
     p99 = {kind: percentile(sorted(values), 0.99) for kind, values in timings.items()}
     figures = {
-        "resource_none_p50_us": p50["none"], "resource_none_p99_us": p99["none"],
-        "resource_cached_p50_us": p50["cached"], "resource_cached_p99_us": p99["cached"],
+        "resource_none_p50_us": p50["none"],
+        "resource_none_p99_us": p99["none"],
+        "resource_cached_p50_us": p50["cached"],
+        "resource_cached_p99_us": p99["cached"],
         "resource_uncached_p50_us": p50["uncached"],
         "resource_uncached_p99_us": p99["uncached"],
         "cached_lookup_adds_p50_us": p50["cached"] - p50["none"],
         "uncached_lookup_adds_p50_us": p50["uncached"] - p50["none"],
     }
-    print(f"entity lookups: query_order o-1001 (orders example, bundle {engine.version}, SQL "
-          f"provider on SQLite), {n} decisions each ({uncached_n} uncached)")
-    for label, kind in (("no resource declared", "none"), ("one Order, cached", "cached"),
-                        ("one Order, looked up (SQLite)", "uncached")):
+    print(
+        f"entity lookups: query_order o-1001 (orders example, bundle {engine.version}, SQL "
+        f"provider on SQLite), {n} decisions each ({uncached_n} uncached)"
+    )
+    for label, kind in (
+        ("no resource declared", "none"),
+        ("one Order, cached", "cached"),
+        ("one Order, looked up (SQLite)", "uncached"),
+    ):
         print(f"  {label:33} p50 {p50[kind]:8.1f} us   p99 {p99[kind]:8.1f} us")
     added = figures["cached_lookup_adds_p50_us"]
-    print(f"  the cached lookup adds {added:.1f} us at p50 "
-          f"({'under' if added < 100 else 'NOT under'} the 100 us goal); looked up afresh "
-          f"{figures['uncached_lookup_adds_p50_us']:.1f} us")
+    print(
+        f"  the cached lookup adds {added:.1f} us at p50 "
+        f"({'under' if added < 100 else 'NOT under'} the 100 us goal); looked up afresh "
+        f"{figures['uncached_lookup_adds_p50_us']:.1f} us"
+    )
     return figures
 
 
-def text_per_call_p50_us(engine: CedarEngine, calls: list[tuple[ToolCall, ToolSpec]],
-                         n: int) -> float:
+def text_per_call_p50_us(
+    engine: CedarEngine, calls: list[tuple[ToolCall, ToolSpec]], n: int
+) -> float:
     """One Cedar evaluation given the policies as text, parsed on every call."""
-    text = "\n".join(body for name, body in sorted(engine.bundle.files.items())
-                     if name.endswith(POLICY_SUFFIX))
+    text = "\n".join(
+        body for name, body in sorted(engine.bundle.files.items()) if name.endswith(POLICY_SUFFIX)
+    )
     latencies = []
     for i in range(n):
         call, spec = calls[i % len(calls)]

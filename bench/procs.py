@@ -90,15 +90,15 @@ class Processes:
         if not self.pids or not available():
             return {name: 0.0 for name in self.pids}
         tree = _children()
-        return {name: sum(_own_cpu_s(p) for p in
-                          ([pid] if name in self.alone else _tree_of(pid, tree)))
-                for name, pid in self.pids.items()}
+        return {
+            name: sum(_own_cpu_s(p) for p in ([pid] if name in self.alone else _tree_of(pid, tree)))
+            for name, pid in self.pids.items()
+        }
 
 
 def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """CPU seconds each process used between two snapshots (a process absent from one: 0)."""
-    return {name: max(0.0, after[name] - before.get(name, after[name]))
-            for name in after}
+    return {name: max(0.0, after[name] - before.get(name, after[name])) for name in after}
 
 
 def of_stack(stack: object) -> Processes:
@@ -135,7 +135,7 @@ def of_running_gateway(nats_url: str, service_names: Iterable[str]) -> Processes
         at = argv.index("serve")
         if at + 1 >= len(argv) or argv[at + 1] not in names:
             continue
-        if argv[argv.index("--nats-url") + 1:][:1] != [nats_url]:
+        if argv[argv.index("--nats-url") + 1 :][:1] != [nats_url]:
             continue
         found.add(argv[at + 1], pid)
         fields = _stat_fields(pid)

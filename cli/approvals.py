@@ -47,31 +47,52 @@ APPROVER_ROLE = "approver"
 
 
 def _nats(parser: argparse.ArgumentParser, creds_default: Path | None, creds_help: str) -> None:
-    parser.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="NATS server URL (default: $TOOLGATE_NATS_URL, else what "
-                             "`toolgate up` recorded; now %(default)s)")
+    parser.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="NATS server URL (default: $TOOLGATE_NATS_URL, else what "
+        "`toolgate up` recorded; now %(default)s)",
+    )
     parser.add_argument("--creds", type=Path, default=creds_default, help=creds_help)
 
 
 def _approver(parser: argparse.ArgumentParser) -> None:
     """Options of the commands that ask the approvals service as an approver."""
-    _nats(parser, env.env_nats_creds(APPROVER_ROLE),
-          f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-          "approver creds `toolgate up` recorded; now %(default)s)")
+    _nats(
+        parser,
+        env.env_nats_creds(APPROVER_ROLE),
+        f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
+        "approver creds `toolgate up` recorded; now %(default)s)",
+    )
     token = os.environ.get(ENV_TOKEN)
-    parser.add_argument("--token", default=token,
-                        help=f"the approver's token, as add-approver printed it (default: "
-                             f"${ENV_TOKEN}, now {'set' if token else 'unset'})")
-    parser.add_argument("--timeout", type=float, default=5.0,
-                        help="seconds to wait for the service's answer (default %(default)s)")
-    parser.add_argument("--connect-timeout", type=float, default=5.0,
-                        help="seconds to wait for NATS before giving up (default %(default)s)")
+    parser.add_argument(
+        "--token",
+        default=token,
+        help=f"the approver's token, as add-approver printed it (default: "
+        f"${ENV_TOKEN}, now {'set' if token else 'unset'})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the service's answer (default %(default)s)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for NATS before giving up (default %(default)s)",
+    )
 
 
 def _data_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
-                        help="state directory holding approvers.yaml "
-                             "(default: $TOOLGATE_DATA_DIR, else %(default)s)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=env.env_data_dir(),
+        help="state directory holding approvers.yaml "
+        "(default: $TOOLGATE_DATA_DIR, else %(default)s)",
+    )
 
 
 def connect_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,12 +107,16 @@ def connect_options(args: argparse.Namespace) -> dict[str, Any]:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `approvals` and its subcommands to the `toolgate` parser."""
     approvals = subparsers.add_parser(
-        "approvals", help="approve or deny calls that wait for a human",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "approvals",
+        help="approve or deny calls that wait for a human",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = approvals.add_subparsers(dest="approvals_command", required=True)
 
-    listing = commands.add_parser("list", help="pending calls of your tenants, with "
-                                               "arguments and hash")
+    listing = commands.add_parser(
+        "list", help="pending calls of your tenants, with arguments and hash"
+    )
     _approver(listing)
     listing.set_defaults(func=cmd_list)
 
@@ -104,39 +129,56 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         vote = commands.add_parser(name, help=f"{name} a pending call")
         vote.add_argument("call", metavar="CALL", help="TENANT.AGENT.CALL_ID (or a CALL_ID)")
         vote.add_argument("--reason", required=True, help="why (kept in the audit; required)")
-        vote.add_argument("--sha256", default=None,
-                          help="the arguments hash you were shown (default: show the call "
-                               "now and vote on its hash)")
-        vote.add_argument("--approver", default=None,
-                          help="your approver name; must own the token (default: the token's "
-                               "owner)")
+        vote.add_argument(
+            "--sha256",
+            default=None,
+            help="the arguments hash you were shown (default: show the call "
+            "now and vote on its hash)",
+        )
+        vote.add_argument(
+            "--approver",
+            default=None,
+            help="your approver name; must own the token (default: the token's owner)",
+        )
         _approver(vote)
         vote.set_defaults(func=cmd_vote, decision=decision)
 
     add = commands.add_parser("add-approver", help="create an approver and print its token")
     add.add_argument("name", help="the approver's name (letters, digits, . _ @ -)")
-    add.add_argument("--tenant", action="append", default=[],
-                     help="a tenant whose calls the approver sees and decides; repeatable "
-                          "(one is required, unless --all-tenants; default none)")
-    add.add_argument("--all-tenants", action="store_true",
-                     help="an operator-wide approver: every tenant's calls (explicit only; "
-                          "default: off)")
-    add.add_argument("--rotate", action="store_true",
-                     help="replace an existing approver's token (default: refuse an existing "
-                          "name)")
+    add.add_argument(
+        "--tenant",
+        action="append",
+        default=[],
+        help="a tenant whose calls the approver sees and decides; repeatable "
+        "(one is required, unless --all-tenants; default none)",
+    )
+    add.add_argument(
+        "--all-tenants",
+        action="store_true",
+        help="an operator-wide approver: every tenant's calls (explicit only; default: off)",
+    )
+    add.add_argument(
+        "--rotate",
+        action="store_true",
+        help="replace an existing approver's token (default: refuse an existing name)",
+    )
     _data_dir(add)
     add.set_defaults(func=cmd_add_approver)
 
     inbox = commands.add_parser("inbox", help="serve the web inbox")
-    inbox.add_argument("--port", type=int, default=8090,
-                       help="HTTP port (default %(default)s)")
-    inbox.add_argument("--host", default="127.0.0.1",
-                       help="interface to listen on (default %(default)s; put TLS in front "
-                            "before exposing it)")
+    inbox.add_argument("--port", type=int, default=8090, help="HTTP port (default %(default)s)")
+    inbox.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (default %(default)s; put TLS in front before exposing it)",
+    )
     # Each approver logs in with their own token; the inbox has none of its own.
-    _nats(inbox, env.env_nats_creds(APPROVER_ROLE),
-          f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-          "approver creds `toolgate up` recorded; now %(default)s)")
+    _nats(
+        inbox,
+        env.env_nats_creds(APPROVER_ROLE),
+        f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
+        "approver creds `toolgate up` recorded; now %(default)s)",
+    )
     inbox.set_defaults(func=cmd_inbox)
 
     return approvals
@@ -176,9 +218,12 @@ def _run(args: argparse.Namespace, work: Any) -> int:
         print(str(exc), file=sys.stderr)
         return 1
     except ServiceUnavailable:
-        print(f"no approvals service answered at {args.nats_url} within {args.timeout:g}s: "
-              "is toolgate up running (or `toolgate serve approvals`), and are --creds the "
-              "approver's? (--nats-url, --creds, --timeout)", file=sys.stderr)
+        print(
+            f"no approvals service answered at {args.nats_url} within {args.timeout:g}s: "
+            "is toolgate up running (or `toolgate serve approvals`), and are --creds the "
+            "approver's? (--nats-url, --creds, --timeout)",
+            file=sys.stderr,
+        )
         return 3
 
 
@@ -233,8 +278,13 @@ def cmd_vote(args: argparse.Namespace) -> int:
             call, sha = reply.approval.key, reply.approval.arguments_sha256
             print(f"\n{args.decision} on arguments sha256 {sha}")
         outcome: VoteOutcome = await client.vote(
-            call, args.decision, arguments_sha256=sha, reason=args.reason,
-            approver=args.approver, timeout=args.timeout)
+            call,
+            args.decision,
+            arguments_sha256=sha,
+            reason=args.reason,
+            approver=args.approver,
+            timeout=args.timeout,
+        )
         if not outcome.accepted:
             print(f"refused ({outcome.code}): {outcome.message}", file=sys.stderr)
             return 1
@@ -246,20 +296,31 @@ def cmd_vote(args: argparse.Namespace) -> int:
 
 def cmd_add_approver(args: argparse.Namespace) -> int:
     if not args.data_dir.is_dir():
-        print(f"no gateway data dir at {args.data_dir} (`toolgate up` has not run here): run "
-              "toolgate up first, or give --data-dir (the approvals service reads "
-              "approvers.yaml there)", file=sys.stderr)
+        print(
+            f"no gateway data dir at {args.data_dir} (`toolgate up` has not run here): run "
+            "toolgate up first, or give --data-dir (the approvals service reads "
+            "approvers.yaml there)",
+            file=sys.stderr,
+        )
         return 2
     try:
-        token = add_approver(args.data_dir, args.name, tenants=args.tenant,
-                             all_tenants=args.all_tenants, rotate=args.rotate)
+        token = add_approver(
+            args.data_dir,
+            args.name,
+            tenants=args.tenant,
+            all_tenants=args.all_tenants,
+            rotate=args.rotate,
+        )
     except ApproverError as exc:
         print(str(exc), file=sys.stderr)
         return 2
     print(token)
     scope = "every tenant" if args.all_tenants else "tenants " + ", ".join(sorted(set(args.tenant)))
-    print(f"approver {args.name} ({scope}) added to {args.data_dir / 'approvers.yaml'}; "
-          f"the token is shown only now (set it as ${ENV_TOKEN})", file=sys.stderr)
+    print(
+        f"approver {args.name} ({scope}) added to {args.data_dir / 'approvers.yaml'}; "
+        f"the token is shown only now (set it as ${ENV_TOKEN})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -269,14 +330,16 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
     check_nats_url(args.nats_url)
     check_creds(args.creds)
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s inbox %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s inbox %(levelname)s %(message)s")
     # It waits for NATS as long as it takes, one line at a time (a service, not a command).
     quiet_nats_tracebacks(args.nats_url)
     try:
         return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
     except OSError as exc:
         if exc.errno is not None and "address" in (exc.strerror or "").lower():
-            raise Failed(f"toolgate approvals inbox: cannot listen on {args.host}:{args.port} "
-                         f"({exc.strerror}): choose another --port or --host", 2) from None
+            raise Failed(
+                f"toolgate approvals inbox: cannot listen on {args.host}:{args.port} "
+                f"({exc.strerror}): choose another --port or --host",
+                2,
+            ) from None
         raise

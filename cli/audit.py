@@ -65,8 +65,9 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(BAD_CONFIG, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def fails_in_one_line(command: str) -> Callable[[Callable[[argparse.Namespace], int]],
-                                                 Callable[[argparse.Namespace], int]]:
+def fails_in_one_line(
+    command: str,
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     """Run an operator command; what it cannot do is one line on stderr and an exit code."""
 
     def wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -111,22 +112,33 @@ def since_of(text: str | None) -> datetime | None:
 
 # -- where the audit is ------------------------------------------------------------------
 
+
 def add_clickhouse_url(parser: argparse.ArgumentParser) -> None:
     """For services (`toolgate serve audit`): the URL, resolved when the parser is built."""
-    parser.add_argument("--clickhouse-url", default=env_clickhouse_url(),
-                        help="ClickHouse HTTP URL, database as the path "
-                             "(default: $TOOLGATE_CLICKHOUSE_URL or %(default)s)")
+    parser.add_argument(
+        "--clickhouse-url",
+        default=env_clickhouse_url(),
+        help="ClickHouse HTTP URL, database as the path "
+        "(default: $TOOLGATE_CLICKHOUSE_URL or %(default)s)",
+    )
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:
     """For operator commands: resolved at run time, so a failure can say where it came from."""
-    parser.add_argument("--clickhouse-url", default=None,
-                        help="ClickHouse HTTP URL, database as the path (default: "
-                             "$TOOLGATE_CLICKHOUSE_URL, else the one `toolgate up` recorded "
-                             f"in DATA_DIR/context.json, else {DEFAULT_CLICKHOUSE_URL})")
-    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
-                        help="seconds to wait for ClickHouse (and NATS) to answer before "
-                             "giving up (default %(default)s)")
+    parser.add_argument(
+        "--clickhouse-url",
+        default=None,
+        help="ClickHouse HTTP URL, database as the path (default: "
+        "$TOOLGATE_CLICKHOUSE_URL, else the one `toolgate up` recorded "
+        f"in DATA_DIR/context.json, else {DEFAULT_CLICKHOUSE_URL})",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        help="seconds to wait for ClickHouse (and NATS) to answer before "
+        "giving up (default %(default)s)",
+    )
 
 
 def data_dir_of(given: Path | None) -> tuple[Path, str]:
@@ -143,35 +155,47 @@ def store_of(given: str | None, data_dir: Path | None = None) -> Store:
     if given:
         return Store(given, "--clickhouse-url", "check the URL")
     if os.environ.get("TOOLGATE_CLICKHOUSE_URL"):
-        return Store(os.environ["TOOLGATE_CLICKHOUSE_URL"], "$TOOLGATE_CLICKHOUSE_URL",
-                     "check the variable, or give --clickhouse-url")
+        return Store(
+            os.environ["TOOLGATE_CLICKHOUSE_URL"],
+            "$TOOLGATE_CLICKHOUSE_URL",
+            "check the variable, or give --clickhouse-url",
+        )
     context = ((data_dir or env.env_data_dir()) / env.CONTEXT_FILE).absolute()
     recorded = env.read_context(data_dir).get("clickhouse_url")
     if isinstance(recorded, str) and recorded:
-        return Store(recorded, f"{context}, written by `toolgate up`",
-                     "is that `toolgate up` still running? Otherwise give --clickhouse-url "
-                     "or $TOOLGATE_CLICKHOUSE_URL")
-    return Store(DEFAULT_CLICKHOUSE_URL,
-                 f"the default: no --clickhouse-url, no $TOOLGATE_CLICKHOUSE_URL, no ClickHouse "
-                 f"recorded in {context}",
-                 "run `toolgate up` in this folder first, or give --clickhouse-url or "
-                 "$TOOLGATE_CLICKHOUSE_URL")
+        return Store(
+            recorded,
+            f"{context}, written by `toolgate up`",
+            "is that `toolgate up` still running? Otherwise give --clickhouse-url "
+            "or $TOOLGATE_CLICKHOUSE_URL",
+        )
+    return Store(
+        DEFAULT_CLICKHOUSE_URL,
+        f"the default: no --clickhouse-url, no $TOOLGATE_CLICKHOUSE_URL, no ClickHouse "
+        f"recorded in {context}",
+        "run `toolgate up` in this folder first, or give --clickhouse-url or "
+        "$TOOLGATE_CLICKHOUSE_URL",
+    )
 
 
 # -- the commands --------------------------------------------------------------------------
 
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    audit = subparsers.add_parser("audit", help="trace, query, verify and replay the audit",
-                                  description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = audit.add_subparsers(dest="audit_command", required=True,
-                                    parser_class=OneLineParser)
+    audit = subparsers.add_parser(
+        "audit",
+        help="trace, query, verify and replay the audit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = audit.add_subparsers(dest="audit_command", required=True, parser_class=OneLineParser)
 
     trace = commands.add_parser("trace", help="one call's story, in order")
     trace.add_argument("call_id")
     for name in ("tenant", "agent"):
-        trace.add_argument(f"--{name}", default=None,
-                           help=f"only the call of this {name} (a call_id is per agent)")
+        trace.add_argument(
+            f"--{name}", default=None, help=f"only the call of this {name} (a call_id is per agent)"
+        )
     add_store_options(trace)
     trace.set_defaults(func=cmd_trace)
 
@@ -183,34 +207,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
     replay = commands.add_parser("replay", help="drive recorded calls through a gateway again")
     replay.add_argument("call_id", nargs="?", default=None)
-    replay.add_argument("--since", default=None,
-                        help=f"replay calls requested since then: {FORMS} (UTC unless it says)")
+    replay.add_argument(
+        "--since",
+        default=None,
+        help=f"replay calls requested since then: {FORMS} (UTC unless it says)",
+    )
     for name in ("tool", "tenant", "agent", "user"):
         replay.add_argument(f"--{name}", default=None, help=f"only calls of this {name}")
     replay.add_argument("--status", default=None, help="only calls that ended with this status")
-    replay.add_argument("--limit", type=int, default=20,
-                        help="at most this many calls, the latest (default %(default)s)")
+    replay.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        help="at most this many calls, the latest (default %(default)s)",
+    )
     replay.add_argument("--include-replays", action="store_true")
-    replay.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds to wait for each replayed call's result "
-                             "(default %(default)s)")
-    replay.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="the running gateway (default: $TOOLGATE_NATS_URL, else the one "
-                             "`toolgate up` recorded; now %(default)s)")
-    replay.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
-                        help="on a locked bus: the operator's (admin) creds, or the creds of "
-                             "the agent whose calls are replayed (default: "
-                             "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` "
-                             "recorded)")
+    replay.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for each replayed call's result (default %(default)s)",
+    )
+    replay.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="the running gateway (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded; now %(default)s)",
+    )
+    replay.add_argument(
+        "--creds",
+        type=Path,
+        default=env.env_nats_creds("admin"),
+        help="on a locked bus: the operator's (admin) creds, or the creds of "
+        "the agent whose calls are replayed (default: "
+        "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` "
+        "recorded)",
+    )
     add_store_options(replay)
     replay.set_defaults(func=cmd_replay)
 
     verify = commands.add_parser("verify", help="detect altered, deleted or inserted rows")
-    verify.add_argument("--public-key", type=Path, default=None,
-                        help="the audit seal public key (default: DATA_DIR/keys/audit-seal.pub)")
-    verify.add_argument("--data-dir", type=Path, default=None,
-                        help="the gateway's state directory: its seal key and context.json "
-                             "(default: $TOOLGATE_DATA_DIR or .toolgate)")
+    verify.add_argument(
+        "--public-key",
+        type=Path,
+        default=None,
+        help="the audit seal public key (default: DATA_DIR/keys/audit-seal.pub)",
+    )
+    verify.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the gateway's state directory: its seal key and context.json "
+        "(default: $TOOLGATE_DATA_DIR or .toolgate)",
+    )
     add_store_options(verify)
     verify.set_defaults(func=cmd_verify)
 
@@ -252,9 +301,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
         rows = read_call_events(client, args.call_id, tenant=args.tenant, agent=args.agent)
     several = senders(rows)
     if len(several) > 1:
-        raise Failed(f"call_id {args.call_id} was used by "
-                     f"{', '.join(f'{t}.{a}' for t, a in several)} (each its own call): "
-                     "give --tenant and --agent")
+        raise Failed(
+            f"call_id {args.call_id} was used by "
+            f"{', '.join(f'{t}.{a}' for t, a in several)} (each its own call): "
+            "give --tenant and --agent"
+        )
     steps = story(rows)
     print(format_trace(args.call_id, steps))
     return 0 if steps else 1
@@ -269,7 +320,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     _check_timeout(args)
     if not args.query.strip():
-        raise Failed("give a query, e.g. \"SELECT tool, count() FROM calls GROUP BY tool\"")
+        raise Failed('give a query, e.g. "SELECT tool, count() FROM calls GROUP BY tool"')
     store, client = _open(args)
     try:
         columns, rows = run_readonly(client, args.query)
@@ -298,19 +349,41 @@ def cmd_replay(args: argparse.Namespace) -> int:
     _check_nats_url(args.nats_url)
     store, client = _open(args)
     with store.errors():
-        recorded = find_recorded(client, call_id=args.call_id, since=since,
-                                 tool=args.tool, tenant=args.tenant, agent=args.agent,
-                                 user=args.user, status=args.status,
-                                 include_replays=args.include_replays, limit=args.limit)
+        recorded = find_recorded(
+            client,
+            call_id=args.call_id,
+            since=since,
+            tool=args.tool,
+            tenant=args.tenant,
+            agent=args.agent,
+            user=args.user,
+            status=args.status,
+            include_replays=args.include_replays,
+            limit=args.limit,
+        )
     if not recorded:
-        asked = f"call_id {args.call_id}" if args.call_id else \
-            f"calls since {since:%Y-%m-%d %H:%M:%S} UTC"
-        print(f"toolgate audit replay: no recorded call matches ({asked} and the filters) in "
-              f"{store.target().display()}", file=sys.stderr)
+        asked = (
+            f"call_id {args.call_id}"
+            if args.call_id
+            else f"calls since {since:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        print(
+            f"toolgate audit replay: no recorded call matches ({asked} and the filters) in "
+            f"{store.target().display()}",
+            file=sys.stderr,
+        )
         return 1
     progress = Progress("toolgate audit replay", "calls replayed", len(recorded))
-    outcomes = asyncio.run(replay(args.nats_url, recorded, args.creds, timeout=args.timeout,
-                                  connect_timeout=args.connect_timeout, progress=progress))
+    outcomes = asyncio.run(
+        replay(
+            args.nats_url,
+            recorded,
+            args.creds,
+            timeout=args.timeout,
+            connect_timeout=args.connect_timeout,
+            progress=progress,
+        )
+    )
     progress.finish()
     for outcome in outcomes:
         print(side_by_side(outcome), end="\n\n")
@@ -330,14 +403,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         path, where = data_dir / "keys" / SEAL_PUBLIC_FILE, f"in DATA_DIR {data_dir}, {source}"
     if not path.is_file():
-        raise Failed(f"no audit seal public key at {path.absolute()} ({where}): run it in the "
-                     "folder where `toolgate up` ran, or give --data-dir DIR or --public-key "
-                     "FILE (the audit sink writes DATA_DIR/keys/audit-seal.pub)")
+        raise Failed(
+            f"no audit seal public key at {path.absolute()} ({where}): run it in the "
+            "folder where `toolgate up` ran, or give --data-dir DIR or --public-key "
+            "FILE (the audit sink writes DATA_DIR/keys/audit-seal.pub)"
+        )
     try:
         key = load_seal_public_key(path)
     except (ValueError, OSError) as exc:
-        raise Failed(f"{path} ({where}) is not a readable Ed25519 public key in PEM "
-                     f"({str(exc).split('. See ')[0] or type(exc).__name__})") from None
+        raise Failed(
+            f"{path} ({where}) is not a readable Ed25519 public key in PEM "
+            f"({str(exc).split('. See ')[0] or type(exc).__name__})"
+        ) from None
     store, client = _open(args, data_dir if args.data_dir is not None else None)
     with store.errors():
         total = int(client.query("SELECT count() FROM event_log").result_rows[0][0])
@@ -347,8 +424,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for finding in report.findings:
         print(finding.line())
     verdict = "OK" if report.ok else f"TAMPERED ({len(report.tampered)} finding(s))"
-    print(f"{verdict}: {report.rows} rows in {report.chains} chain(s), "
-          f"{report.checkpoints} checkpoint(s)")
+    print(
+        f"{verdict}: {report.rows} rows in {report.chains} chain(s), "
+        f"{report.checkpoints} checkpoint(s)"
+    )
     return 0 if report.ok else 1
 
 

@@ -63,43 +63,68 @@ class Failed(Exception):
 
 
 def _add_nats(parser: argparse.ArgumentParser, role: str = "agent") -> None:
-    parser.add_argument("--nats-url", default=env.env_nats_url(),
-                        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
-                             "`toolgate up` recorded in DATA_DIR; now %(default)s)")
-    parser.add_argument("--creds", type=Path, default=env.env_nats_creds(role),
-                        help=f"NATS creds file (default: $TOOLGATE_NATS_CREDS, else the {role} "
-                             "creds `toolgate up` recorded; now %(default)s)")
+    parser.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded in DATA_DIR; now %(default)s)",
+    )
+    parser.add_argument(
+        "--creds",
+        type=Path,
+        default=env.env_nats_creds(role),
+        help=f"NATS creds file (default: $TOOLGATE_NATS_CREDS, else the {role} "
+        "creds `toolgate up` recorded; now %(default)s)",
+    )
 
 
 def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--connect-timeout", type=float, default=5.0,
-                        help="seconds to wait for NATS before giving up (default %(default)s)")
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for NATS before giving up (default %(default)s)",
+    )
 
 
 def _recorded_registry() -> list[Path]:
     """$TOOLGATE_REGISTRY, else the registry dirs `toolgate up` started its services with."""
     return env.env_registry_dirs() or [
-        Path(p) for p in env.read_context().get("registry_dirs") or [] if isinstance(p, str)]
+        Path(p) for p in env.read_context().get("registry_dirs") or [] if isinstance(p, str)
+    ]
 
 
 def _add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
-    parser.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
-                        help="state directory: keys, tool data, embedded servers "
-                             "(default: $TOOLGATE_DATA_DIR, else %(default)s)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=env.env_data_dir(),
+        help="state directory: keys, tool data, embedded servers "
+        "(default: $TOOLGATE_DATA_DIR, else %(default)s)",
+    )
     registry = _recorded_registry() if recorded else env.env_registry_dirs()
-    parser.add_argument("--registry", type=Path, action="append", default=None,
-                        help="directory of tool YAML files; repeatable (default: "
-                             "$TOOLGATE_REGISTRY"
-                             + (", else what `toolgate up` recorded" if recorded else "")
-                             + ", else the built-in tools; now "
-                             + (":".join(map(str, registry)) or "the built-in tools") + ")")
+    parser.add_argument(
+        "--registry",
+        type=Path,
+        action="append",
+        default=None,
+        help="directory of tool YAML files; repeatable (default: "
+        "$TOOLGATE_REGISTRY"
+        + (", else what `toolgate up` recorded" if recorded else "")
+        + ", else the built-in tools; now "
+        + (":".join(map(str, registry)) or "the built-in tools")
+        + ")",
+    )
     parser.set_defaults(registry_default=registry)
 
 
 def _settings(args: argparse.Namespace) -> env.GatewaySettings:
     return env.GatewaySettings(
-        nats_url=args.nats_url, nats_creds=args.creds, data_dir=args.data_dir,
-        registry_dirs=tuple(args.registry or args.registry_default))
+        nats_url=args.nats_url,
+        nats_creds=args.creds,
+        data_dir=args.data_dir,
+        registry_dirs=tuple(args.registry or args.registry_default),
+    )
 
 
 # ---------------------------------------------------------------- failing in one line
@@ -128,13 +153,15 @@ def check_creds(path: Path | None, flag: str = "--creds") -> Path | None:
     except IsADirectoryError:
         raise Failed(f"{path} is a directory, not a NATS creds file ({flag})", 2) from None
     except FileNotFoundError:
-        raise Failed(f"no creds file at {path} ({flag}; `toolgate agents list` shows the "
-                     "agents' creds)", 2) from None
+        raise Failed(
+            f"no creds file at {path} ({flag}; `toolgate agents list` shows the agents' creds)", 2
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise Failed(f"cannot read the creds file {path}: {exc} ({flag})", 2) from None
     except ValueError:
-        raise Failed(f"{path} is not a NATS creds file (user JWT and nkey seed) ({flag})",
-                     2) from None
+        raise Failed(
+            f"{path} is not a NATS creds file (user JWT and nkey seed) ({flag})", 2
+        ) from None
     return Path(path)
 
 
@@ -146,8 +173,9 @@ def nats_url_source(url: str) -> str:
     if recorded == url:
         return f"recorded by `toolgate up` in {env.env_data_dir() / env.CONTEXT_FILE}"
     if url == env.DEFAULT_NATS_URL:
-        return (f"the default: no `toolgate up` recorded one in "
-                f"{env.env_data_dir() / env.CONTEXT_FILE}")
+        return (
+            f"the default: no `toolgate up` recorded one in {env.env_data_dir() / env.CONTEXT_FILE}"
+        )
     return "--nats-url"
 
 
@@ -156,11 +184,15 @@ def connect_failure(url: str, cause: BaseException | str) -> Failed:
     text = str(cause) or type(cause).__name__
     lowered = text.lower()
     if "authorization" in lowered or "authentication" in lowered or "revoked" in lowered:
-        return Failed(f"authorization refused at {url}: wrong, revoked or missing creds "
-                      "(--creds)", 3)
+        return Failed(
+            f"authorization refused at {url}: wrong, revoked or missing creds (--creds)", 3
+        )
     if "permissions violation" in lowered:
-        return Failed(f"permission denied at {url}: {text.removeprefix('nats: ')} (these "
-                      "creds may not do this: --creds)", 3)
+        return Failed(
+            f"permission denied at {url}: {text.removeprefix('nats: ')} (these "
+            "creds may not do this: --creds)",
+            3,
+        )
     if isinstance(cause, TimeoutError) or lowered in ("timeouterror", "nats: timeout"):
         reason = "nothing answered as NATS in time"
     elif "refused" in lowered or "connect call failed" in lowered:
@@ -169,12 +201,14 @@ def connect_failure(url: str, cause: BaseException | str) -> Failed:
         reason = "unknown host"
     else:
         reason = text.removeprefix("nats: ")
-    return Failed(f"no NATS at {url} ({reason}; URL from {nats_url_source(url)}): is "
-                  "toolgate up running? (--nats-url)", 3)
+    return Failed(
+        f"no NATS at {url} ({reason}; URL from {nats_url_source(url)}): is "
+        "toolgate up running? (--nats-url)",
+        3,
+    )
 
 
-async def connect_nats(url: str, creds: Path | None, timeout: float,
-                       **options: Any) -> Any:
+async def connect_nats(url: str, creds: Path | None, timeout: float, **options: Any) -> Any:
     """One NATS connection within `timeout`, or Failed: for a command that runs once."""
     import nats
     import nats.errors
@@ -186,16 +220,23 @@ async def connect_nats(url: str, creds: Path | None, timeout: float,
     async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
         errors.append(exc)
 
-    options = {"connect_timeout": timeout, "allow_reconnect": False, "error_cb": remember,
-               **connect_options(creds), **options}
+    options = {
+        "connect_timeout": timeout,
+        "allow_reconnect": False,
+        "error_cb": remember,
+        **connect_options(creds),
+        **options,
+    }
     try:
         return await asyncio.wait_for(nats.connect(url, **options), timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         # A refused login often ends in a reset connection: the refusal is the news.
-        refusal = [e for e in errors if "authoriz" in str(e).lower()
-                   or "authentic" in str(e).lower()]
-        raise connect_failure(url, refusal[-1] if refusal else errors[-1] if errors
-                              else exc) from None
+        refusal = [
+            e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()
+        ]
+        raise connect_failure(
+            url, refusal[-1] if refusal else errors[-1] if errors else exc
+        ) from None
 
 
 class _OneLineNatsErrors(logging.Filter):
@@ -241,12 +282,18 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not directory.is_dir():
             raise Failed(f"toolgate up: no registry directory at {directory} (--registry)", 2)
     executor_args = ["--concurrency", str(args.concurrency)]
-    stack = Stack(data_dir=args.data_dir, nats_url=args.nats_url_given, nats_port=args.nats_port,
-                  registry_dirs=list(args.registry or env.env_registry_dirs()),
-                  executor_args=executor_args, clickhouse_url=args.clickhouse_url_given,
-                  clickhouse_port=args.clickhouse_port, with_audit=not args.no_audit,
-                  topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
-                  example=args.example)
+    stack = Stack(
+        data_dir=args.data_dir,
+        nats_url=args.nats_url_given,
+        nats_port=args.nats_port,
+        registry_dirs=list(args.registry or env.env_registry_dirs()),
+        executor_args=executor_args,
+        clickhouse_url=args.clickhouse_url_given,
+        clickhouse_port=args.clickhouse_port,
+        with_audit=not args.no_audit,
+        topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
+        example=args.example,
+    )
     try:
         return run_until_signalled(stack)
     except StackError as exc:
@@ -280,8 +327,12 @@ async def _once(url: str, creds: Path | None, apply: Any) -> None:
     await nc.close()
     if apply is not None:  # on a locked bus the operator (admin) applied it
         try:
-            await asyncio.wait_for(apply(url, allow_reconnect=False, error_cb=_ignore,
-                                         connect_timeout=CONNECT_TIMEOUT_S), 30)
+            await asyncio.wait_for(
+                apply(
+                    url, allow_reconnect=False, error_cb=_ignore, connect_timeout=CONNECT_TIMEOUT_S
+                ),
+                30,
+            )
         except Exception as exc:
             raise connect_failure(url, exc) from None
 
@@ -300,28 +351,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
     settings.load_registry()  # a bad registry ends it now, not after NATS is found
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s"
+    )
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
     if args.name == "validator":
         from toolgate.services.validator.app import build_app
+
         app = build_app(settings)
     elif args.name == "policy":
         from toolgate.services.policy.app import build_app as build_policy
+
         app = build_policy(settings, policy_dir=args.policy)
     elif args.name == "executor":
         from toolgate.services.executor.app import build_app as build_executor
+
         tools = [t for t in (args.tools or "").split(",") if t]
         app = build_executor(settings, tools=tools or None, concurrency=args.concurrency)
     elif args.name == "audit":
         from toolgate.services.audit.app import build_app as build_audit
+
         app = build_audit(settings, args.clickhouse_url)
     elif args.name == "approvals":
         from toolgate.services.approvals.app import build_app as build_approvals
+
         app = build_approvals(settings, sweep_interval_s=args.sweep_interval)
     else:
         from toolgate.services.attacher.app import build_app as build_attacher
+
         app = build_attacher(settings)
     bus.tune_gc_for_a_service()
     asyncio.run(app.run())
@@ -338,14 +396,22 @@ def _connect_client(args: argparse.Namespace, command: str) -> Any:
     check_creds(args.creds)
 
     async def connect() -> Any:
-        nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout,
-                                allow_reconnect=True, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.5)
+        nc = await connect_nats(
+            args.nats_url,
+            args.creds,
+            args.connect_timeout,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
         identity = identity_of_creds(args.creds) if args.creds is not None else None
         if identity is None and args.creds is not None:
             await nc.close()
-            raise Failed(f"{args.creds} is not an agent's creds (no tenant and agent in it): "
-                         "use one `toolgate agents add TENANT AGENT` printed (--creds)", 2)
+            raise Failed(
+                f"{args.creds} is not an agent's creds (no tenant and agent in it): "
+                "use one `toolgate agents add TENANT AGENT` printed (--creds)",
+                2,
+            )
         return GatewayClient(nc, identity)
 
     return connect
@@ -357,11 +423,15 @@ def _call_problem(exc: BaseException, url: str, what: str) -> Failed | None:
     from nats.js.errors import APIError
 
     if isinstance(exc, (nats.errors.NoRespondersError, nats.errors.TimeoutError, TimeoutError)):
-        return Failed(f"{what} at {url}: no answer from the gateway's streams (is toolgate up "
-                      "complete? may these creds do this?)", 3)
+        return Failed(
+            f"{what} at {url}: no answer from the gateway's streams (is toolgate up "
+            "complete? may these creds do this?)",
+            3,
+        )
     if isinstance(exc, APIError):
-        return Failed(f"{what} at {url}: the server said {exc.description or exc} "
-                      f"(code {exc.err_code})", 3)
+        return Failed(
+            f"{what} at {url}: the server said {exc.description or exc} (code {exc.err_code})", 3
+        )
     if isinstance(exc, (nats.errors.Error, OSError)):
         return connect_failure(url, exc)
     return None
@@ -380,32 +450,46 @@ def cmd_call(args: argparse.Namespace) -> int:
     connect = _connect_client(args, "call")
     # On a locked bus the creds say which tenant and agent this is; --tenant and
     # --agent only matter on an unlocked one.
-    call = ToolCall(call_id=args.call_id or new_call_id(), tool=args.tool, arguments=arguments,
-                    principal=Principal(tenant=args.tenant, user=args.user, agent=args.agent,
-                                        session=args.session),
-                    task_id=args.task)
+    call = ToolCall(
+        call_id=args.call_id or new_call_id(),
+        tool=args.tool,
+        arguments=arguments,
+        principal=Principal(
+            tenant=args.tenant, user=args.user, agent=args.agent, session=args.session
+        ),
+        task_id=args.task,
+    )
 
     async def run() -> ToolResult:
         client = await connect()
         async with client:
-            principal = client.principal(args.user, args.session) if client.identity else \
-                call.principal
+            principal = (
+                client.principal(args.user, args.session) if client.identity else call.principal
+            )
 
             def waiting(notice: PendingNotice) -> None:
                 key = f"{principal.tenant}.{principal.agent}.{call.call_id}"
                 expires = f", until {notice.expires_at}" if notice.expires_at else ""
-                print(f"toolgate call: {call.call_id} waits for a human: {notice.message}"
-                      f"{expires} (an approver: toolgate approvals approve {key})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"toolgate call: {call.call_id} waits for a human: {notice.message}"
+                    f"{expires} (an approver: toolgate approvals approve {key})",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
             try:
-                return await client.submit(msgspec.structs.replace(call, principal=principal),
-                                           timeout=args.timeout, on_pending=waiting)
+                return await client.submit(
+                    msgspec.structs.replace(call, principal=principal),
+                    timeout=args.timeout,
+                    on_pending=waiting,
+                )
             except ResultTimeout:
-                raise Failed(f"toolgate call: no result for {call.call_id} within "
-                             f"{args.timeout:g}s (it may still finish; fetch it with "
-                             f"`toolgate result {call.call_id}`, or wait longer: --timeout)",
-                             3) from None
+                raise Failed(
+                    f"toolgate call: no result for {call.call_id} within "
+                    f"{args.timeout:g}s (it may still finish; fetch it with "
+                    f"`toolgate result {call.call_id}`, or wait longer: --timeout)",
+                    3,
+                ) from None
             except Exception as exc:
                 problem = _call_problem(exc, args.nats_url, f"cannot publish {call.call_id}")
                 if problem is None:
@@ -426,16 +510,19 @@ def cmd_result(args: argparse.Namespace) -> int:
             try:
                 return await client.result(args.call_id)  # type: ignore[no-any-return]
             except Exception as exc:
-                problem = _call_problem(exc, args.nats_url,
-                                        f"cannot read the result of {args.call_id}")
+                problem = _call_problem(
+                    exc, args.nats_url, f"cannot read the result of {args.call_id}"
+                )
                 if problem is None:
                     raise
                 raise problem from None
 
     result = asyncio.run(run())
     if result is None:
-        print(f"toolgate result: no result stored for {args.call_id} (yet) for this agent",
-              file=sys.stderr)
+        print(
+            f"toolgate result: no result stored for {args.call_id} (yet) for this agent",
+            file=sys.stderr,
+        )
         return 1
     print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
     return 0
@@ -446,10 +533,12 @@ def cmd_agents(args: argparse.Namespace) -> int:
 
     data_dir: Path = args.data_dir
     if not data_dir.is_dir() and not (args.action == "add" and args.offline):
-        raise Failed(f"toolgate agents: no gateway data dir at {data_dir} (`toolgate up` has "
-                     "not run here): run toolgate up first, or give --data-dir"
-                     + (", or --offline to mint for a later toolgate up"
-                        if args.action == "add" else ""), 2)
+        raise Failed(
+            f"toolgate agents: no gateway data dir at {data_dir} (`toolgate up` has "
+            "not run here): run toolgate up first, or give --data-dir"
+            + (", or --offline to mint for a later toolgate up" if args.action == "add" else ""),
+            2,
+        )
     if args.action == "list":
         records = nats_auth.list_agents(data_dir)
         if not records:
@@ -457,8 +546,10 @@ def cmd_agents(args: argparse.Namespace) -> int:
         for record in records:
             state = f"revoked {record.revoked_at}" if record.revoked_at else "active"
             creds = nats_auth.agent_creds_path(data_dir, record.tenant, record.agent)
-            print(f"{record.tenant:<20} {record.agent:<20} {state:<28} "
-                  f"{creds if not record.revoked_at else '-'}")
+            print(
+                f"{record.tenant:<20} {record.agent:<20} {state:<28} "
+                f"{creds if not record.revoked_at else '-'}"
+            )
         return 0
     if not args.offline:
         check_nats_url(args.nats_url)
@@ -474,18 +565,28 @@ def cmd_agents(args: argparse.Namespace) -> int:
     if args.action == "add":
         print(creds)
         if told is None:
-            print(f"agent {name}: publishes only to toolgate.calls.{name}, reads only "
-                  f"toolgate.results.{name}.>; active now", file=sys.stderr)
+            print(
+                f"agent {name}: publishes only to toolgate.calls.{name}, reads only "
+                f"toolgate.results.{name}.>; active now",
+                file=sys.stderr,
+            )
         else:
-            print(f"toolgate agents: agent {name} minted, active at the next toolgate up "
-                  f"({told})", file=sys.stderr)
+            print(
+                f"toolgate agents: agent {name} minted, active at the next toolgate up ({told})",
+                file=sys.stderr,
+            )
         return 0
     if told is None:
-        print(f"agent {name} revoked: creds deleted; the server refuses it and has cut its "
-              "connections")
+        print(
+            f"agent {name} revoked: creds deleted; the server refuses it and has cut its "
+            "connections"
+        )
         return 0
-    print(f"toolgate agents: agent {name} revoked in {data_dir}, creds deleted; the server "
-          f"refuses it from its next start ({told})", file=sys.stderr)
+    print(
+        f"toolgate agents: agent {name} revoked in {data_dir}, creds deleted; the server "
+        f"refuses it from its next start ({told})",
+        file=sys.stderr,
+    )
     return 0 if args.offline or told == NEVER_UP else 3
 
 
@@ -503,8 +604,12 @@ def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> str |
         # Reachable at all? (nats-py alone can wait for ever on a refused port.)
         nc = await connect_nats(args.nats_url, system, CONNECT_TIMEOUT_S)
         await nc.close()
-        await asyncio.wait_for(nats_auth.push_account_jwts(
-            args.nats_url, data_dir, [token], timeout=CONNECT_TIMEOUT_S), 3 * CONNECT_TIMEOUT_S)
+        await asyncio.wait_for(
+            nats_auth.push_account_jwts(
+                args.nats_url, data_dir, [token], timeout=CONNECT_TIMEOUT_S
+            ),
+            3 * CONNECT_TIMEOUT_S,
+        )
 
     try:
         asyncio.run(push())
@@ -520,15 +625,16 @@ def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> str |
 def cmd_schema(args: argparse.Namespace) -> int:
     from toolgate.contracts.calls import PendingNotice
 
-    _, components = msgspec.json.schema_components([ToolCall, ToolResult, PendingNotice],
-                                                   ref_template="#/$defs/{name}")
+    _, components = msgspec.json.schema_components(
+        [ToolCall, ToolResult, PendingNotice], ref_template="#/$defs/{name}"
+    )
     document = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "toolgate wire contract",
         "description": "Publish a ToolCall to toolgate.calls.<tenant>.<agent> with that agent's "
-                       "own NATS identity; read the ToolResult from "
-                       "toolgate.results.<tenant>.<agent>.<call_id> (stored once; a "
-                       "PendingNotice on <that>.pending while a human decides).",
+        "own NATS identity; read the ToolResult from "
+        "toolgate.results.<tenant>.<agent>.<call_id> (stored once; a "
+        "PendingNotice on <that>.pending while a human decides).",
         "$defs": components,
     }
     call_schema = components["ToolCall"]["properties"]["call_id"]
@@ -547,10 +653,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         run_policy_bench(args.calls)
         return 0
-    if args.rate is not None and args.rate <= 0 or args.duration <= 0 or args.calls < 0 \
-            or args.burst < 1 or args.rounds < 1:
-        print("toolgate bench: --rate, --duration, --burst and --rounds must be positive, "
-              "-n not negative", file=sys.stderr)
+    if (
+        args.rate is not None
+        and args.rate <= 0
+        or args.duration <= 0
+        or args.calls < 0
+        or args.burst < 1
+        or args.rounds < 1
+    ):
+        print(
+            "toolgate bench: --rate, --duration, --burst and --rounds must be positive, "
+            "-n not negative",
+            file=sys.stderr,
+        )
         return 2
     if args.rate is not None and args.curve:
         print("toolgate bench: --rate or --curve, not both", file=sys.stderr)
@@ -570,88 +685,152 @@ async def _probe(url: str, creds: Path | None) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolgate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="toolgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="start the gateway on its embedded default")
     # Not what an earlier `toolgate up` recorded: that is the server it started itself.
-    up.add_argument("--nats-url", dest="nats_url_given",
-                    default=os.environ.get("TOOLGATE_NATS_URL") or None,
-                    help="use this NATS instead of starting one (default: $TOOLGATE_NATS_URL, "
-                         "else start the embedded nats-server; now %(default)s)")
-    up.add_argument("--nats-port", type=int, default=4222,
-                    help="port of the embedded NATS (default %(default)s; 0: any free port)")
-    up.add_argument("--concurrency", type=int, default=8,
-                    help="executor calls in flight per tool (default %(default)s)")
-    up.add_argument("--clickhouse-url", dest="clickhouse_url_given", default=None,
-                    help="audit into this ClickHouse (http://host:port/database) instead of "
-                         "starting the embedded one (default %(default)s: the embedded one)")
-    up.add_argument("--clickhouse-port", type=int, default=0,
-                    help="port of the embedded ClickHouse (default %(default)s: any free port)")
-    up.add_argument("--no-audit", action="store_true",
-                    help="run without ClickHouse and the audit sink (default: with them)")
-    up.add_argument("--max-calls-per-agent", type=int, default=DEFAULT_MAX_CALLS_PER_AGENT,
-                    help="storage quota: calls each agent may have stored within the 7-day "
-                         "retention; over it a call is refused before storage "
-                         "(default %(default)s)")
-    up.add_argument("--example", choices=EXAMPLES, default=None,
-                    help="also run a worked example beside the built-in tools: its tools, "
-                         "data, policy bundle and agent (refund: README 'Worked example 2'; "
-                         "orders: 'Worked example 3'; default %(default)s)")
+    up.add_argument(
+        "--nats-url",
+        dest="nats_url_given",
+        default=os.environ.get("TOOLGATE_NATS_URL") or None,
+        help="use this NATS instead of starting one (default: $TOOLGATE_NATS_URL, "
+        "else start the embedded nats-server; now %(default)s)",
+    )
+    up.add_argument(
+        "--nats-port",
+        type=int,
+        default=4222,
+        help="port of the embedded NATS (default %(default)s; 0: any free port)",
+    )
+    up.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="executor calls in flight per tool (default %(default)s)",
+    )
+    up.add_argument(
+        "--clickhouse-url",
+        dest="clickhouse_url_given",
+        default=None,
+        help="audit into this ClickHouse (http://host:port/database) instead of "
+        "starting the embedded one (default %(default)s: the embedded one)",
+    )
+    up.add_argument(
+        "--clickhouse-port",
+        type=int,
+        default=0,
+        help="port of the embedded ClickHouse (default %(default)s: any free port)",
+    )
+    up.add_argument(
+        "--no-audit",
+        action="store_true",
+        help="run without ClickHouse and the audit sink (default: with them)",
+    )
+    up.add_argument(
+        "--max-calls-per-agent",
+        type=int,
+        default=DEFAULT_MAX_CALLS_PER_AGENT,
+        help="storage quota: calls each agent may have stored within the 7-day "
+        "retention; over it a call is refused before storage "
+        "(default %(default)s)",
+    )
+    up.add_argument(
+        "--example",
+        choices=EXAMPLES,
+        default=None,
+        help="also run a worked example beside the built-in tools: its tools, "
+        "data, policy bundle and agent (refund: README 'Worked example 2'; "
+        "orders: 'Worked example 3'; default %(default)s)",
+    )
     _add_runtime(up, recorded=False)
     up.set_defaults(func=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service")
     serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
-    serve.add_argument("--tools", default="",
-                       help="executor: comma-separated tools (default: every tool of the "
-                            "registry)")
-    serve.add_argument("--concurrency", type=int, default=8,
-                       help="executor: calls in flight per tool (default %(default)s)")
-    serve.add_argument("--sweep-interval", type=float, default=5.0,
-                       help="approvals: seconds between expiry sweeps (default %(default)s)")
-    serve.add_argument("--policy", type=Path, default=None,
-                       help="policy: bundle directory to start with; a pushed bundle wins "
-                            "(default: the one `toolgate up` started with, else the built-in "
-                            "one)")
-    serve.add_argument("--nats-url", default=env.env_nats_url(),
-                       help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
-                            "`toolgate up` recorded in DATA_DIR; now %(default)s)")
-    serve.add_argument("--creds", type=Path, default=None,
-                       help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the creds "
-                            "`toolgate up` recorded for service NAME, else none: an open bus)")
+    serve.add_argument(
+        "--tools",
+        default="",
+        help="executor: comma-separated tools (default: every tool of the registry)",
+    )
+    serve.add_argument(
+        "--concurrency",
+        type=int,
+        default=8,
+        help="executor: calls in flight per tool (default %(default)s)",
+    )
+    serve.add_argument(
+        "--sweep-interval",
+        type=float,
+        default=5.0,
+        help="approvals: seconds between expiry sweeps (default %(default)s)",
+    )
+    serve.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="policy: bundle directory to start with; a pushed bundle wins "
+        "(default: the one `toolgate up` started with, else the built-in "
+        "one)",
+    )
+    serve.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded in DATA_DIR; now %(default)s)",
+    )
+    serve.add_argument(
+        "--creds",
+        type=Path,
+        default=None,
+        help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the creds "
+        "`toolgate up` recorded for service NAME, else none: an open bus)",
+    )
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
     from toolgate.cli.audit import add_clickhouse_url
     from toolgate.cli.audit import register as register_audit
+
     add_clickhouse_url(serve)  # audit: where to write
     register_audit(commands)
 
     from toolgate.cli.approvals import register as register_approvals
     from toolgate.cli.policy import register as register_policy
+
     register_approvals(commands)
     register_policy(commands)
 
     agents = commands.add_parser("agents", help="mint, list and revoke agent identities")
     agent_actions = agents.add_subparsers(dest="action", required=True)
-    for action, text in (("add", "mint one agent's NATS identity; prints its creds path"),
-                         ("revoke", "refuse an agent's creds and cut its connections")):
+    for action, text in (
+        ("add", "mint one agent's NATS identity; prints its creds path"),
+        ("revoke", "refuse an agent's creds and cut its connections"),
+    ):
         command = agent_actions.add_parser(action, help=text)
         command.add_argument("tenant", help="tenant name (letters, digits, - _; at most 64)")
         command.add_argument("agent", help="agent name (letters, digits, - _; at most 64)")
-        command.add_argument("--offline", action="store_true",
-                             help="only write the files; do not tell a running server "
-                                  "(default: tell it)")
-        command.add_argument("--nats-url", default=env.env_nats_url(),
-                             help="the running server to tell (default: $TOOLGATE_NATS_URL, "
-                                  "else the one `toolgate up` recorded; now %(default)s)")
+        command.add_argument(
+            "--offline",
+            action="store_true",
+            help="only write the files; do not tell a running server (default: tell it)",
+        )
+        command.add_argument(
+            "--nats-url",
+            default=env.env_nats_url(),
+            help="the running server to tell (default: $TOOLGATE_NATS_URL, "
+            "else the one `toolgate up` recorded; now %(default)s)",
+        )
     agent_actions.add_parser("list", help="every agent, active or revoked")
     for command in agent_actions.choices.values():
-        command.add_argument("--data-dir", type=Path, default=env.env_data_dir(),
-                             help="the gateway's state directory (default: "
-                                  "$TOOLGATE_DATA_DIR, else %(default)s)")
+        command.add_argument(
+            "--data-dir",
+            type=Path,
+            default=env.env_data_dir(),
+            help="the gateway's state directory (default: $TOOLGATE_DATA_DIR, else %(default)s)",
+        )
     agents.set_defaults(func=cmd_agents)
 
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
@@ -659,17 +838,28 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("arguments", help="the arguments as a JSON object")
     call.add_argument("--user", default="u-cli", help="the end user (default %(default)s)")
     call.add_argument("--session", default="s-cli", help="the session (default %(default)s)")
-    call.add_argument("--agent", default="researcher",
-                      help="unlocked bus only: the agent (on a locked bus the creds say; "
-                           "default %(default)s)")
-    call.add_argument("--tenant", default="default",
-                      help="unlocked bus only: the tenant (on a locked bus the creds say; "
-                           "default %(default)s)")
+    call.add_argument(
+        "--agent",
+        default="researcher",
+        help="unlocked bus only: the agent (on a locked bus the creds say; default %(default)s)",
+    )
+    call.add_argument(
+        "--tenant",
+        default="default",
+        help="unlocked bus only: the tenant (on a locked bus the creds say; default %(default)s)",
+    )
     call.add_argument("--task", default=None, help="the task id (default %(default)s)")
-    call.add_argument("--call-id", default=None,
-                      help="the call's id, a subject-safe token (default: a new unique id)")
-    call.add_argument("--timeout", type=float, default=30.0,
-                      help="seconds to wait for the result (default %(default)s)")
+    call.add_argument(
+        "--call-id",
+        default=None,
+        help="the call's id, a subject-safe token (default: a new unique id)",
+    )
+    call.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the result (default %(default)s)",
+    )
     _add_nats(call)
     _add_connect_timeout(call)
     call.set_defaults(func=cmd_call)
@@ -684,36 +874,74 @@ def build_parser() -> argparse.ArgumentParser:
     schema.set_defaults(func=cmd_schema)
 
     bench = commands.add_parser(
-        "bench", help="measure the gateway as an agent sees it, next to the raw bus")
-    bench.add_argument("target", nargs="?", choices=["pipeline", "policy", "audit"],
-                       default="pipeline")
-    bench.add_argument("-n", "--calls", type=int, default=500,
-                       help="calls sent one at a time, per client (default %(default)s)")
-    bench.add_argument("--burst", type=int, default=1000,
-                       help="calls published at once, per client (default %(default)s)")
-    bench.add_argument("--rounds", type=int, default=1,
-                       help="repeat the clients and the floor this many times, interleaved, "
-                            "and print medians (a shared machine drifts; default %(default)s)")
-    bench.add_argument("--rate", type=float, default=None,
-                       help="open loop instead: publish this many calls/s on a fixed schedule "
-                            "for --duration seconds, whatever earlier calls do")
-    bench.add_argument("--duration", type=float, default=10.0,
-                       help="seconds of each open-loop run (default %(default)s)")
-    bench.add_argument("--curve", action="store_true",
-                       help="measure the burst throughput, then hold 25/50/75/90%% of it "
-                            "open loop (--duration each) and print a table")
-    bench.add_argument("--nats-url", default=env.env_nats_url_or_none(),
-                       help="a running gateway (default: $TOOLGATE_NATS_URL, else the one "
-                            "`toolgate up` recorded here, else start a private one in a temp "
-                            "dir as `toolgate up` runs it)")
-    bench.add_argument("--creds", type=Path, default=env.env_nats_creds("admin"),
-                       help="with --nats-url on a locked bus: the operator's (admin) "
-                            "credentials, for the floor and drain checks (default: "
-                            "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` recorded)")
-    bench.add_argument("--agent-creds", type=Path, default=None,
-                       help="with --nats-url: the agent the calls come from (default: the "
-                            "agent creds `toolgate up` recorded, else --creds)")
+        "bench", help="measure the gateway as an agent sees it, next to the raw bus"
+    )
+    bench.add_argument(
+        "target", nargs="?", choices=["pipeline", "policy", "audit"], default="pipeline"
+    )
+    bench.add_argument(
+        "-n",
+        "--calls",
+        type=int,
+        default=500,
+        help="calls sent one at a time, per client (default %(default)s)",
+    )
+    bench.add_argument(
+        "--burst",
+        type=int,
+        default=1000,
+        help="calls published at once, per client (default %(default)s)",
+    )
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat the clients and the floor this many times, interleaved, "
+        "and print medians (a shared machine drifts; default %(default)s)",
+    )
+    bench.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop instead: publish this many calls/s on a fixed schedule "
+        "for --duration seconds, whatever earlier calls do",
+    )
+    bench.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        help="seconds of each open-loop run (default %(default)s)",
+    )
+    bench.add_argument(
+        "--curve",
+        action="store_true",
+        help="measure the burst throughput, then hold 25/50/75/90%% of it "
+        "open loop (--duration each) and print a table",
+    )
+    bench.add_argument(
+        "--nats-url",
+        default=env.env_nats_url_or_none(),
+        help="a running gateway (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded here, else start a private one in a temp "
+        "dir as `toolgate up` runs it)",
+    )
+    bench.add_argument(
+        "--creds",
+        type=Path,
+        default=env.env_nats_creds("admin"),
+        help="with --nats-url on a locked bus: the operator's (admin) "
+        "credentials, for the floor and drain checks (default: "
+        "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` recorded)",
+    )
+    bench.add_argument(
+        "--agent-creds",
+        type=Path,
+        default=None,
+        help="with --nats-url: the agent the calls come from (default: the "
+        "agent creds `toolgate up` recorded, else --creds)",
+    )
     from toolgate.bench.audit import add_bench_arguments
+
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
     return parser
@@ -741,8 +969,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug, or a failure nobody foresaw: still one line
         if os.environ.get("TOOLGATE_DEBUG"):
             raise
-        print(f"toolgate {args.command}: unexpected {type(exc).__name__}: {_one_line(exc)} "
-              "(TOOLGATE_DEBUG=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"toolgate {args.command}: unexpected {type(exc).__name__}: {_one_line(exc)} "
+            "(TOOLGATE_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

@@ -67,33 +67,56 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     policy = subparsers.add_parser("policy", help="check or push a Cedar policy bundle")
-    commands = policy.add_subparsers(dest="policy_command", required=True,
-                                     parser_class=OneLineParser)
+    commands = policy.add_subparsers(
+        dest="policy_command", required=True, parser_class=OneLineParser
+    )
     check = commands.add_parser("check", help="validate a bundle directory, print its version")
     check.add_argument("directory", type=Path)
     check.set_defaults(func=cmd_check)
     push = commands.add_parser("push", help="validate a bundle and make it active everywhere")
     push.add_argument("directory", type=Path)
-    push.add_argument("--nats-url", default=env_nats_url(),
-                      help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
-                           "`toolgate up` recorded; now %(default)s)")
-    push.add_argument("--creds", type=Path, default=env_nats_creds("admin"),
-                      help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the admin "
-                           "creds `toolgate up` recorded; now %(default)s)")
-    push.add_argument("--data-dir", type=Path, default=env_data_dir(),
-                      help="where keys/policy-signing.key is kept (default: "
-                           "$TOOLGATE_DATA_DIR or .toolgate)")
-    push.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
-                      help="seconds to wait for NATS before giving up (default %(default)s)")
+    push.add_argument(
+        "--nats-url",
+        default=env_nats_url(),
+        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded; now %(default)s)",
+    )
+    push.add_argument(
+        "--creds",
+        type=Path,
+        default=env_nats_creds("admin"),
+        help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the admin "
+        "creds `toolgate up` recorded; now %(default)s)",
+    )
+    push.add_argument(
+        "--data-dir",
+        type=Path,
+        default=env_data_dir(),
+        help="where keys/policy-signing.key is kept (default: $TOOLGATE_DATA_DIR or .toolgate)",
+    )
+    push.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        help="seconds to wait for NATS before giving up (default %(default)s)",
+    )
     push.set_defaults(func=cmd_push)
     test = commands.add_parser("test", help="which recorded decisions a bundle would change")
     test.add_argument("directory", type=Path)
-    test.add_argument("--since", default="24h",
-                      help="decisions since then: 90s, 30m, 24h, 7d or an ISO 8601 time "
-                           "(UTC unless it says; default: %(default)s)")
-    test.add_argument("--registry", type=Path, action="append", default=None,
-                      help="tool registry directory, repeatable (default: $TOOLGATE_REGISTRY "
-                           "or the built-in tools)")
+    test.add_argument(
+        "--since",
+        default="24h",
+        help="decisions since then: 90s, 30m, 24h, 7d or an ISO 8601 time "
+        "(UTC unless it says; default: %(default)s)",
+    )
+    test.add_argument(
+        "--registry",
+        type=Path,
+        action="append",
+        default=None,
+        help="tool registry directory, repeatable (default: $TOOLGATE_REGISTRY "
+        "or the built-in tools)",
+    )
     test.add_argument("--limit", type=int, default=5, help="example call_ids per kind")
     test.add_argument("--format", choices=("text", "json"), default="text")
     add_store_options(test)
@@ -114,8 +137,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     if checked is None:
         return 2
     _, engine = checked
-    print(f"{engine.version}  {len(engine.bundle.policies)} policies: "
-          + ", ".join(engine.bundle.policies))
+    print(
+        f"{engine.version}  {len(engine.bundle.policies)} policies: "
+        + ", ".join(engine.bundle.policies)
+    )
     return 0
 
 
@@ -123,8 +148,9 @@ class PushFailed(Exception):
     """The bus could not be reached or written to; the message is one line."""
 
 
-async def connect_bus(nats_url: str, creds: Path | None = None,
-                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> NATS:
+async def connect_bus(
+    nats_url: str, creds: Path | None = None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+) -> NATS:
     """One connection, within `connect_timeout` or PushFailed (nats-py alone would retry
     the first connect for ever, printing a traceback each time)."""
     errors: list[Exception] = []
@@ -132,14 +158,20 @@ async def connect_bus(nats_url: str, creds: Path | None = None,
     async def remember(exc: Exception) -> None:
         errors.append(exc)
 
-    options: dict[str, Any] = {"connect_timeout": connect_timeout, "allow_reconnect": False,
-                               "error_cb": remember, **connect_options(creds)}
+    options: dict[str, Any] = {
+        "connect_timeout": connect_timeout,
+        "allow_reconnect": False,
+        "error_cb": remember,
+        **connect_options(creds),
+    }
     try:
         return await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
-        raise PushFailed(f"cannot connect to NATS at {nats_url}"
-                         + (f" as {creds}" if creds else "")
-                         + f": {_reason(errors[-1] if errors else exc)}") from None
+        raise PushFailed(
+            f"cannot connect to NATS at {nats_url}"
+            + (f" as {creds}" if creds else "")
+            + f": {_reason(errors[-1] if errors else exc)}"
+        ) from None
 
 
 async def store(nc: NATS, bundle: StoredBundle) -> int:
@@ -148,14 +180,19 @@ async def store(nc: NATS, bundle: StoredBundle) -> int:
         kv = await open_bucket(nc.jetstream(), policies_bucket_config())
         return await push_bundle(kv, bundle)
     except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
-        raise PushFailed(f"cannot store the bundle in {POLICIES_BUCKET} at "
-                         f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
-                         f"{_reason(exc)} (pushing takes the operator's admin creds)"
-                         ) from None
+        raise PushFailed(
+            f"cannot store the bundle in {POLICIES_BUCKET} at "
+            f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
+            f"{_reason(exc)} (pushing takes the operator's admin creds)"
+        ) from None
 
 
-async def push(nats_url: str, bundle: StoredBundle, creds: Path | None = None,
-               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> int:
+async def push(
+    nats_url: str,
+    bundle: StoredBundle,
+    creds: Path | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> int:
     nc = await connect_bus(nats_url, creds, connect_timeout)
     try:
         return await store(nc, bundle)
@@ -191,14 +228,21 @@ def cmd_push(args: argparse.Namespace) -> int:
         print(f"toolgate policy push: {exc}", file=sys.stderr)
         return 3
     except (OSError, ValueError) as exc:
-        print(f"toolgate policy push: the policy-signing key in {keys_dir}: {_reason(exc)}",
-              file=sys.stderr)
+        print(
+            f"toolgate policy push: the policy-signing key in {keys_dir}: {_reason(exc)}",
+            file=sys.stderr,
+        )
         return 2
     if created:
-        print(f"created the policy-signing key {keys_dir / PRIVATE_KEY_FILE} (keep it secret; "
-              "policy replicas trust its .pub)", file=sys.stderr)
-    print(f"pushed policy bundle {engine.version} to {POLICIES_BUCKET}/{ACTIVE_KEY} "
-          f"(revision {revision}, signed by key {bundle.key_id})")
+        print(
+            f"created the policy-signing key {keys_dir / PRIVATE_KEY_FILE} (keep it secret; "
+            "policy replicas trust its .pub)",
+            file=sys.stderr,
+        )
+    print(
+        f"pushed policy bundle {engine.version} to {POLICIES_BUCKET}/{ACTIVE_KEY} "
+        f"(revision {revision}, signed by key {bundle.key_id})"
+    )
     return 0
 
 
@@ -217,12 +261,15 @@ def cmd_test(args: argparse.Namespace) -> int:
         engine = engine_from_files(files)
     except BundleError as exc:
         problems = str(exc).splitlines() or ["?"]
-        raise Failed(f"policy bundle {args.directory} rejected ({len(problems)} problem(s), "
-                     f"first: {problems[0]}): `toolgate policy check {args.directory}` lists "
-                     "them") from None
+        raise Failed(
+            f"policy bundle {args.directory} rejected ({len(problems)} problem(s), "
+            f"first: {problems[0]}): `toolgate policy check {args.directory}` lists "
+            "them"
+        ) from None
     try:
-        registry = GatewaySettings(registry_dirs=tuple(args.registry or env_registry_dirs())
-                                   ).load_registry()
+        registry = GatewaySettings(
+            registry_dirs=tuple(args.registry or env_registry_dirs())
+        ).load_registry()
     except RegistryError as exc:
         raise Failed(f"tool registry: {exc} (--registry or $TOOLGATE_REGISTRY)") from None
     store = store_of(args.clickhouse_url)

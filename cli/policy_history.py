@@ -80,8 +80,11 @@ def classify(recorded: Recorded, decision: Decision) -> str:
     new = candidate_kind(decision)
     if new != recorded.decision:
         return CHANGE_NAMES[(recorded.decision, new)]
-    if new == APPROVAL and recorded.required_approvals \
-            and recorded.required_approvals != decision.required_approvals:
+    if (
+        new == APPROVAL
+        and recorded.required_approvals
+        and recorded.required_approvals != decision.required_approvals
+    ):
         return f"approvals {recorded.required_approvals} -> {decision.required_approvals}"
     return UNCHANGED
 
@@ -96,8 +99,9 @@ class RecordedClock:
         return self.at.timestamp()
 
 
-def compare(recorded: Recorded, engine: CedarEngine, registry: Registry,
-            clock: RecordedClock | None = None) -> Outcome:
+def compare(
+    recorded: Recorded, engine: CedarEngine, registry: Registry, clock: RecordedClock | None = None
+) -> Outcome:
     if recorded.decision == DENY and recorded.error_code == ErrorCode.RATE_LIMITED:
         return Outcome(recorded, NOT_COMPARABLE)
     if recorded.call is None:
@@ -108,8 +112,9 @@ def compare(recorded: Recorded, engine: CedarEngine, registry: Registry,
     if clock is not None and recorded.at is not None:
         clock.at = recorded.at  # policies that read the time see the recorded one
     decision = engine.decide(recorded.call, spec, resources=recorded.resources)
-    return Outcome(recorded, classify(recorded, decision), candidate_kind(decision),
-                   decision.policy_ids)
+    return Outcome(
+        recorded, classify(recorded, decision), candidate_kind(decision), decision.policy_ids
+    )
 
 
 @dataclass
@@ -142,16 +147,22 @@ class Report:
         return found
 
     def to_json(self, limit: int) -> dict[str, Any]:
-        return {"bundle": self.version, "since": self.since.isoformat(),
-                "calls": len(self.outcomes), "changed": len(self.changed),
-                "summary": dict(self.summary()),
-                "by_tool": {k: dict(v) for k, v in self.by("tool").items()},
-                "by_agent": {k: dict(v) for k, v in self.by("agent").items()},
-                "examples": self.examples(limit)}
+        return {
+            "bundle": self.version,
+            "since": self.since.isoformat(),
+            "calls": len(self.outcomes),
+            "changed": len(self.changed),
+            "summary": dict(self.summary()),
+            "by_tool": {k: dict(v) for k, v in self.by("tool").items()},
+            "by_agent": {k: dict(v) for k, v in self.by("agent").items()},
+            "examples": self.examples(limit),
+        }
 
     def text(self, limit: int) -> str:
-        lines = [f"bundle {self.version}: {len(self.outcomes)} call(s) decided since "
-                 f"{self.since.isoformat()}, {len(self.changed)} would change"]
+        lines = [
+            f"bundle {self.version}: {len(self.outcomes)} call(s) decided since "
+            f"{self.since.isoformat()}, {len(self.changed)} would change"
+        ]
         for kind, count in sorted(self.summary().items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"  {count:>7}  {kind}")
         for column in ("tool", "agent"):
@@ -160,8 +171,10 @@ class Report:
                 lines.append(f"changes by {column}:")
                 width = max(len(name) for name in table)
                 for name, counts in table.items():
-                    lines.append(f"  {name:<{width}}  " + ", ".join(
-                        f"{kind}: {n}" for kind, n in sorted(counts.items())))
+                    lines.append(
+                        f"  {name:<{width}}  "
+                        + ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items()))
+                    )
         examples = self.examples(limit)
         if examples and limit > 0:
             lines.append("examples:")
@@ -170,8 +183,13 @@ class Report:
         return "\n".join(lines)
 
 
-def evaluate_history(bundle: PolicyBundle, registry: Registry, recorded: list[Recorded],
-                     since: datetime, progress: Progress | None = None) -> Report:
+def evaluate_history(
+    bundle: PolicyBundle,
+    registry: Registry,
+    recorded: list[Recorded],
+    since: datetime,
+    progress: Progress | None = None,
+) -> Report:
     clock = RecordedClock()
     engine = CedarEngine(bundle, clock=clock)
     items = progress.counted(recorded) if progress is not None else recorded
@@ -184,7 +202,8 @@ _DECIDED_SINCE = (
     "SELECT tenant, agent, call_id FROM events WHERE event_type IN "
     "('CallAuthorized', 'CallDenied', 'ApprovalRequested') "
     "AND occurred_at >= {since:DateTime64(6, 'UTC')} AND call_id != '' "
-    f"AND NOT startsWith(call_id, '{REPLAY_PREFIX}')")
+    f"AND NOT startsWith(call_id, '{REPLAY_PREFIX}')"
+)
 
 
 def read_recorded(client: Any, since: datetime) -> list[Recorded]:
@@ -200,22 +219,37 @@ def read_recorded(client: Any, since: datetime) -> list[Recorded]:
         "WHERE event_type IN ('CallAuthorized', 'CallDenied', 'ApprovalRequested') "
         f"AND (tenant, agent, call_id) IN ({_DECIDED_SINCE}) GROUP BY tenant, agent, call_id "
         "HAVING first >= {since:DateTime64(6, 'UTC')} ORDER BY first, call_id",
-        parameters=params).result_rows
-    validated = {tuple(r[:3]): (r[3], r[4]) for r in client.query(
-        "SELECT tenant, agent, call_id, argMax(payload, occurred_at), argMax(note, occurred_at) "
-        "FROM events WHERE event_type = 'ArgumentsValidated' "
-        f"AND (tenant, agent, call_id) IN ({_DECIDED_SINCE}) GROUP BY tenant, agent, call_id",
-        parameters=params).result_rows}
+        parameters=params,
+    ).result_rows
+    validated = {
+        tuple(r[:3]): (r[3], r[4])
+        for r in client.query(
+            "SELECT tenant, agent, call_id, argMax(payload, occurred_at), "
+            "argMax(note, occurred_at) "
+            "FROM events WHERE event_type = 'ArgumentsValidated' "
+            f"AND (tenant, agent, call_id) IN ({_DECIDED_SINCE}) GROUP BY tenant, agent, call_id",
+            parameters=params,
+        ).result_rows
+    }
     found = []
     for tenant, agent, call_id, event_type, tool, code, payload, first in decisions:
         call = None
         if (tenant, agent, call_id) in validated:
             call, _ = recorded_call(*validated[(tenant, agent, call_id)], tenant, agent)
         document = json.loads(payload)
-        required = document.get("required_approvals", 0) \
-            if event_type == "ApprovalRequested" else 0
+        required = document.get("required_approvals", 0) if event_type == "ApprovalRequested" else 0
         at = first if first.tzinfo else first.replace(tzinfo=UTC)
-        found.append(Recorded(call_id, tool, agent, RECORDED_DECISIONS[event_type], code,
-                              int(required or 0), call, at, recorded_resources(document)))
+        found.append(
+            Recorded(
+                call_id,
+                tool,
+                agent,
+                RECORDED_DECISIONS[event_type],
+                code,
+                int(required or 0),
+                call,
+                at,
+                recorded_resources(document),
+            )
+        )
     return found
-

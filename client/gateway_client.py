@@ -99,10 +99,15 @@ class GatewayClient:
         self.identity = identity
 
     @classmethod
-    async def connect(cls, nats_url: str, creds: Path | str | None = None, *,
-                      identity: tuple[str, str] | None = None,
-                      connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-                      **options: Any) -> GatewayClient:
+    async def connect(
+        cls,
+        nats_url: str,
+        creds: Path | str | None = None,
+        *,
+        identity: tuple[str, str] | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+        **options: Any,
+    ) -> GatewayClient:
         """Connect as one agent: `creds` is its creds file (DATA_DIR/creds/agents/T.A.creds).
 
         Fails within `connect_timeout` if no server answers or the creds are refused.
@@ -116,9 +121,14 @@ class GatewayClient:
         async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
             errors.append(exc)
 
-        options = {"connect_timeout": connect_timeout, "max_reconnect_attempts": -1,
-                   "reconnect_time_wait": 0.5, "error_cb": remember,
-                   **connect_options(creds), **options}
+        options = {
+            "connect_timeout": connect_timeout,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 0.5,
+            "error_cb": remember,
+            **connect_options(creds),
+            **options,
+        }
         try:
             # Once connected, it reconnects forever; the first connect has a deadline.
             nc = await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
@@ -154,25 +164,38 @@ class GatewayClient:
         tenant, agent = self._identity(call)
         body = _encoder.encode(call)
         try:
-            await self._js.publish(subjects.calls_subject(tenant, agent), body,
-                                   stream=subjects.CALLS_STREAM)
+            await self._js.publish(
+                subjects.calls_subject(tenant, agent), body, stream=subjects.CALLS_STREAM
+            )
         except APIError as exc:
             if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:
-                return failure(call.call_id, "invalid_arguments", ToolError(
-                    code=ErrorCode.PAYLOAD_TOO_LARGE,
-                    message=f"call is {len(body)} bytes; the gateway stores at most "
-                            f"{MAX_CALL_BYTES}", retryable=False))
+                return failure(
+                    call.call_id,
+                    "invalid_arguments",
+                    ToolError(
+                        code=ErrorCode.PAYLOAD_TOO_LARGE,
+                        message=f"call is {len(body)} bytes; the gateway stores at most "
+                        f"{MAX_CALL_BYTES}",
+                        retryable=False,
+                    ),
+                )
             if exc.err_code == SUBJECT_FULL_ERR_CODE:
-                return failure(call.call_id, "denied", ToolError(
-                    code=ErrorCode.QUOTA_EXCEEDED,
-                    message=f"agent {tenant}.{agent} has stored its quota of calls; older "
-                            "ones expire with the retention, or the operator raises it",
-                    retryable=True))
+                return failure(
+                    call.call_id,
+                    "denied",
+                    ToolError(
+                        code=ErrorCode.QUOTA_EXCEEDED,
+                        message=f"agent {tenant}.{agent} has stored its quota of calls; older "
+                        "ones expire with the retention, or the operator raises it",
+                        retryable=True,
+                    ),
+                )
             raise
         return None
 
-    async def submit(self, call: ToolCall, timeout: float = 30.0, *,
-                     on_pending: OnPending | None = None) -> ToolResult:
+    async def submit(
+        self, call: ToolCall, timeout: float = 30.0, *, on_pending: OnPending | None = None
+    ) -> ToolResult:
         """Publish `call` and wait for its one ToolResult.
 
         `on_pending(notice)` is called once if the call waits for a human first
@@ -183,8 +206,7 @@ class GatewayClient:
         told: list[PendingNotice] = []
 
         def tell(notice: PendingNotice | None) -> None:
-            if notice is not None and on_pending is not None and not told \
-                    and not waiting.done():
+            if notice is not None and on_pending is not None and not told and not waiting.done():
                 told.append(notice)
                 on_pending(notice)
 
@@ -202,7 +224,8 @@ class GatewayClient:
         notices = None
         if on_pending is not None:
             notices = await self._nc.subscribe(
-                subjects.pending_subject(tenant, agent, call.call_id), cb=on_notice)
+                subjects.pending_subject(tenant, agent, call.call_id), cb=on_notice
+            )
         try:
             refused = await self.publish(call)
             if refused is not None:
@@ -219,26 +242,43 @@ class GatewayClient:
             except TimeoutError:
                 raise ResultTimeout(
                     f"no result for {call.call_id} within {timeout}s; "
-                    "fetch it later with result(call_id)") from None
+                    "fetch it later with result(call_id)"
+                ) from None
         finally:
             await sub.unsubscribe()
             if notices is not None:
                 await notices.unsubscribe()
 
-    async def call(self, tool: str, arguments: dict[str, Any], *,
-                   principal: Principal | None = None, user: str = "", session: str = "",
-                   task_id: str | None = None, context: dict[str, Any] | None = None,
-                   call_id: str | None = None, timeout: float = 30.0,
-                   on_pending: OnPending | None = None) -> ToolResult:
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        principal: Principal | None = None,
+        user: str = "",
+        session: str = "",
+        task_id: str | None = None,
+        context: dict[str, Any] | None = None,
+        call_id: str | None = None,
+        timeout: float = 30.0,
+        on_pending: OnPending | None = None,
+    ) -> ToolResult:
         """One call. Give `user` and `session` (this agent's tenant and name are added),
         or a whole `principal` (whose tenant and agent must be this agent's)."""
-        return await self.submit(ToolCall(
-            call_id=call_id or new_call_id(), tool=tool, arguments=arguments,
-            principal=principal or self.principal(user, session), task_id=task_id,
-            context=context or {}), timeout=timeout, on_pending=on_pending)
+        return await self.submit(
+            ToolCall(
+                call_id=call_id or new_call_id(),
+                tool=tool,
+                arguments=arguments,
+                principal=principal or self.principal(user, session),
+                task_id=task_id,
+                context=context or {},
+            ),
+            timeout=timeout,
+            on_pending=on_pending,
+        )
 
-    async def call_many(self, calls: Sequence[ToolCall],
-                        timeout: float = 30.0) -> list[ToolResult]:
+    async def call_many(self, calls: Sequence[ToolCall], timeout: float = 30.0) -> list[ToolResult]:
         """Several tool calls of one model response, concurrently; results in call order."""
         return list(await asyncio.gather(*(self.submit(c, timeout) for c in calls)))
 
@@ -249,18 +289,21 @@ class GatewayClient:
     async def _stored(self, tenant: str, agent: str, call_id: str) -> ToolResult | None:
         try:
             msg = await self._js.get_last_msg(
-                subjects.RESULTS_STREAM, subjects.results_subject(tenant, agent, call_id),
-                direct=True)
+                subjects.RESULTS_STREAM,
+                subjects.results_subject(tenant, agent, call_id),
+                direct=True,
+            )
         except NotFoundError:
             return None
         return _decode_result(msg.data or b"", call_id)
 
-    async def _stored_notice(self, tenant: str, agent: str,
-                             call_id: str) -> PendingNotice | None:
+    async def _stored_notice(self, tenant: str, agent: str, call_id: str) -> PendingNotice | None:
         try:
             msg = await self._js.get_last_msg(
-                subjects.RESULTS_STREAM, subjects.pending_subject(tenant, agent, call_id),
-                direct=True)
+                subjects.RESULTS_STREAM,
+                subjects.pending_subject(tenant, agent, call_id),
+                direct=True,
+            )
         except NotFoundError:
             return None
         return _decode_pending(msg.data or b"", call_id)

@@ -69,9 +69,9 @@ def ensure_keypair(keys_dir: Path) -> None:
     if private_path.exists():
         return
     private_key = Ed25519PrivateKey.generate()
-    pem = private_key.private_bytes(serialization.Encoding.PEM,
-                                    serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption())
+    pem = private_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     try:
         fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -79,7 +79,8 @@ def ensure_keypair(keys_dir: Path) -> None:
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
     public_pem = private_key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
     tmp = keys_dir / (PUBLIC_KEY_FILE + ".tmp")
     tmp.write_bytes(public_pem)
     tmp.replace(keys_dir / PUBLIC_KEY_FILE)

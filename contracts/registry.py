@@ -76,8 +76,10 @@ class ResourceSpec(BaseModel):
     @classmethod
     def _not_an_engine_type(cls, value: str) -> str:
         if value in ENGINE_ENTITY_TYPES:
-            raise ValueError(f"{value} is built by the policy engine itself; name another type "
-                             "(a task-scoped tool declares task_scope instead)")
+            raise ValueError(
+                f"{value} is built by the policy engine itself; name another type "
+                "(a task-scoped tool declares task_scope instead)"
+            )
         return value
 
 
@@ -175,7 +177,8 @@ class ToolSpec(BaseModel):
             if not _names_ids(reached):
                 raise ValueError(
                     f"resource {resource.type}: {resource.id} must point at a string (or a list "
-                    "of strings) property of the input_schema")
+                    "of strings) property of the input_schema"
+                )
         return self
 
     @property

@@ -58,7 +58,7 @@ def identity_of_calls_subject(subject: str) -> tuple[str, str] | None:
     prefix = CALLS_PREFIX + "."
     if not subject.startswith(prefix):
         return None
-    parts = subject[len(prefix):].split(".")
+    parts = subject[len(prefix) :].split(".")
     if len(parts) != 2 or not all(is_identity_token(p) for p in parts):
         return None
     return parts[0], parts[1]

@@ -46,13 +46,17 @@ class _QuietSupervisor(logging.Filter):
         text = record.getMessage()
         if text.startswith("callback for ") and text.endswith("is being executed..."):
             return False
-        return not (text.endswith("raised an exception, retrying...\n"
-                                  "If this behavior causes issues, you can disable it via "
-                                  "setting the FASTSTREAM_SUPERVISOR_DISABLED env to 1. Also, "
-                                  "please consider opening issue on the repository: "
-                                  "https://github.com/ag2ai/faststream.")
-                    and record.exc_info is not None
-                    and isinstance(record.exc_info[1], TimeoutError))
+        return not (
+            text.endswith(
+                "raised an exception, retrying...\n"
+                "If this behavior causes issues, you can disable it via "
+                "setting the FASTSTREAM_SUPERVISOR_DISABLED env to 1. Also, "
+                "please consider opening issue on the repository: "
+                "https://github.com/ag2ai/faststream."
+            )
+            and record.exc_info is not None
+            and isinstance(record.exc_info[1], TimeoutError)
+        )
 
 
 log.addFilter(_QuietSupervisor())
@@ -124,9 +128,16 @@ async def _message_itself(msg: NatsMessage) -> NatsMessage:
 Handler = Callable[[NatsMessage], Awaitable[None]]
 
 
-def durable_subscriber(broker: NatsBroker, subject: str, stream_name: str, durable: str, *,
-                       batch_size: int = 16, max_workers: int | None = None,
-                       max_ack_pending: int = 1000) -> Callable[[Handler], object]:
+def durable_subscriber(
+    broker: NatsBroker,
+    subject: str,
+    stream_name: str,
+    durable: str,
+    *,
+    batch_size: int = 16,
+    max_workers: int | None = None,
+    max_ack_pending: int = 1000,
+) -> Callable[[Handler], object]:
     """A durable pull consumer with manual acks whose handler gets the raw NatsMessage.
 
     Every toolgate stage subscribes through this, so they all share one
@@ -147,8 +158,9 @@ def durable_subscriber(broker: NatsBroker, subject: str, stream_name: str, durab
     )
 
 
-def consumer_config(durable: str, filter_subject: str, ack_wait_s: float = ACK_WAIT_S,
-                    max_ack_pending: int = 1000) -> ConsumerConfig:
+def consumer_config(
+    durable: str, filter_subject: str, ack_wait_s: float = ACK_WAIT_S, max_ack_pending: int = 1000
+) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=durable,
         filter_subject=filter_subject,
@@ -205,33 +217,42 @@ class Publisher:
             headers={"Nats-Msg-Id": event.event_id},
         )
 
-    async def publish_result(self, result: ToolResult, principal: Principal,
-                             message_id: str) -> bool:
+    async def publish_result(
+        self, result: ToolResult, principal: Principal, message_id: str
+    ) -> bool:
         """Store the call's one result; False if it already has one (it is never replaced)."""
         return await self._publish_once(
             _json.encode(result),
             subjects.results_subject(principal.tenant, principal.agent, result.call_id),
-            message_id)
+            message_id,
+        )
 
-    async def publish_pending(self, notice: PendingNotice, principal: Principal,
-                              message_id: str) -> bool:
+    async def publish_pending(
+        self, notice: PendingNotice, principal: Principal, message_id: str
+    ) -> bool:
         return await self._publish_once(
             _json.encode(notice),
             subjects.pending_subject(principal.tenant, principal.agent, notice.call_id),
-            message_id)
+            message_id,
+        )
 
     async def _publish_once(self, body: bytes, subject: str, message_id: str) -> bool:
         """True if the subject now holds this message (stored now, or by an earlier try)."""
         try:
-            await self._broker.publish(body, subject=subject, stream=subjects.RESULTS_STREAM,
-                                       headers={"Nats-Msg-Id": message_id})
+            await self._broker.publish(
+                body,
+                subject=subject,
+                stream=subjects.RESULTS_STREAM,
+                headers={"Nats-Msg-Id": message_id},
+            )
         except APIError as exc:
             if exc.err_code != SUBJECT_FULL_ERR_CODE:
                 raise
             # Ours, stored by an attempt that crashed before its ack (beyond the
             # duplicate window), or another message that holds the subject for good?
             stored = await self._broker.connection.jetstream().get_last_msg(
-                subjects.RESULTS_STREAM, subject, direct=True)
+                subjects.RESULTS_STREAM, subject, direct=True
+            )
             return (stored.headers or {}).get("Nats-Msg-Id") == message_id
         return True
 
@@ -248,8 +269,9 @@ async def settle(msg: NatsMessage, delivery: Delivery, work, give_up) -> None:  
         await work()
     except Exception as exc:  # a handler never lets an exception reach the broker
         if not delivery.is_last_attempt:
-            log.warning("attempt %s on %s failed, retrying: %r",
-                        delivery.attempt, delivery.subject, exc)
+            log.warning(
+                "attempt %s on %s failed, retrying: %r", delivery.attempt, delivery.subject, exc
+            )
             await msg.nack(delay=retry_delay(delivery.attempt))
             return
         try:
@@ -263,11 +285,16 @@ async def settle(msg: NatsMessage, delivery: Delivery, work, give_up) -> None:  
     await msg.ack()
 
 
-def dead_letter(service: str, delivery: Delivery, raw: bytes, exc: Exception,
-                call_id: str = "") -> MessageDeadLettered:
+def dead_letter(
+    service: str, delivery: Delivery, raw: bytes, exc: Exception, call_id: str = ""
+) -> MessageDeadLettered:
     return MessageDeadLettered(
         event_id=derive_event_id(delivery.message_id, f"{service}/gave-up"),
-        occurred_at=utc_now(), service=service, call_id=call_id,
+        occurred_at=utc_now(),
+        service=service,
+        call_id=call_id,
         reason=f"{service} gave up after {delivery.attempt} attempts: {exc!r}",
         source_subject=delivery.subject,
-        payload_excerpt=raw[:512].decode("utf-8", "replace"), payload_bytes=len(raw))
+        payload_excerpt=raw[:512].decode("utf-8", "replace"),
+        payload_bytes=len(raw),
+    )

@@ -65,8 +65,7 @@ def env_nats_creds(role: str = "agent") -> Path | None:
 
 
 def env_clickhouse_url_or_none() -> str | None:
-    return os.environ.get("TOOLGATE_CLICKHOUSE_URL") or read_context().get("clickhouse_url") \
-        or None
+    return os.environ.get("TOOLGATE_CLICKHOUSE_URL") or read_context().get("clickhouse_url") or None
 
 
 def env_registry_dirs() -> list[Path]:

@@ -31,14 +31,21 @@ RATE_LIMIT_WINDOW_RETENTION_S = 24 * 3600.0
 
 def policies_bucket_config(replicas: int = 1) -> KeyValueConfig:
     """The pushed policy bundles, with a short history an operator can look back on."""
-    return KeyValueConfig(bucket=subjects.POLICIES_BUCKET, history=16,
-                          storage=StorageType.FILE, replicas=replicas)
+    return KeyValueConfig(
+        bucket=subjects.POLICIES_BUCKET, history=16, storage=StorageType.FILE, replicas=replicas
+    )
 
 
 def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
-    return KeyValueConfig(bucket=subjects.RATE_LIMITS_BUCKET, history=1,
-                          ttl=RATE_LIMIT_WINDOW_RETENTION_S, storage=StorageType.FILE,
-                          replicas=replicas)
+    return KeyValueConfig(
+        bucket=subjects.RATE_LIMITS_BUCKET,
+        history=1,
+        ttl=RATE_LIMIT_WINDOW_RETENTION_S,
+        storage=StorageType.FILE,
+        replicas=replicas,
+    )
+
+
 # An always-empty stream the calls stream sources from (see Topology.streams).
 NO_DEDUPE_SOURCE = "TOOLGATE_NO_DEDUPE"
 NO_DEDUPE_SUBJECT = "toolgate.internal.no-dedupe"
@@ -73,47 +80,76 @@ class Topology:
             # (window 0 otherwise means "2 minutes"): hence an empty source.
             StreamConfig(name=NO_DEDUPE_SOURCE, subjects=[NO_DEDUPE_SUBJECT], **common),
             # One subject per agent: the per-subject cap is the agent's quota.
-            StreamConfig(name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_FILTER],
-                         sources=[StreamSource(name=NO_DEDUPE_SOURCE)],
-                         max_msg_size=self.max_call_bytes,
-                         max_msgs_per_subject=self.max_calls_per_agent,
-                         discard=DiscardPolicy.NEW, discard_new_per_subject=True, **common),
-            StreamConfig(name=subjects.EVENTS_STREAM,
-                         subjects=[f"{subjects.EVENTS_PREFIX}.>"],
-                         duplicate_window=self.duplicate_window_s,
-                         max_msg_size=MAX_MESSAGE_BYTES, **common),
+            StreamConfig(
+                name=subjects.CALLS_STREAM,
+                subjects=[subjects.CALLS_FILTER],
+                sources=[StreamSource(name=NO_DEDUPE_SOURCE)],
+                max_msg_size=self.max_call_bytes,
+                max_msgs_per_subject=self.max_calls_per_agent,
+                discard=DiscardPolicy.NEW,
+                discard_new_per_subject=True,
+                **common,
+            ),
+            StreamConfig(
+                name=subjects.EVENTS_STREAM,
+                subjects=[f"{subjects.EVENTS_PREFIX}.>"],
+                duplicate_window=self.duplicate_window_s,
+                max_msg_size=MAX_MESSAGE_BYTES,
+                **common,
+            ),
             # Written once: the first result of a call is its result, a later
             # publish on the subject is refused; read back by subject (direct get).
-            StreamConfig(name=subjects.RESULTS_STREAM,
-                         subjects=[f"{subjects.RESULTS_PREFIX}.>"],
-                         duplicate_window=self.duplicate_window_s,
-                         max_msg_size=MAX_MESSAGE_BYTES, max_msgs_per_subject=1,
-                         discard=DiscardPolicy.NEW, discard_new_per_subject=True,
-                         allow_direct=True, **common),
+            StreamConfig(
+                name=subjects.RESULTS_STREAM,
+                subjects=[f"{subjects.RESULTS_PREFIX}.>"],
+                duplicate_window=self.duplicate_window_s,
+                max_msg_size=MAX_MESSAGE_BYTES,
+                max_msgs_per_subject=1,
+                discard=DiscardPolicy.NEW,
+                discard_new_per_subject=True,
+                allow_direct=True,
+                **common,
+            ),
         ]
 
     def buckets(self) -> list[KeyValueConfig]:
         # Outcomes live as long as calls do, so a duplicate call_id within the
         # retention always replays instead of running again.
         return [
-            KeyValueConfig(bucket=subjects.OUTCOMES_BUCKET, history=1,
-                           ttl=self.retention_s, storage=StorageType.FILE,
-                           replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+            KeyValueConfig(
+                bucket=subjects.OUTCOMES_BUCKET,
+                history=1,
+                ttl=self.retention_s,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=MAX_MESSAGE_BYTES,
+            ),
             # (tenant, agent, call_id) -> the stored call that claimed it.
-            KeyValueConfig(bucket=subjects.CALL_IDS_BUCKET, history=1,
-                           ttl=self.retention_s, storage=StorageType.FILE,
-                           replicas=self.replicas, max_value_size=1024),
+            KeyValueConfig(
+                bucket=subjects.CALL_IDS_BUCKET,
+                history=1,
+                ttl=self.retention_s,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=1024,
+            ),
             # Approval states outlive their decision (single use: a late vote is refused).
-            KeyValueConfig(bucket=subjects.APPROVALS_BUCKET, history=1,
-                           ttl=self.retention_s, storage=StorageType.FILE,
-                           replicas=self.replicas, max_value_size=MAX_MESSAGE_BYTES),
+            KeyValueConfig(
+                bucket=subjects.APPROVALS_BUCKET,
+                history=1,
+                ttl=self.retention_s,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=MAX_MESSAGE_BYTES,
+            ),
             policies_bucket_config(self.replicas),
             rate_limits_bucket_config(self.replicas),
         ]
 
 
-async def apply_topology(nats_url: str, topology: Topology | None = None,
-                         **connect_options: Any) -> None:
+async def apply_topology(
+    nats_url: str, topology: Topology | None = None, **connect_options: Any
+) -> None:
     """Create or update the streams and buckets; on a locked bus, as the admin user."""
     topology = topology or Topology()
     nc = await nats.connect(nats_url, **connect_options)
@@ -154,22 +190,54 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
 
     evt = subjects.EVENTS_PREFIX
     table = [
-        Handler("validator", subjects.CALLS_STREAM, "validator", subjects.CALLS_FILTER,
-                ("ArgumentsValidated", "ArgumentsRejected", "MessageDeadLettered")),
-        Handler("policy", subjects.EVENTS_STREAM, "policy", f"{evt}.ArgumentsValidated.*",
-                ("CallAuthorized", "CallDenied", "ApprovalRequested")),
-        Handler("policy", subjects.EVENTS_STREAM, "policy-approvals",
-                f"{evt}.ApprovalGranted.*", ("CallAuthorized", "CallDenied")),
-        Handler("approvals", subjects.EVENTS_STREAM, "approvals",
-                f"{evt}.ApprovalRequested.*",
-                ("PendingNotice", "ApprovalGranted", "ApprovalDenied", "ApprovalExpired")),
-        *(Handler("executor", subjects.EVENTS_STREAM, f"executor-{tool}",
-                  f"{evt}.CallAuthorized.{tool}",
-                  ("ExecutionStarted", "ExecutionSucceeded", "ExecutionFailed",
-                   "ExecutionRefused")) for tool in sorted(tools)),
-        *(Handler("attacher", subjects.EVENTS_STREAM, f"attacher-{kind.__name__}",
-                  f"{evt}.{kind.__name__}.*", ("ToolResult", "ResultAttached"))
-          for kind in TERMINAL_EVENTS),
+        Handler(
+            "validator",
+            subjects.CALLS_STREAM,
+            "validator",
+            subjects.CALLS_FILTER,
+            ("ArgumentsValidated", "ArgumentsRejected", "MessageDeadLettered"),
+        ),
+        Handler(
+            "policy",
+            subjects.EVENTS_STREAM,
+            "policy",
+            f"{evt}.ArgumentsValidated.*",
+            ("CallAuthorized", "CallDenied", "ApprovalRequested"),
+        ),
+        Handler(
+            "policy",
+            subjects.EVENTS_STREAM,
+            "policy-approvals",
+            f"{evt}.ApprovalGranted.*",
+            ("CallAuthorized", "CallDenied"),
+        ),
+        Handler(
+            "approvals",
+            subjects.EVENTS_STREAM,
+            "approvals",
+            f"{evt}.ApprovalRequested.*",
+            ("PendingNotice", "ApprovalGranted", "ApprovalDenied", "ApprovalExpired"),
+        ),
+        *(
+            Handler(
+                "executor",
+                subjects.EVENTS_STREAM,
+                f"executor-{tool}",
+                f"{evt}.CallAuthorized.{tool}",
+                ("ExecutionStarted", "ExecutionSucceeded", "ExecutionFailed", "ExecutionRefused"),
+            )
+            for tool in sorted(tools)
+        ),
+        *(
+            Handler(
+                "attacher",
+                subjects.EVENTS_STREAM,
+                f"attacher-{kind.__name__}",
+                f"{evt}.{kind.__name__}.*",
+                ("ToolResult", "ResultAttached"),
+            )
+            for kind in TERMINAL_EVENTS
+        ),
     ]
     if with_audit:
         table += [

@@ -237,8 +237,12 @@ def serve(
         # the result object usually does not carry them.
         try:
             # chdb's C extension has no stubs.
-            res = _chdb.query(STARTUP_SQL, "TabSeparated",  # type: ignore[attr-defined]
-                              path=str(db_dir))
+            run_query = _chdb.query  # type: ignore[attr-defined]
+            res = run_query(
+                STARTUP_SQL,
+                "TabSeparated",
+                path=str(db_dir),
+            )
             if res.has_error():
                 outcome["error"] = res.error_message()
         except BaseException as e:  # noqa: BLE001

@@ -67,8 +67,6 @@ JS_API = "$JS.API"
 _ROLE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 
-
-
 @dataclass(frozen=True)
 class Credentials:
     """Where the credentials of one data directory are, and who they are."""
@@ -137,8 +135,7 @@ def _fields(text: str) -> set[str]:
     return {name for _, name, _, _ in string.Formatter().parse(text) if name}
 
 
-def expand(entry: Any, scalars: Mapping[str, str],
-           lists: Mapping[str, list[str]]) -> list[Any]:
+def expand(entry: Any, scalars: Mapping[str, str], lists: Mapping[str, list[str]]) -> list[Any]:
     """`entry` (a string or a flat mapping of strings) once per binding of its list vars."""
     texts = list(entry.values()) if isinstance(entry, dict) else [entry]
     names = set().union(*(_fields(str(t)) for t in texts))
@@ -201,8 +198,11 @@ def _kv_subjects(bucket: str, access: str, watch: bool, create: bool) -> list[st
 
 
 def _get_subjects(stream: str) -> list[str]:
-    return [f"{JS_API}.STREAM.MSG.GET.{stream}", f"{JS_API}.DIRECT.GET.{stream}",
-            f"{JS_API}.DIRECT.GET.{stream}.>"]
+    return [
+        f"{JS_API}.STREAM.MSG.GET.{stream}",
+        f"{JS_API}.DIRECT.GET.{stream}",
+        f"{JS_API}.DIRECT.GET.{stream}.>",
+    ]
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
@@ -228,16 +228,21 @@ def role_permissions(document: Mapping[str, Any], tools: Iterable[str]) -> list[
                 publish += _consumer_subjects(c["stream"], c["durable"], c["filter"])
         for entry in spec.get("kv") or []:
             flags = {k: bool(entry.get(k, False)) for k in ("watch", "create")}
-            for kv in expand({k: v for k, v in entry.items() if k not in flags},
-                             scalars, lists):
+            for kv in expand({k: v for k, v in entry.items() if k not in flags}, scalars, lists):
                 publish += _kv_subjects(kv["bucket"], kv.get("access", "read"), **flags)
         for entry in spec.get("get_messages") or []:
             for stream in expand(entry, scalars, lists):
                 publish += _get_subjects(stream)
-        roles.append(RolePermissions(
-            role=str(role), inbox=inbox, unrestricted=bool(spec.get("unrestricted", False)),
-            publish=_unique(publish), subscribe=_unique(subscribe),
-            allow_responses=bool(spec.get("allow_responses", False))))
+        roles.append(
+            RolePermissions(
+                role=str(role),
+                inbox=inbox,
+                unrestricted=bool(spec.get("unrestricted", False)),
+                publish=_unique(publish),
+                subscribe=_unique(subscribe),
+                allow_responses=bool(spec.get("allow_responses", False)),
+            )
+        )
     return roles
 
 
@@ -292,7 +297,8 @@ class AuthKeys:
             operator=_seed(auth / "operator.nk", nkeys.PREFIX_BYTE_OPERATOR),
             system=_seed(auth / f"{SYSTEM_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
             toolgate=_seed(auth / f"{TOOLGATE_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
-            approvers=_seed(auth / f"{APPROVERS_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT))
+            approvers=_seed(auth / f"{APPROVERS_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
+        )
 
     @property
     def toolgate_account(self) -> str:
@@ -306,12 +312,24 @@ def _agent_imports(toolgate_account: str, tenant: str, agent: str) -> list[dict[
     results = subjects.agent_results_prefix(tenant, agent)
     direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
     return [
-        {"name": "calls", "type": "service", "account": toolgate_account,
-         "subject": subjects.calls_subject(tenant, agent)},
-        {"name": "results", "type": "stream", "account": toolgate_account,
-         "subject": f"{results}.>"},
-        {"name": "stored-results", "type": "service", "account": toolgate_account,
-         "subject": f"{direct_get}.{results}.>"},
+        {
+            "name": "calls",
+            "type": "service",
+            "account": toolgate_account,
+            "subject": subjects.calls_subject(tenant, agent),
+        },
+        {
+            "name": "results",
+            "type": "stream",
+            "account": toolgate_account,
+            "subject": f"{results}.>",
+        },
+        {
+            "name": "stored-results",
+            "type": "service",
+            "account": toolgate_account,
+            "subject": f"{direct_get}.{results}.>",
+        },
     ]
 
 
@@ -331,8 +349,11 @@ def _toolgate_exports() -> list[dict[str, Any]]:
     return [
         {"name": "calls", "type": "service", "subject": f"{subjects.CALLS_PREFIX}.>"},
         {"name": "results", "type": "stream", "subject": f"{subjects.RESULTS_PREFIX}.>"},
-        {"name": "stored-results", "type": "service",
-         "subject": f"{direct_get}.{subjects.RESULTS_PREFIX}.>"},
+        {
+            "name": "stored-results",
+            "type": "service",
+            "subject": f"{direct_get}.{subjects.RESULTS_PREFIX}.>",
+        },
         {"name": "approvals", "type": "service", "subject": f"{subjects.APPROVALS_PREFIX}.>"},
     ]
 
@@ -342,14 +363,28 @@ def _fixed_account_jwts(keys: AuthKeys) -> dict[str, str]:
     toolgate = keys.toolgate_account
     return {
         nats_jwt.public_key(keys.system): nats_jwt.account_jwt(
-            keys.operator, keys.system, SYSTEM_ACCOUNT),
+            keys.operator, keys.system, SYSTEM_ACCOUNT
+        ),
         toolgate: nats_jwt.account_jwt(
-            keys.operator, keys.toolgate, TOOLGATE_ACCOUNT, jetstream=True,
-            exports=_toolgate_exports()),
+            keys.operator,
+            keys.toolgate,
+            TOOLGATE_ACCOUNT,
+            jetstream=True,
+            exports=_toolgate_exports(),
+        ),
         nats_jwt.public_key(keys.approvers): nats_jwt.account_jwt(
-            keys.operator, keys.approvers, APPROVERS_ACCOUNT, imports=[
-                {"name": "approvals", "type": "service", "account": toolgate,
-                 "subject": f"{subjects.APPROVALS_PREFIX}.>"}]),
+            keys.operator,
+            keys.approvers,
+            APPROVERS_ACCOUNT,
+            imports=[
+                {
+                    "name": "approvals",
+                    "type": "service",
+                    "account": toolgate,
+                    "subject": f"{subjects.APPROVALS_PREFIX}.>",
+                }
+            ],
+        ),
     }
 
 
@@ -388,8 +423,10 @@ def agent_creds_path(data_dir: Path, tenant: str, agent: str) -> Path:
 def _check_identity(tenant: str, agent: str) -> None:
     for kind, value in (("tenant", tenant), ("agent", agent)):
         if not subjects.is_identity_token(value):
-            raise AgentError(f"{kind} {value!r} is not a subject-safe token "
-                             "(letters, digits, '-', '_'; 1 to 64 characters)")
+            raise AgentError(
+                f"{kind} {value!r} is not a subject-safe token "
+                "(letters, digits, '-', '_'; 1 to 64 characters)"
+            )
 
 
 def _read_record(path: Path) -> AgentRecord:
@@ -407,9 +444,14 @@ def _agent_account_jwt(keys: AuthKeys, data_dir: Path, record: AgentRecord) -> s
     seed = (_agents_dir(data_dir) / f"{record.name}.nk").read_text().strip()
     claims_imports = _agent_imports(keys.toolgate_account, record.tenant, record.agent)
     # A revocation refuses every JWT of that user key issued up to its time.
-    return nats_jwt.account_jwt(keys.operator, seed, record.name, imports=claims_imports,
-                                revocations=dict(record.revocations) or None,
-                                limits={"conn": 16, "leaf": 0, "exports": 0})
+    return nats_jwt.account_jwt(
+        keys.operator,
+        seed,
+        record.name,
+        imports=claims_imports,
+        revocations=dict(record.revocations) or None,
+        limits={"conn": 16, "leaf": 0, "exports": 0},
+    )
 
 
 def add_agent(data_dir: Path, tenant: str, agent: str) -> tuple[Path, str]:
@@ -429,26 +471,42 @@ def add_agent(data_dir: Path, tenant: str, agent: str) -> tuple[Path, str]:
     account_seed = _seed(_agents_dir(data_dir) / f"{name}.nk", nkeys.PREFIX_BYTE_ACCOUNT)
     user_seed = nats_jwt.new_seed(nkeys.PREFIX_BYTE_USER)
     publish, subscribe = agent_permissions(tenant, agent)
-    user_token = nats_jwt.user_jwt(account_seed, user_seed, name, publish=publish,
-                                   subscribe=subscribe, tags=[f"tenant:{tenant}",
-                                                              f"agent:{agent}"])
+    user_token = nats_jwt.user_jwt(
+        account_seed,
+        user_seed,
+        name,
+        publish=publish,
+        subscribe=subscribe,
+        tags=[f"tenant:{tenant}", f"agent:{agent}"],
+    )
     _private_dir(creds.parent.parent)
     _private_dir(creds.parent)
-    _write_private(creds, nats_jwt.creds_text(
-        user_token, user_seed,
-        f"toolgate agent {name}: publishes only {subscribe_hint(tenant, agent)}\n"
-        "Secret: anyone with this file acts as this agent. Keep it mode 0600."))
-    record = AgentRecord(tenant=tenant, agent=agent, account=nats_jwt.public_key(account_seed),
-                         user=nats_jwt.public_key(user_seed),
-                         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         revocations=dict(record.revocations) if record else {})
+    _write_private(
+        creds,
+        nats_jwt.creds_text(
+            user_token,
+            user_seed,
+            f"toolgate agent {name}: publishes only {subscribe_hint(tenant, agent)}\n"
+            "Secret: anyone with this file acts as this agent. Keep it mode 0600.",
+        ),
+    )
+    record = AgentRecord(
+        tenant=tenant,
+        agent=agent,
+        account=nats_jwt.public_key(account_seed),
+        user=nats_jwt.public_key(user_seed),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        revocations=dict(record.revocations) if record else {},
+    )
     _write_private(meta, json.dumps(record.__dict__))
     return creds, _agent_account_jwt(keys, data_dir, record)
 
 
 def subscribe_hint(tenant: str, agent: str) -> str:
-    return (f"{subjects.calls_subject(tenant, agent)}; reads only "
-            f"{subjects.agent_results_prefix(tenant, agent)}.>")
+    return (
+        f"{subjects.calls_subject(tenant, agent)}; reads only "
+        f"{subjects.agent_results_prefix(tenant, agent)}.>"
+    )
 
 
 def revoke_agent(data_dir: Path, tenant: str, agent: str) -> str:
@@ -461,26 +519,33 @@ def revoke_agent(data_dir: Path, tenant: str, agent: str) -> str:
     record = _read_record(meta)
     if record.revoked_at is None:
         now = time.time()
-        record = AgentRecord(**{
-            **record.__dict__,
-            "revoked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
-            # +1: JWT times are whole seconds; a creds file minted this very second
-            # must be refused too.
-            "revocations": {**record.revocations, record.user: int(now) + 1}})
+        record = AgentRecord(
+            **{
+                **record.__dict__,
+                "revoked_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                # +1: JWT times are whole seconds; a creds file minted this very second
+                # must be refused too.
+                "revocations": {**record.revocations, record.user: int(now) + 1},
+            }
+        )
         _write_private(meta, json.dumps(record.__dict__))
     agent_creds_path(data_dir, tenant, agent).unlink(missing_ok=True)
     return _agent_account_jwt(AuthKeys.load(data_dir), data_dir, record)
 
 
-async def push_account_jwts(nats_url: str, data_dir: Path, tokens: Iterable[str],
-                            timeout: float = 5.0) -> None:
+async def push_account_jwts(
+    nats_url: str, data_dir: Path, tokens: Iterable[str], timeout: float = 5.0
+) -> None:
     """Hand account JWTs to a running server (its resolver stores them and applies them now)."""
     import nats
 
-    nc = await nats.connect(nats_url, connect_timeout=timeout, max_reconnect_attempts=0,
-                            allow_reconnect=False,
-                            **connect_options(creds_path(Path(data_dir) / CREDS_DIR,
-                                                         SYSTEM_ROLE)))
+    nc = await nats.connect(
+        nats_url,
+        connect_timeout=timeout,
+        max_reconnect_attempts=0,
+        allow_reconnect=False,
+        **connect_options(creds_path(Path(data_dir) / CREDS_DIR, SYSTEM_ROLE)),
+    )
     try:
         for token in tokens:
             reply = await nc.request("$SYS.REQ.CLAIMS.UPDATE", token.encode(), timeout=timeout)
@@ -501,8 +566,7 @@ def push_account_jwts_sync(nats_url: str, data_dir: Path, tokens: Iterable[str])
 
 def render_auth_config(keys: AuthKeys, data_dir: Path) -> str:
     """nats-server config: operator mode, a full resolver, every known account preloaded."""
-    operator = nats_jwt.operator_jwt(keys.operator, "toolgate",
-                                     nats_jwt.public_key(keys.system))
+    operator = nats_jwt.operator_jwt(keys.operator, "toolgate", nats_jwt.public_key(keys.system))
     accounts = _fixed_account_jwts(keys)
     for record in list_agents(data_dir):
         accounts[record.account] = _agent_account_jwt(keys, data_dir, record)
@@ -528,32 +592,46 @@ def render_auth_config(keys: AuthKeys, data_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _user_creds(path: Path, account_seed: str, role: str, user_seed: str,
-                permissions: RolePermissions | None) -> None:
+def _user_creds(
+    path: Path, account_seed: str, role: str, user_seed: str, permissions: RolePermissions | None
+) -> None:
     if permissions is None or permissions.unrestricted:
         token = nats_jwt.user_jwt(account_seed, user_seed, role)
     else:
-        token = nats_jwt.user_jwt(account_seed, user_seed, role,
-                                  publish=list(permissions.publish),
-                                  subscribe=list(permissions.subscribe),
-                                  allow_responses=permissions.allow_responses)
-    text = nats_jwt.creds_text(token, user_seed, f"toolgate NATS credentials: role {role}\n"
-                               "Secret: anyone with this file connects as this role.")
+        token = nats_jwt.user_jwt(
+            account_seed,
+            user_seed,
+            role,
+            publish=list(permissions.publish),
+            subscribe=list(permissions.subscribe),
+            allow_responses=permissions.allow_responses,
+        )
+    text = nats_jwt.creds_text(
+        token,
+        user_seed,
+        f"toolgate NATS credentials: role {role}\n"
+        "Secret: anyone with this file connects as this role.",
+    )
     # The JWT's iat changes on each render: keep the file if only that would change.
     if path.exists():
         try:
             old_token, old_seed = nats_jwt.read_creds(path.read_text())
             old, new = nats_jwt.decode_claims(old_token), nats_jwt.decode_claims(token)
-            if old_seed == user_seed and old.get("nats") == new.get("nats") \
-                    and old.get("iss") == new.get("iss") and not path.stat().st_mode & 0o077:
+            if (
+                old_seed == user_seed
+                and old.get("nats") == new.get("nats")
+                and old.get("iss") == new.get("iss")
+                and not path.stat().st_mode & 0o077
+            ):
                 return
         except ValueError:
             pass
     _write_private(path, text)
 
 
-def create_credentials(data_dir: Path, tools: Iterable[str] | None = None,
-                       permissions_file: Path = PERMISSIONS_FILE) -> Credentials:
+def create_credentials(
+    data_dir: Path, tools: Iterable[str] | None = None, permissions_file: Path = PERMISSIONS_FILE
+) -> Credentials:
     """Create missing keys, (re)issue every role's creds and render the server's config.
 
     `tools`: the registry's tool names (the executor gets one durable per tool);

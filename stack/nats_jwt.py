@@ -25,12 +25,21 @@ import nkeys
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 
 UNLIMITED_ACCOUNT_LIMITS: dict[str, Any] = {
-    "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
-    "wildcards": True, "conn": -1, "leaf": -1,
+    "subs": -1,
+    "data": -1,
+    "payload": -1,
+    "imports": -1,
+    "exports": -1,
+    "wildcards": True,
+    "conn": -1,
+    "leaf": -1,
 }
 # JetStream enabled, unbounded (the operator's own account only).
 UNLIMITED_JETSTREAM: dict[str, Any] = {
-    "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    "mem_storage": -1,
+    "disk_storage": -1,
+    "streams": -1,
+    "consumer": -1,
 }
 
 
@@ -55,8 +64,14 @@ def public_key(seed: str) -> str:
         pair.wipe()
 
 
-def encode(claims_nats: dict[str, Any], *, subject: str, name: str, issuer_seed: str,
-           issued_at: int | None = None) -> str:
+def encode(
+    claims_nats: dict[str, Any],
+    *,
+    subject: str,
+    name: str,
+    issuer_seed: str,
+    issued_at: int | None = None,
+) -> str:
     """Sign a JWT whose `nats` section is `claims_nats`, issued by `issuer_seed`."""
     claims: dict[str, Any] = {
         "jti": "",
@@ -91,17 +106,30 @@ def decode_claims(token: str) -> dict[str, Any]:
 
 def operator_jwt(operator_seed: str, name: str, system_account: str) -> str:
     operator = public_key(operator_seed)
-    return encode({"type": "operator", "version": 2, "system_account": system_account},
-                  subject=operator, name=name, issuer_seed=operator_seed)
+    return encode(
+        {"type": "operator", "version": 2, "system_account": system_account},
+        subject=operator,
+        name=name,
+        issuer_seed=operator_seed,
+    )
 
 
-def account_jwt(operator_seed: str, account_seed: str, name: str, *,
-                jetstream: bool = False, imports: list[dict[str, Any]] | None = None,
-                exports: list[dict[str, Any]] | None = None,
-                revocations: dict[str, int] | None = None,
-                limits: dict[str, Any] | None = None) -> str:
-    all_limits = {**UNLIMITED_ACCOUNT_LIMITS, **(UNLIMITED_JETSTREAM if jetstream else {}),
-                  **(limits or {})}
+def account_jwt(
+    operator_seed: str,
+    account_seed: str,
+    name: str,
+    *,
+    jetstream: bool = False,
+    imports: list[dict[str, Any]] | None = None,
+    exports: list[dict[str, Any]] | None = None,
+    revocations: dict[str, int] | None = None,
+    limits: dict[str, Any] | None = None,
+) -> str:
+    all_limits = {
+        **UNLIMITED_ACCOUNT_LIMITS,
+        **(UNLIMITED_JETSTREAM if jetstream else {}),
+        **(limits or {}),
+    }
     claims: dict[str, Any] = {"type": "account", "version": 2, "limits": all_limits}
     if imports:
         claims["imports"] = imports
@@ -109,17 +137,29 @@ def account_jwt(operator_seed: str, account_seed: str, name: str, *,
         claims["exports"] = exports
     if revocations:
         claims["revocations"] = revocations
-    return encode(claims, subject=public_key(account_seed), name=name,
-                  issuer_seed=operator_seed)
+    return encode(claims, subject=public_key(account_seed), name=name, issuer_seed=operator_seed)
 
 
-def user_jwt(account_seed: str, user_seed: str, name: str, *,
-             publish: list[str] | None = None, subscribe: list[str] | None = None,
-             allow_responses: bool = False, max_payload: int = -1,
-             tags: list[str] | None = None, issued_at: int | None = None) -> str:
+def user_jwt(
+    account_seed: str,
+    user_seed: str,
+    name: str,
+    *,
+    publish: list[str] | None = None,
+    subscribe: list[str] | None = None,
+    allow_responses: bool = False,
+    max_payload: int = -1,
+    tags: list[str] | None = None,
+    issued_at: int | None = None,
+) -> str:
     """A user of the account. `publish`/`subscribe` None: no restriction."""
-    claims: dict[str, Any] = {"type": "user", "version": 2, "subs": -1, "data": -1,
-                              "payload": max_payload}
+    claims: dict[str, Any] = {
+        "type": "user",
+        "version": 2,
+        "subs": -1,
+        "data": -1,
+        "payload": max_payload,
+    }
     if publish is not None:
         claims["pub"] = {"allow": publish}
     if subscribe is not None:
@@ -128,8 +168,13 @@ def user_jwt(account_seed: str, user_seed: str, name: str, *,
         claims["resp"] = {"max": 1, "ttl": 0}
     if tags:
         claims["tags"] = tags
-    return encode(claims, subject=public_key(user_seed), name=name,
-                  issuer_seed=account_seed, issued_at=issued_at)
+    return encode(
+        claims,
+        subject=public_key(user_seed),
+        name=name,
+        issuer_seed=account_seed,
+        issued_at=issued_at,
+    )
 
 
 def creds_text(user_token: str, user_seed: str, comment: str = "") -> str:

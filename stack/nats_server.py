@@ -47,8 +47,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_port(host: str, port: int, process: subprocess.Popen[bytes], log: Path,
-                   timeout: float) -> None:
+def _wait_for_port(
+    host: str, port: int, process: subprocess.Popen[bytes], log: Path, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -71,8 +72,13 @@ def _tail(path: Path, lines: int = 20) -> str:
 class EmbeddedNats:
     """A child `nats-server -js` process; `url` is what clients connect to."""
 
-    def __init__(self, data_dir: Path, port: int = 0, host: str = "127.0.0.1",
-                 config_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        config_file: Path | None = None,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port or free_port(host)
@@ -97,14 +103,28 @@ class EmbeddedNats:
             include = f"include '{relative}'\n"
         conf.write_text(f"max_payload: {MAX_PAYLOAD_BYTES}\n" + include)
         args = [
-            nats_server_binary(), "-a", self.host, "-p", str(self.port),
-            "-js", "-sd", str(store), "-c", str(conf), "-l", str(self.log_path),
+            nats_server_binary(),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(store),
+            "-c",
+            str(conf),
+            "-l",
+            str(self.log_path),
         ]
         # Its own session: Ctrl-C in a terminal reaches `toolgate up`, which
         # stops the services first and the server last.
-        self.process = subprocess.Popen(args, start_new_session=True,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(
+            args,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
         _wait_for_port(self.host, self.port, self.process, self.log_path, timeout)
         return self
 

@@ -63,10 +63,25 @@ def load_example(name: str) -> ModuleType:
     return importlib.import_module(f"toolgate.infra.examples.{name}")
 
 
-def serve_command(name: str, nats_url: str, data_dir: Path, registry_dirs: list[Path],
-                  extra: list[str] | None = None, creds: Path | None = None) -> list[str]:
-    command = [sys.executable, "-m", "toolgate.cli", "serve", name,
-               "--nats-url", nats_url, "--data-dir", str(data_dir)]
+def serve_command(
+    name: str,
+    nats_url: str,
+    data_dir: Path,
+    registry_dirs: list[Path],
+    extra: list[str] | None = None,
+    creds: Path | None = None,
+) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "toolgate.cli",
+        "serve",
+        name,
+        "--nats-url",
+        nats_url,
+        "--data-dir",
+        str(data_dir),
+    ]
     if creds is not None:
         command += ["--creds", str(creds)]
     for directory in registry_dirs:
@@ -86,9 +101,14 @@ class ServiceProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
-        self.process = subprocess.Popen(self.command, stdout=log_file, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=os.environ.copy(),
-                                        preexec_fn=die_with_parent)
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=os.environ.copy(),
+            preexec_fn=die_with_parent,
+        )
         log_file.close()
         self.started_at = time.monotonic()
 
@@ -170,8 +190,9 @@ class Stack:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             ensure_keypair(self.data_dir / "keys")
         except OSError as exc:
-            raise StackError(f"cannot use {self.data_dir} as the data dir: "
-                             f"{exc.strerror or exc} (--data-dir)") from None
+            raise StackError(
+                f"cannot use {self.data_dir} as the data dir: {exc.strerror or exc} (--data-dir)"
+            ) from None
         if self.example:
             self.add_example()
         if self.locked:
@@ -179,26 +200,36 @@ class Stack:
             # executor gets one durable per tool of this registry).
             tools = load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR])).names()
             # Minted before the server config is rendered, so it is preloaded.
-            self.default_agent_creds, _ = add_agent(self.data_dir, DEFAULT_TENANT,
-                                                    DEFAULT_AGENT)
+            self.default_agent_creds, _ = add_agent(self.data_dir, DEFAULT_TENANT, DEFAULT_AGENT)
             self.creds = create_credentials(self.data_dir, tools=tools)
         if not self.nats_url:
             if self.nats_port and not port_is_free(self.nats_port):
                 raise StackError(
                     f"port {self.nats_port} is in use (another `toolgate up`, or a NATS "
-                    "server?): stop it, or use --nats-port 0 (any free port) or --nats-url")
+                    "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
+                )
             self.nats = EmbeddedNats(
-                self.data_dir / "nats", port=self.nats_port,
-                config_file=self.creds.auth_config if self.creds else None).start()
+                self.data_dir / "nats",
+                port=self.nats_port,
+                config_file=self.creds.auth_config if self.creds else None,
+            ).start()
         asyncio.run(self.apply_topology())
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
             if name == "policy" and self.policy_dir is not None:
                 extra = ["--policy", str(self.policy_dir)]
             service = ServiceProcess(
-                name, serve_command(name, self.url, self.data_dir, self.registry_dirs, extra,
-                                    creds=self.creds_of(name)),
-                self.data_dir / "logs" / f"{name}.log")
+                name,
+                serve_command(
+                    name,
+                    self.url,
+                    self.data_dir,
+                    self.registry_dirs,
+                    extra,
+                    creds=self.creds_of(name),
+                ),
+                self.data_dir / "logs" / f"{name}.log",
+            )
             service.start()
             self.services.append(service)
         if self.with_audit:
@@ -213,8 +244,12 @@ class Stack:
         async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
             errors.append(exc)
 
-        options = {**connect_options(self.creds_of("admin")), "allow_reconnect": False,
-                   "connect_timeout": connect_timeout, "error_cb": remember}
+        options = {
+            **connect_options(self.creds_of("admin")),
+            "allow_reconnect": False,
+            "connect_timeout": connect_timeout,
+            "error_cb": remember,
+        }
         try:
             # Reachable at all, within the deadline? (nats-py alone may wait far longer.)
             probe = await asyncio.wait_for(nats.connect(self.url, **options), connect_timeout)
@@ -227,43 +262,60 @@ class Stack:
                     f"authorization refused at {self.url}: that NATS does not trust the "
                     f"operator of {self.data_dir} (its config must include "
                     f"{self.data_dir / 'creds' / 'nats-auth.conf'}; README: The locked bus)",
-                    3) from None
+                    3,
+                ) from None
             if "refused" in cause.lower() or "connect call failed" in cause.lower():
                 cause = "connection refused"
             elif isinstance(exc, TimeoutError) and not errors:
                 cause = "nothing answered as NATS in time"
-            raise StackError(f"no NATS answered at {self.url} ({cause}): check --nats-url, "
-                             "or leave it out to start the embedded one", 3) from None
+            raise StackError(
+                f"no NATS answered at {self.url} ({cause}): check --nats-url, "
+                "or leave it out to start the embedded one",
+                3,
+            ) from None
 
     def record_context(self) -> None:
         """Tell every later command in this folder what runs where, and whose creds are whose."""
-        creds = {role: str(self.creds.path(role).resolve())
-                 for role in self.creds.roles} if self.creds else {}
+        creds = (
+            {role: str(self.creds.path(role).resolve()) for role in self.creds.roles}
+            if self.creds
+            else {}
+        )
         if self.default_agent_creds is not None:
             creds["agent"] = str(self.default_agent_creds.resolve())
-        write_context(self.data_dir, {
-            "nats_url": self.url,
-            "clickhouse_url": self.audit_url if self.with_audit else None,
-            "data_dir": str(self.data_dir.resolve()),
-            "locked": self.locked,
-            "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
-            "creds": creds,
-            # What the services were started with, so a copy started by hand here
-            # (`toolgate serve NAME`) serves the same tools under the same bundle.
-            "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
-            "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
-        })
+        write_context(
+            self.data_dir,
+            {
+                "nats_url": self.url,
+                "clickhouse_url": self.audit_url if self.with_audit else None,
+                "data_dir": str(self.data_dir.resolve()),
+                "locked": self.locked,
+                "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
+                "creds": creds,
+                # What the services were started with, so a copy started by hand here
+                # (`toolgate serve NAME`) serves the same tools under the same bundle.
+                "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
+                "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
+            },
+        )
 
     def start_audit(self) -> None:
         if not self.clickhouse_url:
-            self.clickhouse = EmbeddedClickHouse(self.data_dir / "clickhouse",
-                                                 port=self.clickhouse_port).start()
+            self.clickhouse = EmbeddedClickHouse(
+                self.data_dir / "clickhouse", port=self.clickhouse_port
+            ).start()
         service = ServiceProcess(
             AUDIT_SERVICE,
-            serve_command(AUDIT_SERVICE, self.url, self.data_dir, self.registry_dirs,
-                          ["--clickhouse-url", self.audit_url],
-                          creds=self.creds_of(AUDIT_SERVICE)),
-            self.data_dir / "logs" / f"{AUDIT_SERVICE}.log")
+            serve_command(
+                AUDIT_SERVICE,
+                self.url,
+                self.data_dir,
+                self.registry_dirs,
+                ["--clickhouse-url", self.audit_url],
+                creds=self.creds_of(AUDIT_SERVICE),
+            ),
+            self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
+        )
         service.start()
         self.services.append(service)
 
@@ -318,17 +370,25 @@ def run_until_signalled(stack: Stack) -> int:
         raise
     try:
         audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
-        print(f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
-              f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
-              + (f"  agent: {DEFAULT_TENANT}.{DEFAULT_AGENT}, creds "
-                 f"{stack.creds_of('agent')} (more: toolgate agents add TENANT AGENT)\n"
-                 if stack.creds else "")
-              + "  try:  toolgate call search_sources "
-              "'{\"query\": \"agents state\", \"source_type\": \"any\", \"limit\": 3}'\n"
-              + "".join(f"  example {stack.example}: agent {tenant}.{agent}, creds {creds}\n"
-                        f"    try:  {stack.example_hint} --creds {creds}\n"
-                        for tenant, agent, creds in stack.example_agents)
-              + "Press Ctrl-C to stop.", flush=True)
+        print(
+            f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
+            f"  logs: {(stack.data_dir / 'logs').resolve()}\n"
+            + (
+                f"  agent: {DEFAULT_TENANT}.{DEFAULT_AGENT}, creds "
+                f"{stack.creds_of('agent')} (more: toolgate agents add TENANT AGENT)\n"
+                if stack.creds
+                else ""
+            )
+            + "  try:  toolgate call search_sources "
+            '\'{"query": "agents state", "source_type": "any", "limit": 3}\'\n'
+            + "".join(
+                f"  example {stack.example}: agent {tenant}.{agent}, creds {creds}\n"
+                f"    try:  {stack.example_hint} --creds {creds}\n"
+                for tenant, agent, creds in stack.example_agents
+            )
+            + "Press Ctrl-C to stop.",
+            flush=True,
+        )
         while not stopping:
             time.sleep(0.5)
             stack.restart_dead()

@@ -34,8 +34,10 @@ def clickhouse_url(clickhouse_server: EmbeddedClickHouse) -> str:
     return f"{clickhouse_server.url}/t_{uuid.uuid4().hex[:12]}"
 
 
-DOCUMENT = (b"<html><head><title>Agents SDK sessions</title><script>evil()</script></head>"
-            b"<body><h1>Sessions</h1><p>A session stores conversation state.</p></body></html>")
+DOCUMENT = (
+    b"<html><head><title>Agents SDK sessions</title><script>evil()</script></head>"
+    b"<body><h1>Sessions</h1><p>A session stores conversation state.</p></body></html>"
+)
 
 
 class _DocumentHandler(BaseHTTPRequestHandler):

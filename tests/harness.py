@@ -73,9 +73,14 @@ class Gateway:
     def __post_init__(self) -> None:
         # Service processes import the test tools from tests/.
         os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-        self.stack = Stack(data_dir=self.data_dir, registry_dirs=[self.registry_dir],
-                           executor_args=["--concurrency", "16"], with_audit=self.with_audit)
+            [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        self.stack = Stack(
+            data_dir=self.data_dir,
+            registry_dirs=[self.registry_dir],
+            executor_args=["--concurrency", "16"],
+            with_audit=self.with_audit,
+        )
 
     @property
     def url(self) -> str:
@@ -168,9 +173,12 @@ async def publish_event(url: str, event: Event, **options: Any) -> None:
     """Put one event on the events stream as its producer would (with a publish ack)."""
     nc = await nats.connect(url, **options)
     try:
-        await nc.jetstream().publish(subjects.subject_of(event), encode_event(event),
-                                     stream=subjects.EVENTS_STREAM,
-                                     headers={"Nats-Msg-Id": event.event_id})
+        await nc.jetstream().publish(
+            subjects.subject_of(event),
+            encode_event(event),
+            stream=subjects.EVENTS_STREAM,
+            headers={"Nats-Msg-Id": event.event_id},
+        )
     finally:
         await nc.close()
 

@@ -93,8 +93,9 @@ def unknown_call(text: str) -> str:
 class ApprovalsService:
     """The service's behaviour, independent of how messages reach it."""
 
-    def __init__(self, publisher: bus.Publisher, book: ApproverBook,
-                 clock: Clock = utc_now) -> None:
+    def __init__(
+        self, publisher: bus.Publisher, book: ApproverBook, clock: Clock = utc_now
+    ) -> None:
         self.publisher = publisher
         self.book = book
         self.clock = clock
@@ -109,18 +110,28 @@ class ApprovalsService:
     async def on_requested(self, event: ApprovalRequested) -> None:
         fresh = new_state(event)
         state, revision = await self._store().create(fresh)
-        if state.request_event_id != fresh.request_event_id \
-                and state.arguments_sha256 != fresh.arguments_sha256:
+        if (
+            state.request_event_id != fresh.request_event_id
+            and state.arguments_sha256 != fresh.arguments_sha256
+        ):
             # The call key is taken by this call's first request: that one stands.
-            log.warning("approval request %s for %s ignored: the call already has one "
-                        "(for other arguments)", event.event_id, state.key)
+            log.warning(
+                "approval request %s for %s ignored: the call already has one "
+                "(for other arguments)",
+                event.event_id,
+                state.key,
+            )
         if state.is_open and not state.is_due(self.clock()):
-            await self.publisher.publish_pending(PendingNotice(
-                call_id=state.call_id,
-                message=f"waiting for {state.required_approvals} human approval(s) "
-                        f"of this {state.risk}-risk call",
-                expires_at=state.expires_at.isoformat()),
-                state.call.principal, message_id=pending_notice_id(state.key))
+            await self.publisher.publish_pending(
+                PendingNotice(
+                    call_id=state.call_id,
+                    message=f"waiting for {state.required_approvals} human approval(s) "
+                    f"of this {state.risk}-risk call",
+                    expires_at=state.expires_at.isoformat(),
+                ),
+                state.call.principal,
+                message_id=pending_notice_id(state.key),
+            )
         await self.publish_outbox(state, revision)
 
     async def publish_outbox(self, state: ApprovalState, revision: int) -> None:
@@ -128,7 +139,7 @@ class ApprovalsService:
         events = events_of(state)
         if state.emitted >= len(events):
             return
-        for event in events[state.emitted:]:
+        for event in events[state.emitted :]:
             await self.publisher.emit(event)
         done = len(events)
 
@@ -146,9 +157,11 @@ class ApprovalsService:
         fail = _refusal_for(subject)
         decoder = protocol.request_decoders.get(subject)
         if decoder is None:
-            return fail(Refusal.BAD_REQUEST,
-                        f"no such operation {subject!r}; one of "
-                        f"{', '.join(sorted(protocol.request_decoders))}")
+            return fail(
+                Refusal.BAD_REQUEST,
+                f"no such operation {subject!r}; one of "
+                f"{', '.join(sorted(protocol.request_decoders))}",
+            )
         if len(raw) > protocol.MAX_REQUEST_BYTES:
             return fail(Refusal.BAD_REQUEST, "the request is too large")
         try:
@@ -171,8 +184,11 @@ class ApprovalsService:
         or (None, code, message)."""
         ref = protocol.parse_call_ref(text)
         if ref is None:
-            return None, Refusal.UNKNOWN_CALL, (
-                f"not a call: {text[:200]!r}; give TENANT.AGENT.CALL_ID (or a CALL_ID)")
+            return (
+                None,
+                Refusal.UNKNOWN_CALL,
+                (f"not a call: {text[:200]!r}; give TENANT.AGENT.CALL_ID (or a CALL_ID)"),
+            )
         if ref.key is not None:
             assert ref.tenant is not None
             if not approver.may_vote_for(ref.tenant):
@@ -182,9 +198,14 @@ class ApprovalsService:
         if not keys:
             return None, Refusal.UNKNOWN_CALL, unknown_call(text)
         if len(keys) > 1:
-            return None, Refusal.AMBIGUOUS_CALL, (
-                f"call_id {ref.call_id} names {len(keys)} calls (one per agent): give one "
-                f"of {', '.join(keys)}")
+            return (
+                None,
+                Refusal.AMBIGUOUS_CALL,
+                (
+                    f"call_id {ref.call_id} names {len(keys)} calls (one per agent): give one "
+                    f"of {', '.join(keys)}"
+                ),
+            )
         return keys[0], "", ""
 
     async def list_pending(self, approver: Approver) -> protocol.ListReply:
@@ -201,8 +222,12 @@ class ApprovalsService:
             views.append(view)
         omitted = len(states) - len(views)
         return protocol.ListReply(
-            ok=True, approver=protocol.Identity.of(approver), calls=views, omitted=omitted,
-            message=f"{omitted} more not shown: too large for one reply" if omitted else "")
+            ok=True,
+            approver=protocol.Identity.of(approver),
+            calls=views,
+            omitted=omitted,
+            message=f"{omitted} more not shown: too large for one reply" if omitted else "",
+        )
 
     async def show(self, approver: Approver, text: str) -> protocol.ShowReply:
         key, code, message = await self.resolve(approver, text)
@@ -210,20 +235,27 @@ class ApprovalsService:
             return protocol.ShowReply(ok=False, code=code, message=message)
         found = await self._store().get(key)
         if found is None or not approver.may_vote_for(found[0].tenant):
-            return protocol.ShowReply(ok=False, code=Refusal.UNKNOWN_CALL,
-                                      message=unknown_call(text))
+            return protocol.ShowReply(
+                ok=False, code=Refusal.UNKNOWN_CALL, message=unknown_call(text)
+            )
         return protocol.ShowReply(ok=True, approval=protocol.view_of(found[0]))
 
     async def vote(self, approver: Approver, request: protocol.VoteRequest) -> VoteOutcome:
         if request.approver and not same_person(request.approver, approver.name):
-            return refused(Refusal.INVALID_TOKEN,
-                           f"this token does not belong to approver {request.approver!r}")
+            return refused(
+                Refusal.INVALID_TOKEN,
+                f"this token does not belong to approver {request.approver!r}",
+            )
         key, code, message = await self.resolve(approver, request.call)
         if key is None:
             return refused(code, message)
-        ballot = Ballot(call_key=key, decision=request.decision,
-                        arguments_sha256=request.arguments_sha256, reason=request.reason,
-                        vote_id=request.vote_id[:128])
+        ballot = Ballot(
+            call_key=key,
+            decision=request.decision,
+            arguments_sha256=request.arguments_sha256,
+            reason=request.reason,
+            vote_id=request.vote_id[:128],
+        )
         answer: list[VoteOutcome] = []
 
         def step(state: ApprovalState) -> ApprovalState:
@@ -238,9 +270,14 @@ class ApprovalsService:
         # Durable (KV) first, events published second, reply last.
         await self.publish_outbox(state, revision)
         result = answer[0]
-        log.info("vote by %s on %s: %s -> %s %s", approver.name, key,
-                 request.decision, "counted" if result.accepted else "refused",
-                 result.code or result.status)
+        log.info(
+            "vote by %s on %s: %s -> %s %s",
+            approver.name,
+            key,
+            request.decision,
+            "counted" if result.accepted else "refused",
+            result.code or result.status,
+        )
         return result
 
     async def sweep_once(self) -> int:
@@ -273,8 +310,12 @@ class ApprovalsService:
             await asyncio.sleep(interval_s * random.uniform(0.8, 1.2))
 
 
-def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S,
-              clock: Clock = utc_now) -> FastStream:
+def build_app(
+    settings: GatewaySettings,
+    *,
+    sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S,
+    clock: Clock = utc_now,
+) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     service = ApprovalsService(publisher, ApproverBook(settings.data_dir), clock)
@@ -299,8 +340,9 @@ def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SW
 
         await bus.settle(msg, delivery, work, give_up)
 
-    @broker.subscriber(protocol.SERVICE_SUBJECTS, queue=protocol.QUEUE_GROUP,
-                       decoder=_message_itself)
+    @broker.subscriber(
+        protocol.SERVICE_SUBJECTS, queue=protocol.QUEUE_GROUP, decoder=_message_itself
+    )
     async def on_request(msg: NatsMessage) -> bytes:
         subject = msg.raw_message.subject
         try:
@@ -308,7 +350,8 @@ def build_app(settings: GatewaySettings, *, sweep_interval_s: float = DEFAULT_SW
         except Exception as exc:  # the approver gets an answer, never silence
             log.exception("request on %s failed", subject)
             result = _refusal_for(subject)(
-                Refusal.INTERNAL, f"the request could not be answered, retry: {exc!r}")
+                Refusal.INTERNAL, f"the request could not be answered, retry: {exc!r}"
+            )
         return protocol.encode(result)
 
     app = FastStream(broker)

@@ -69,13 +69,20 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     return approvers
 
 
-def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None, *,
-                 all_tenants: bool = False, rotate: bool = False) -> str:
+def add_approver(
+    data_dir: Path,
+    name: str,
+    tenants: list[str] | None = None,
+    *,
+    all_tenants: bool = False,
+    rotate: bool = False,
+) -> str:
     """Create (or with `rotate`, re-key) an approver of `tenants` (or, explicitly, of
     every tenant); return the new token, shown once."""
     if not NAME_PATTERN.fullmatch(name) or same_person(name, SYSTEM_APPROVER):
-        raise ApproverError(f"not an acceptable approver name: {name!r} "
-                            "(letters, digits, . _ @ -; at most 64)")
+        raise ApproverError(
+            f"not an acceptable approver name: {name!r} (letters, digits, . _ @ -; at most 64)"
+        )
     tenants = sorted(set(tenants or []))
     bad = [t for t in tenants if not subjects.is_identity_token(t)]
     if bad:
@@ -83,8 +90,10 @@ def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None, *,
     if all_tenants and tenants:
         raise ApproverError("give --tenant or --all-tenants, not both")
     if not tenants and not all_tenants:
-        raise ApproverError("an approver belongs to tenants: give --tenant TENANT "
-                            "(repeatable), or --all-tenants for an operator-wide approver")
+        raise ApproverError(
+            "an approver belongs to tenants: give --tenant TENANT "
+            "(repeatable), or --all-tenants for an operator-wide approver"
+        )
     path = approvers_path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     approvers = _read(path)
@@ -94,8 +103,11 @@ def add_approver(data_dir: Path, name: str, tenants: list[str] | None = None, *,
     for old in existing:
         del approvers[old]
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    entry: dict[str, Any] = {"token_sha256": token_hash(token), "tenants": tenants,
-                             "created_at": utc_now().isoformat()}
+    entry: dict[str, Any] = {
+        "token_sha256": token_hash(token),
+        "tenants": tenants,
+        "created_at": utc_now().isoformat(),
+    }
     if all_tenants:
         entry["all_tenants"] = True
     approvers[name] = entry
@@ -133,8 +145,10 @@ class ApproverBook:
                 if not isinstance(tenants, list | tuple):
                     tenants = ()
                 by_hash[entry["token_sha256"]] = Approver(
-                    name=str(name), tenants=tuple(sorted({str(t) for t in tenants})),
-                    all_tenants=entry.get("all_tenants") is True)
+                    name=str(name),
+                    tenants=tuple(sorted({str(t) for t in tenants})),
+                    all_tenants=entry.get("all_tenants") is True,
+                )
             self._by_hash = by_hash
             self._stamp = stamp
 

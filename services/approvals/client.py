@@ -45,8 +45,9 @@ class ApprovalsClient:
         self.token = token
 
     @classmethod
-    async def connect(cls, nats_url: str, token: str | None = None,
-                      **options: Any) -> ApprovalsClient:
+    async def connect(
+        cls, nats_url: str, token: str | None = None, **options: Any
+    ) -> ApprovalsClient:
         """Connect (`options`: nats.connect's, e.g. the approver creds). `token`: the
         approver token used when a call gives none."""
         options.setdefault("max_reconnect_attempts", -1)
@@ -68,8 +69,15 @@ class ApprovalsClient:
             raise Refused(Refusal.INVALID_TOKEN, "an approver token is needed")
         return token
 
-    async def request(self, subject: str, request: msgspec.Struct, decoder: Any, *,
-                      timeout: float = 5.0, attempts: int = 3) -> Any:
+    async def request(
+        self,
+        subject: str,
+        request: msgspec.Struct,
+        decoder: Any,
+        *,
+        timeout: float = 5.0,
+        attempts: int = 3,
+    ) -> Any:
         """One request/reply; retried when no service answers or it answers INTERNAL
         (every request is safe to repeat: a vote carries its vote id)."""
         payload = protocol.encode(request)
@@ -87,13 +95,17 @@ class ApprovalsClient:
                 await asyncio.sleep(0.5 * (attempt + 1))
         raise ServiceUnavailable(
             f"no approvals service answered on {subject} ({last!r}); "
-            "is `toolgate serve approvals` running?")
+            "is `toolgate serve approvals` running?"
+        )
 
     async def whoami(self, token: str | None = None, **kw: Any) -> protocol.Identity | None:
         """Whose token this is (None: no approver's)."""
-        reply = await self.request(protocol.WHOAMI_SUBJECT,
-                                   protocol.WhoamiRequest(token=self._token(token)),
-                                   protocol.whoami_reply_decoder, **kw)
+        reply = await self.request(
+            protocol.WHOAMI_SUBJECT,
+            protocol.WhoamiRequest(token=self._token(token)),
+            protocol.whoami_reply_decoder,
+            **kw,
+        )
         if reply.ok:
             return reply.approver  # type: ignore[no-any-return]
         if reply.code == Refusal.INVALID_TOKEN:
@@ -103,8 +115,11 @@ class ApprovalsClient:
     async def list_pending(self, token: str | None = None, **kw: Any) -> protocol.ListReply:
         """The whole list reply (who is asking, the calls, how many did not fit)."""
         reply: protocol.ListReply = await self.request(
-            protocol.LIST_SUBJECT, protocol.ListRequest(token=self._token(token)),
-            protocol.list_reply_decoder, **kw)
+            protocol.LIST_SUBJECT,
+            protocol.ListRequest(token=self._token(token)),
+            protocol.list_reply_decoder,
+            **kw,
+        )
         if not reply.ok:
             raise Refused(reply.code, reply.message)
         return reply
@@ -116,11 +131,15 @@ class ApprovalsClient:
     async def show(self, call: str, token: str | None = None, **kw: Any) -> protocol.ShowReply:
         """One call (`TENANT.AGENT.CALL_ID` or a bare `CALL_ID`), as the service answers."""
         return await self.request(  # type: ignore[no-any-return]
-            protocol.SHOW_SUBJECT, protocol.ShowRequest(token=self._token(token), call=call),
-            protocol.show_reply_decoder, **kw)
+            protocol.SHOW_SUBJECT,
+            protocol.ShowRequest(token=self._token(token), call=call),
+            protocol.show_reply_decoder,
+            **kw,
+        )
 
-    async def get(self, call: str, token: str | None = None,
-                  **kw: Any) -> protocol.ApprovalView | None:
+    async def get(
+        self, call: str, token: str | None = None, **kw: Any
+    ) -> protocol.ApprovalView | None:
         """One call's approval; None if there is none this approver may see."""
         reply = await self.show(call, token, **kw)
         if reply.ok:
@@ -129,15 +148,33 @@ class ApprovalsClient:
             return None
         raise Refused(reply.code, reply.message)
 
-    async def vote(self, call: str, decision: Decision, *, arguments_sha256: str,
-                   reason: str, token: str | None = None, approver: str | None = None,
-                   timeout: float = 5.0, attempts: int = 3,
-                   vote_id: str | None = None) -> VoteOutcome:
+    async def vote(
+        self,
+        call: str,
+        decision: Decision,
+        *,
+        arguments_sha256: str,
+        reason: str,
+        token: str | None = None,
+        approver: str | None = None,
+        timeout: float = 5.0,
+        attempts: int = 3,
+        vote_id: str | None = None,
+    ) -> VoteOutcome:
         """Send one vote; a lost reply is retried with the same vote id (counted once)."""
         request = protocol.VoteRequest(
-            call=call, decision=decision, arguments_sha256=arguments_sha256,
-            reason=reason, token=self._token(token), approver=approver,
-            vote_id=vote_id or new_vote_id())
+            call=call,
+            decision=decision,
+            arguments_sha256=arguments_sha256,
+            reason=reason,
+            token=self._token(token),
+            approver=approver,
+            vote_id=vote_id or new_vote_id(),
+        )
         return await self.request(  # type: ignore[no-any-return]
-            protocol.VOTE_SUBJECT, request, protocol.reply_decoder,
-            timeout=timeout, attempts=attempts)
+            protocol.VOTE_SUBJECT,
+            request,
+            protocol.reply_decoder,
+            timeout=timeout,
+            attempts=attempts,
+        )

@@ -52,7 +52,7 @@ SESSION_IDLE_S = 8 * 3600.0
 MAX_FORM_BYTES = 16 * 1024
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
@@ -89,8 +89,13 @@ class Session:
 class Inbox:
     """The inbox server: HTTP in threads, NATS in one asyncio loop of its own."""
 
-    def __init__(self, nats_url: str, host: str = "127.0.0.1", port: int = 0,
-                 connect_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        nats_url: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        connect_options: dict[str, Any] | None = None,
+    ) -> None:
         self.nats_url = nats_url
         self.host = host
         self.port = port
@@ -98,8 +103,9 @@ class Inbox:
         self.sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                             name="inbox-nats")
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="inbox-nats"
+        )
         self._client: ApprovalsClient | None = None
         self._server: ThreadingHTTPServer | None = None
         self._http_thread: threading.Thread | None = None
@@ -117,8 +123,9 @@ class Inbox:
         self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
-        self._http_thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                             name="inbox-http")
+        self._http_thread = threading.Thread(
+            target=self._server.serve_forever, daemon=True, name="inbox-http"
+        )
         self._http_thread.start()
         log.info("approvals inbox on %s", self.url)
         return self
@@ -188,8 +195,11 @@ class Inbox:
     def forget_token(self, token: str) -> None:
         """The service no longer knows this token: end every session that holds it."""
         with self._sessions_lock:
-            gone = [sid for sid, session in self.sessions.items()
-                    if hmac.compare_digest(session.token.encode(), token.encode())]
+            gone = [
+                sid
+                for sid, session in self.sessions.items()
+                if hmac.compare_digest(session.token.encode(), token.encode())
+            ]
             for sid in gone:
                 del self.sessions[sid]
 
@@ -208,21 +218,26 @@ class Inbox:
 
 
 def page(title: str, body: str) -> bytes:
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
-            f"<meta name=viewport content='width=device-width,initial-scale=1'>"
-            f"<title>{h(title)}</title><style>{STYLE}</style></head>"
-            f"<body>{body}</body></html>").encode()
+    return (
+        f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+        f"<meta name=viewport content='width=device-width,initial-scale=1'>"
+        f"<title>{h(title)}</title><style>{STYLE}</style></head>"
+        f"<body>{body}</body></html>"
+    ).encode()
 
 
 def login_page(message: str = "") -> bytes:
     note = f"<p class='flash refused' id=flash>{h(message)}</p>" if message else ""
-    return page("toolgate approvals: log in", f"""
+    return page(
+        "toolgate approvals: log in",
+        f"""
 <h1>toolgate approvals</h1>{note}
 <form method=post action=/login>
 <label for=token>Approver token</label>
 <input id=token name=token type=password autocomplete=off required size=60>
 <button id=login type=submit>Log in</button>
-</form>""")
+</form>""",
+    )
 
 
 def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
@@ -232,19 +247,28 @@ def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
     voted = next((v for v in state.votes if same_person(v.approver, approver.name)), None)
     rows = [
         ("call", f"<code class=key>{h(state.key)}</code>"),
-        ("requester", f"{h(state.requester)} <small>(tenant {h(p.tenant)}, agent {h(p.agent)}, "
-                      f"session {h(p.session)}"
-                      + (f", task {h(state.call.task_id)}" if state.call.task_id else "")
-                      + ")</small>"),
-        ("policy", h(state.policy_version)
-         + (f" <small>({h(', '.join(state.policy_ids))})</small>" if state.policy_ids else "")),
+        (
+            "requester",
+            f"{h(state.requester)} <small>(tenant {h(p.tenant)}, agent {h(p.agent)}, "
+            f"session {h(p.session)}"
+            + (f", task {h(state.call.task_id)}" if state.call.task_id else "")
+            + ")</small>",
+        ),
+        (
+            "policy",
+            h(state.policy_version)
+            + (f" <small>({h(', '.join(state.policy_ids))})</small>" if state.policy_ids else ""),
+        ),
     ]
     if state.request_reason:
         rows.append(("why", h(state.request_reason)))
     rows += [
-        ("expires", f"<time datetime='{h(state.expires_at.isoformat())}'>"
-                    f"{h(state.expires_at.isoformat())}</time> "
-                    f"({h(time_left(state.expires_at, now))})"),
+        (
+            "expires",
+            f"<time datetime='{h(state.expires_at.isoformat())}'>"
+            f"{h(state.expires_at.isoformat())}</time> "
+            f"({h(time_left(state.expires_at, now))})",
+        ),
         ("approvals", f"<span class=votes>{h(votes_line(state))}</span>"),
         ("arguments sha256", f"<code class=sha>{h(state.arguments_sha256)}</code>"),
     ]
@@ -252,10 +276,11 @@ def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
     if voted is not None:
         action = f"<p class=voted>You voted {h(voted.decision)}: {h(voted.reason)}</p>"
     else:
-        approve = ("<p class=own>You made this call: another approver must approve it.</p>"
-                   if own else
-                   "<button type=submit name=decision value=approve class=approve>"
-                   "Approve</button> ")
+        approve = (
+            "<p class=own>You made this call: another approver must approve it.</p>"
+            if own
+            else "<button type=submit name=decision value=approve class=approve>Approve</button> "
+        )
         action = f"""
 <form method=post action=/vote class=vote>
 <input type=hidden name=csrf value="{h(csrf)}">
@@ -276,8 +301,13 @@ def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
 </article>"""
 
 
-def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalView],
-               flash: tuple[str, bool] | None, omitted: int = 0) -> bytes:
+def inbox_page(
+    approver: Approver,
+    session_csrf: str,
+    states: list[ApprovalView],
+    flash: tuple[str, bool] | None,
+    omitted: int = 0,
+) -> bytes:
     note = ""
     if flash:
         message, refused = flash
@@ -286,18 +316,22 @@ def inbox_page(approver: Approver, session_csrf: str, states: list[ApprovalView]
     if not calls:
         calls = "<p id=empty>No calls are waiting for approval.</p>"
     if omitted:
-        calls += (f"<p id=omitted>{omitted} more calls are waiting: decide these first, "
-                  "or use <code>toolgate approvals list</code>.</p>")
-    scope = ("every tenant" if approver.all_tenants
-             else "tenant " + ", ".join(approver.tenants))
-    return page("toolgate approvals", f"""
+        calls += (
+            f"<p id=omitted>{omitted} more calls are waiting: decide these first, "
+            "or use <code>toolgate approvals list</code>.</p>"
+        )
+    scope = "every tenant" if approver.all_tenants else "tenant " + ", ".join(approver.tenants)
+    return page(
+        "toolgate approvals",
+        f"""
 <header><h1>Pending approvals</h1>
 <form method=post action=/logout><input type=hidden name=csrf value="{h(session_csrf)}">
 <span id=who>{h(approver.name)}</span> <small id=scope>({h(scope)})</small>
 <button type=submit>Log out</button></form></header>
 {note}
 <p><a href="/">Refresh</a></p>
-{calls}""")
+{calls}""",
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -310,8 +344,13 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str = "text/html; charset=utf-8",
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str = "text/html; charset=utf-8",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.send_response(status)
         for name, value in {**SECURITY_HEADERS, **(headers or {})}.items():
             self.send_header(name, value)
@@ -393,8 +432,10 @@ class _Handler(BaseHTTPRequestHandler):
             reply = self.owner.pending_for(token)
         except Exception as exc:
             log.warning("listing pending approvals failed: %r", exc)
-            self._send(503, page("unavailable", "<p>The approvals service is unavailable; "
-                                                "retry shortly.</p>"))
+            self._send(
+                503,
+                page("unavailable", "<p>The approvals service is unavailable; retry shortly.</p>"),
+            )
             return
         if reply is None:  # the token was rotated or removed meanwhile
             self._send(401, login_page("your token is no longer valid: log in again"))
@@ -419,22 +460,24 @@ class _Handler(BaseHTTPRequestHandler):
                 found = self.owner.login(form.get("token", ""))
             except Exception as exc:
                 log.warning("login failed: %r", exc)
-                self._send(503, login_page("the approvals service is unavailable; retry "
-                                           "shortly"))
+                self._send(503, login_page("the approvals service is unavailable; retry shortly"))
                 return
             if found is None:
                 self._send(401, login_page("unknown or invalid token"))
                 return
             sid, _ = found
-            self._redirect("/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; "
-                                               "Path=/"})
+            self._redirect(
+                "/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
+            )
             return
         try:
             identity = self._identity()
         except Exception as exc:
             log.warning("authenticating a request failed: %r", exc)
-            self._send(503, page("unavailable", "<p>The approvals service is unavailable; "
-                                                "retry shortly.</p>"))
+            self._send(
+                503,
+                page("unavailable", "<p>The approvals service is unavailable; retry shortly.</p>"),
+            )
             return
         if identity is None:
             self._send(401, login_page("log in first"))
@@ -445,8 +488,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/logout":
             self.owner.logout(self._sid())
-            self._redirect("/", {"Set-Cookie": f"{COOKIE}=; Max-Age=0; HttpOnly; "
-                                               "SameSite=Strict; Path=/"})
+            self._redirect(
+                "/", {"Set-Cookie": f"{COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path=/"}
+            )
             return
         if path != "/vote":
             self._send(404, page("not found", "<p>Not found.</p>"))
@@ -457,10 +501,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         call = form.get("call", "")
         try:
-            outcome = self.owner.run(self.owner.client.vote(
-                call, decision,  # type: ignore[arg-type]
-                arguments_sha256=form.get("arguments_sha256", ""),
-                reason=form.get("reason", ""), token=token))
+            outcome = self.owner.run(
+                self.owner.client.vote(
+                    call,
+                    decision,  # type: ignore[arg-type]
+                    arguments_sha256=form.get("arguments_sha256", ""),
+                    reason=form.get("reason", ""),
+                    token=token,
+                )
+            )
         except ServiceUnavailable as exc:
             message, refused = str(exc), True
             outcome = None
@@ -468,19 +517,25 @@ class _Handler(BaseHTTPRequestHandler):
             if outcome.code == Refusal.INVALID_TOKEN:
                 self.owner.forget_token(token)
             shown = outcome.call or call
-            message = (f"{shown}: {outcome.message}" if outcome.accepted
-                       else f"{shown}: refused ({outcome.code}): {outcome.message}")
+            message = (
+                f"{shown}: {outcome.message}"
+                if outcome.accepted
+                else f"{shown}: refused ({outcome.code}): {outcome.message}"
+            )
             refused = not outcome.accepted
         if session is None:  # an API client with a Bearer token
-            self._json(200 if outcome and outcome.accepted else 409,
-                       msgspec.to_builtins(outcome) if outcome else {"error": message})
+            self._json(
+                200 if outcome and outcome.accepted else 409,
+                msgspec.to_builtins(outcome) if outcome else {"error": message},
+            )
             return
         session.flash = (message, refused)
         self._redirect("/")
 
 
-def serve_inbox(nats_url: str, host: str, port: int,
-                connect_options: dict[str, Any] | None = None) -> int:
+def serve_inbox(
+    nats_url: str, host: str, port: int, connect_options: dict[str, Any] | None = None
+) -> int:
     """Run the inbox until interrupted (the `toolgate approvals inbox` command)."""
     inbox = Inbox(nats_url, host=host, port=port, connect_options=connect_options).start()
     print(f"approvals inbox: {inbox.url}", flush=True)

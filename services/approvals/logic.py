@@ -189,36 +189,69 @@ def new_state(event: ApprovalRequested) -> ApprovalState:
     Raises InvalidIdentity if the call has no valid call key (the validator
     lets no such call through; the request is dead-lettered)."""
     p = event.call.principal
-    if not (subjects.is_identity_token(p.tenant) and subjects.is_identity_token(p.agent)
-            and is_valid_call_id(event.call.call_id)):
-        raise InvalidIdentity(f"no call key for tenant {p.tenant!r}, agent {p.agent!r}, "
-                              f"call_id {event.call.call_id!r}")
+    if not (
+        subjects.is_identity_token(p.tenant)
+        and subjects.is_identity_token(p.agent)
+        and is_valid_call_id(event.call.call_id)
+    ):
+        raise InvalidIdentity(
+            f"no call key for tenant {p.tenant!r}, agent {p.agent!r}, "
+            f"call_id {event.call.call_id!r}"
+        )
     computed = arguments_sha256(event.call.arguments)
     state = ApprovalState(
-        call_id=event.call.call_id, call=event.call, arguments_sha256=computed,
-        policy_version=event.policy_version, policy_ids=list(event.policy_ids),
-        risk=event.risk, required_approvals=max(1, event.required_approvals),
-        requested_at=event.occurred_at, expires_at=event.expires_at,
-        requester=event.call.principal.user, tenant=event.call.principal.tenant,
-        request_event_id=event.event_id, request_reason=event.reason,
-        traceparent=event.traceparent)
-    if event.arguments_sha256 not in (None, computed) or event.call_id != event.call.call_id \
-            or event.principal not in (None, event.call.principal):
+        call_id=event.call.call_id,
+        call=event.call,
+        arguments_sha256=computed,
+        policy_version=event.policy_version,
+        policy_ids=list(event.policy_ids),
+        risk=event.risk,
+        required_approvals=max(1, event.required_approvals),
+        requested_at=event.occurred_at,
+        expires_at=event.expires_at,
+        requester=event.call.principal.user,
+        tenant=event.call.principal.tenant,
+        request_event_id=event.event_id,
+        request_reason=event.reason,
+        traceparent=event.traceparent,
+    )
+    if (
+        event.arguments_sha256 not in (None, computed)
+        or event.call_id != event.call.call_id
+        or event.principal not in (None, event.call.principal)
+    ):
         return msgspec.structs.replace(
-            state, status="denied", decided_at=event.occurred_at,
-            votes=[Vote(approver=SYSTEM_APPROVER, decision="deny", at=event.occurred_at,
-                        reason="the approval request does not match its call "
-                               "(call_id, principal or arguments hash differ)")])
+            state,
+            status="denied",
+            decided_at=event.occurred_at,
+            votes=[
+                Vote(
+                    approver=SYSTEM_APPROVER,
+                    decision="deny",
+                    at=event.occurred_at,
+                    reason="the approval request does not match its call "
+                    "(call_id, principal or arguments hash differ)",
+                )
+            ],
+        )
     return state
 
 
-def outcome(state: ApprovalState, accepted: bool, code: str = "", message: str = "",
-            replayed: bool = False) -> VoteOutcome:
+def outcome(
+    state: ApprovalState, accepted: bool, code: str = "", message: str = "", replayed: bool = False
+) -> VoteOutcome:
     approvers = state.approvers
     return VoteOutcome(
-        accepted=accepted, call=state.key, code=code, message=message, status=state.status,
-        approvers=approvers, required_approvals=state.required_approvals,
-        quorum_reached=state.status == "granted", replayed=replayed)
+        accepted=accepted,
+        call=state.key,
+        code=code,
+        message=message,
+        status=state.status,
+        approvers=approvers,
+        required_approvals=state.required_approvals,
+        quorum_reached=state.status == "granted",
+        replayed=replayed,
+    )
 
 
 def expire(state: ApprovalState, now: datetime) -> ApprovalState | None:
@@ -228,53 +261,86 @@ def expire(state: ApprovalState, now: datetime) -> ApprovalState | None:
     return msgspec.structs.replace(state, status="expired", decided_at=now)
 
 
-def apply_vote(state: ApprovalState, approver: Approver, ballot: Ballot,
-               now: datetime) -> tuple[ApprovalState, VoteOutcome]:
+def apply_vote(
+    state: ApprovalState, approver: Approver, ballot: Ballot, now: datetime
+) -> tuple[ApprovalState, VoteOutcome]:
     """Apply one authenticated vote. Returns the new state (the same object if
     nothing changed) and what to tell the approver."""
     if not approver.may_vote_for(state.tenant):
         # First of all: an approver of another tenant changes nothing, not even an expiry.
-        return state, outcome(state, False, Refusal.NOT_PERMITTED,
-                              f"{approver.name} may not vote on calls of tenant {state.tenant}")
+        return state, outcome(
+            state,
+            False,
+            Refusal.NOT_PERMITTED,
+            f"{approver.name} may not vote on calls of tenant {state.tenant}",
+        )
     if ballot.call_key != state.key:
-        return state, outcome(state, False, Refusal.BAD_REQUEST,
-                              "this ballot is for another call")
+        return state, outcome(state, False, Refusal.BAD_REQUEST, "this ballot is for another call")
     if ballot.vote_id:
         for vote in state.votes:
             if vote.vote_id == ballot.vote_id:
                 if not same_person(vote.approver, approver.name):
-                    return state, outcome(state, False, Refusal.BAD_REQUEST,
-                                          "this vote id belongs to another approver")
-                return state, outcome(state, True, message="vote already recorded",
-                                      replayed=True)
+                    return state, outcome(
+                        state,
+                        False,
+                        Refusal.BAD_REQUEST,
+                        "this vote id belongs to another approver",
+                    )
+                return state, outcome(state, True, message="vote already recorded", replayed=True)
     if not state.is_open:
-        return state, outcome(state, False, Refusal.ALREADY_DECIDED,
-                              f"this approval request is already {state.status}; "
-                              "an approval is single-use")
+        return state, outcome(
+            state,
+            False,
+            Refusal.ALREADY_DECIDED,
+            f"this approval request is already {state.status}; an approval is single-use",
+        )
     expired = expire(state, now)
     if expired is not None:
-        return expired, outcome(expired, False, Refusal.APPROVAL_EXPIRED,
-                                f"this approval request expired at {state.expires_at.isoformat()}")
+        return expired, outcome(
+            expired,
+            False,
+            Refusal.APPROVAL_EXPIRED,
+            f"this approval request expired at {state.expires_at.isoformat()}",
+        )
     if ballot.arguments_sha256 != state.arguments_sha256:
-        return state, outcome(state, False, Refusal.ARGUMENTS_MISMATCH,
-                              "the arguments hash does not match this call's arguments "
-                              f"({state.arguments_sha256}); look at the call again")
+        return state, outcome(
+            state,
+            False,
+            Refusal.ARGUMENTS_MISMATCH,
+            "the arguments hash does not match this call's arguments "
+            f"({state.arguments_sha256}); look at the call again",
+        )
     reason = ballot.reason.strip()
     if not reason:
         return state, outcome(state, False, Refusal.REASON_REQUIRED, "give a reason")
     if len(reason) > MAX_REASON_CHARS:
-        return state, outcome(state, False, Refusal.BAD_REQUEST,
-                              f"the reason is longer than {MAX_REASON_CHARS} characters")
+        return state, outcome(
+            state,
+            False,
+            Refusal.BAD_REQUEST,
+            f"the reason is longer than {MAX_REASON_CHARS} characters",
+        )
     if ballot.decision == "approve" and same_person(approver.name, state.requester):
-        return state, outcome(state, False, Refusal.SELF_APPROVAL,
-                              f"{approver.name} made this call and cannot approve it; "
-                              "another approver must")
+        return state, outcome(
+            state,
+            False,
+            Refusal.SELF_APPROVAL,
+            f"{approver.name} made this call and cannot approve it; another approver must",
+        )
     if any(same_person(v.approver, approver.name) for v in state.votes):
-        return state, outcome(state, False, Refusal.DUPLICATE_APPROVER,
-                              f"{approver.name} has already voted on this call; "
-                              "an approver counts once")
-    vote = Vote(approver=approver.name, decision=ballot.decision, reason=reason, at=now,
-                vote_id=ballot.vote_id)
+        return state, outcome(
+            state,
+            False,
+            Refusal.DUPLICATE_APPROVER,
+            f"{approver.name} has already voted on this call; an approver counts once",
+        )
+    vote = Vote(
+        approver=approver.name,
+        decision=ballot.decision,
+        reason=reason,
+        at=now,
+        vote_id=ballot.vote_id,
+    )
     votes = [*state.votes, vote]
     if ballot.decision == "deny":
         new = msgspec.structs.replace(state, votes=votes, status="denied", decided_at=now)
@@ -282,11 +348,15 @@ def apply_vote(state: ApprovalState, approver: Approver, ballot: Ballot,
     approvals = sum(1 for v in votes if v.decision == "approve")
     if approvals >= state.required_approvals:
         new = msgspec.structs.replace(state, votes=votes, status="granted", decided_at=now)
-        return new, outcome(new, True, message="approved: quorum reached, the policy "
-                                               "re-checks the call before it runs")
+        return new, outcome(
+            new,
+            True,
+            message="approved: quorum reached, the policy re-checks the call before it runs",
+        )
     new = msgspec.structs.replace(state, votes=votes)
-    return new, outcome(new, True, message=f"approved: {approvals} of "
-                                           f"{state.required_approvals} approvals")
+    return new, outcome(
+        new, True, message=f"approved: {approvals} of {state.required_approvals} approvals"
+    )
 
 
 def _carried(state: ApprovalState) -> dict[str, object]:
@@ -329,30 +399,50 @@ def events_of(state: ApprovalState) -> list[Event]:
     for vote in state.votes:
         if vote.decision == "approve":
             approvers.append(vote.approver)
-            events.append(ApprovalGranted(
-                event_id=granted_event_id(state.key, vote.approver), occurred_at=vote.at,
-                call=state.call, policy_version=state.policy_version, approver=vote.approver,
-                reason=vote.reason, approvers=list(approvers),
-                required_approvals=state.required_approvals,
-                quorum_reached=state.status == "granted"
-                and len(approvers) == state.required_approvals,
-                **_carried(state)))  # type: ignore[arg-type]
+            events.append(
+                ApprovalGranted(
+                    event_id=granted_event_id(state.key, vote.approver),
+                    occurred_at=vote.at,
+                    call=state.call,
+                    policy_version=state.policy_version,
+                    approver=vote.approver,
+                    reason=vote.reason,
+                    approvers=list(approvers),
+                    required_approvals=state.required_approvals,
+                    quorum_reached=state.status == "granted"
+                    and len(approvers) == state.required_approvals,
+                    **_carried(state),
+                )
+            )  # type: ignore[arg-type]
         else:
-            events.append(ApprovalDenied(
-                event_id=denied_event_id(state.key), occurred_at=vote.at,
-                approver=vote.approver, reason=vote.reason,
-                error=ToolError(code=ErrorCode.APPROVAL_DENIED,
-                                message=f"denied by {vote.approver}: {vote.reason}",
-                                retryable=False),
-                **_carried(state)))  # type: ignore[arg-type]
+            events.append(
+                ApprovalDenied(
+                    event_id=denied_event_id(state.key),
+                    occurred_at=vote.at,
+                    approver=vote.approver,
+                    reason=vote.reason,
+                    error=ToolError(
+                        code=ErrorCode.APPROVAL_DENIED,
+                        message=f"denied by {vote.approver}: {vote.reason}",
+                        retryable=False,
+                    ),
+                    **_carried(state),
+                )
+            )  # type: ignore[arg-type]
     if state.status == "expired":
         assert state.decided_at is not None
         given = len(approvers)
-        events.append(ApprovalExpired(
-            event_id=expired_event_id(state.key), occurred_at=state.decided_at,
-            error=ToolError(code=ErrorCode.APPROVAL_EXPIRED,
-                            message=f"no decision before {state.expires_at.isoformat()}: "
-                                    f"{given} of {state.required_approvals} approvals given",
-                            retryable=False),
-            **_carried(state)))  # type: ignore[arg-type]
+        events.append(
+            ApprovalExpired(
+                event_id=expired_event_id(state.key),
+                occurred_at=state.decided_at,
+                error=ToolError(
+                    code=ErrorCode.APPROVAL_EXPIRED,
+                    message=f"no decision before {state.expires_at.isoformat()}: "
+                    f"{given} of {state.required_approvals} approvals given",
+                    retryable=False,
+                ),
+                **_carried(state),
+            )
+        )  # type: ignore[arg-type]
     return events

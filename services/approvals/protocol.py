@@ -102,8 +102,9 @@ class Identity(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def of(cls, approver: Approver) -> Identity:
-        return cls(name=approver.name, tenants=list(approver.tenants),
-                   all_tenants=approver.all_tenants)
+        return cls(
+            name=approver.name, tenants=list(approver.tenants), all_tenants=approver.all_tenants
+        )
 
     def approver(self) -> Approver:
         return Approver(self.name, tuple(self.tenants), self.all_tenants)
@@ -138,13 +139,24 @@ class ApprovalView(msgspec.Struct, frozen=True, kw_only=True):
 
 def view_of(state: ApprovalState) -> ApprovalView:
     return ApprovalView(
-        key=state.key, call_id=state.call_id, tenant=state.tenant, agent=state.agent,
-        call=state.call, arguments_sha256=state.arguments_sha256,
-        policy_version=state.policy_version, policy_ids=list(state.policy_ids),
-        risk=state.risk, required_approvals=state.required_approvals,
-        requested_at=state.requested_at, expires_at=state.expires_at,
-        requester=state.requester, request_reason=state.request_reason, status=state.status,
-        votes=list(state.votes), decided_at=state.decided_at)
+        key=state.key,
+        call_id=state.call_id,
+        tenant=state.tenant,
+        agent=state.agent,
+        call=state.call,
+        arguments_sha256=state.arguments_sha256,
+        policy_version=state.policy_version,
+        policy_ids=list(state.policy_ids),
+        risk=state.risk,
+        required_approvals=state.required_approvals,
+        requested_at=state.requested_at,
+        expires_at=state.expires_at,
+        requester=state.requester,
+        request_reason=state.request_reason,
+        status=state.status,
+        votes=list(state.votes),
+        decided_at=state.decided_at,
+    )
 
 
 class WhoamiReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -193,8 +205,12 @@ def parse_call_ref(text: str) -> CallRef | None:
     parts = text.strip().split(".")
     if len(parts) == 1 and is_valid_call_id(parts[0]):
         return CallRef(parts[0])
-    if len(parts) == 3 and subjects.is_identity_token(parts[0]) \
-            and subjects.is_identity_token(parts[1]) and is_valid_call_id(parts[2]):
+    if (
+        len(parts) == 3
+        and subjects.is_identity_token(parts[0])
+        and subjects.is_identity_token(parts[1])
+        and is_valid_call_id(parts[2])
+    ):
         return CallRef(parts[2], parts[0], parts[1])
     return None
 

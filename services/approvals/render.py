@@ -31,8 +31,9 @@ def visible(text: str, keep_newlines: bool = False) -> str:
 
 def pretty_arguments(arguments: Any) -> str:
     """Indented, key-sorted JSON; every string readable, nothing hidden."""
-    return visible(json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False),
-                   keep_newlines=True)
+    return visible(
+        json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False), keep_newlines=True
+    )
 
 
 def time_left(expires_at: datetime, now: datetime) -> str:
@@ -68,7 +69,8 @@ def as_text(state: ApprovalView, now: datetime) -> str:
         f"[{state.status}]",
         f"  requester:  {visible(state.requester)} (tenant {visible(p.tenant)}, "
         f"agent {visible(p.agent)}, session {visible(p.session)}"
-        + (f", task {visible(state.call.task_id)}" if state.call.task_id else "") + ")",
+        + (f", task {visible(state.call.task_id)}" if state.call.task_id else "")
+        + ")",
         f"  policy:     {visible(state.policy_version)}"
         + (f" ({', '.join(visible(i) for i in state.policy_ids)})" if state.policy_ids else ""),
     ]
@@ -82,6 +84,8 @@ def as_text(state: ApprovalView, now: datetime) -> str:
     ]
     lines += ["    " + line for line in pretty_arguments(state.call.arguments).splitlines()]
     for vote in state.votes:
-        lines.append(f"  vote:       {vote.decision} by {visible(vote.approver)} at "
-                     f"{vote.at.isoformat()}: {visible(vote.reason)}")
+        lines.append(
+            f"  vote:       {vote.decision} by {visible(vote.approver)} at "
+            f"{vote.at.isoformat()}: {visible(vote.reason)}"
+        )
     return "\n".join(lines)

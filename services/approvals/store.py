@@ -53,9 +53,14 @@ class ConflictError(RuntimeError):
 def bucket_config(replicas: int = 1, retention_s: float = RETENTION_S) -> KeyValueConfig:
     # States live as long as the events of their calls, so a late vote or a
     # redelivered request still finds the decision (single use).
-    return KeyValueConfig(bucket=APPROVALS_BUCKET, history=1, ttl=retention_s,
-                          storage=StorageType.FILE, replicas=replicas,
-                          max_value_size=MAX_VALUE_BYTES)
+    return KeyValueConfig(
+        bucket=APPROVALS_BUCKET,
+        history=1,
+        ttl=retention_s,
+        storage=StorageType.FILE,
+        replicas=replicas,
+        max_value_size=MAX_VALUE_BYTES,
+    )
 
 
 async def ensure_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
@@ -83,8 +88,11 @@ def key_filters(approver: Approver, call_id: str = "*") -> list[str]:
     calls of that id). No tenants: no filters, nothing is read."""
     if approver.all_tenants:
         return [f"*.*.{call_id}"]
-    return [f"{tenant}.*.{call_id}" for tenant in sorted(set(approver.tenants))
-            if subjects.is_identity_token(tenant)]
+    return [
+        f"{tenant}.*.{call_id}"
+        for tenant in sorted(set(approver.tenants))
+        if subjects.is_identity_token(tenant)
+    ]
 
 
 class ApprovalStore:
@@ -127,9 +135,9 @@ class ApprovalStore:
         except KeyWrongLastSequenceError:
             return None
 
-    async def change(self, key: str,
-                     step: Callable[[ApprovalState], ApprovalState | None]
-                     ) -> tuple[ApprovalState, int] | None:
+    async def change(
+        self, key: str, step: Callable[[ApprovalState], ApprovalState | None]
+    ) -> tuple[ApprovalState, int] | None:
         """Read-modify-write with retry on conflict. `step` returns the new state, or
         None for no change. Returns the latest state and revision; None if no state."""
         for _ in range(MAX_CONFLICT_RETRIES):
@@ -149,8 +157,7 @@ class ApprovalStore:
     async def keys(self, pattern: str = "*.*.*") -> list[str]:
         """The keys stored that match `pattern` (a KV key filter)."""
         info = await self._js.stream_info(KV_STREAM, subjects_filter=KV_SUBJECT_PREFIX + pattern)
-        return sorted(subject[len(KV_SUBJECT_PREFIX):]
-                      for subject in (info.state.subjects or {}))
+        return sorted(subject[len(KV_SUBJECT_PREFIX) :] for subject in (info.state.subjects or {}))
 
     async def snapshot(self, keys: str = "*.*.*") -> list[tuple[ApprovalState, int]]:
         """Every stored state whose key matches `keys`, latest revision of each."""
@@ -166,8 +173,7 @@ class ApprovalStore:
         found = await asyncio.gather(*(one(key) for key in await self.keys(keys)))
         return [item for item in found if item is not None]
 
-    async def visible_to(self, approver: Approver, call_id: str = "*"
-                         ) -> list[ApprovalState]:
+    async def visible_to(self, approver: Approver, call_id: str = "*") -> list[ApprovalState]:
         """The states `approver` may see (with `call_id`: of that call_id, any agent)."""
         found: dict[str, ApprovalState] = {}
         for keys in key_filters(approver, call_id):
@@ -176,8 +182,9 @@ class ApprovalStore:
                     found[state.key] = state
         return list(found.values())
 
-    async def pending(self, approver: Approver | None = None,
-                      now: datetime | None = None) -> list[ApprovalState]:
+    async def pending(
+        self, approver: Approver | None = None, now: datetime | None = None
+    ) -> list[ApprovalState]:
         """Open requests (every tenant's, or only those `approver` may see), soonest
         expiry first; with `now`, only those not yet due."""
         if approver is None:

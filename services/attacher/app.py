@@ -46,14 +46,22 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 raise ValueError(f"{type(event).__name__} has no principal: no result subject")
             result = builder.result_for(event)
             attached_id = derive_event_id(event.event_id, "attached")
-            if not await publisher.publish_result(result, event.principal,
-                                                  message_id=attached_id):
-                log.warning("call %s: a result is already stored; %s not attached",
-                            event.call_id, type(event).__name__)
+            if not await publisher.publish_result(result, event.principal, message_id=attached_id):
+                log.warning(
+                    "call %s: a result is already stored; %s not attached",
+                    event.call_id,
+                    type(event).__name__,
+                )
                 return
-            await publisher.emit(ResultAttached(
-                event_id=attached_id, occurred_at=utc_now(), service=SERVICE, result=result,
-                **carried_fields(event)))
+            await publisher.emit(
+                ResultAttached(
+                    event_id=attached_id,
+                    occurred_at=utc_now(),
+                    service=SERVICE,
+                    result=result,
+                    **carried_fields(event),
+                )
+            )
 
         async def give_up(exc: Exception) -> None:
             await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))

@@ -40,26 +40,38 @@ class ResultBuilder:
     def result_for(self, event: Event) -> ToolResult:
         if isinstance(event, ExecutionSucceeded):
             return self._checked_output(event)
-        if isinstance(event, ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired
-                      | ExecutionFailed):
+        if isinstance(
+            event,
+            ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired | ExecutionFailed,
+        ):
             return failure(event.call_id, event.status, event.error)
         raise TypeError(f"{type(event).__name__} is not a terminal event")
 
     def _checked_output(self, event: ExecutionSucceeded) -> ToolResult:
         validator = self._validators.get(event.tool)
         if validator is None:
-            return failure(event.call_id, "invalid_tool_result", ToolError(
-                code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
-                message=f"no output_schema is known for {event.tool!r}; output withheld"))
+            return failure(
+                event.call_id,
+                "invalid_tool_result",
+                ToolError(
+                    code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
+                    message=f"no output_schema is known for {event.tool!r}; output withheld",
+                ),
+            )
         errors = [
             ErrorDetail(path=json_pointer(list(err.instance_path)), message=err.message)
-            for _, err in zip(range(MAX_DETAILS), validator.iter_errors(event.output),
-                              strict=False)
+            for _, err in zip(range(MAX_DETAILS), validator.iter_errors(event.output), strict=False)
         ]
         if errors:
-            return failure(event.call_id, "invalid_tool_result", ToolError(
-                code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
-                message=f"{event.tool} returned output that breaks its output_schema; "
-                        "the output was withheld",
-                retryable=False, details=errors))
+            return failure(
+                event.call_id,
+                "invalid_tool_result",
+                ToolError(
+                    code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
+                    message=f"{event.tool} returned output that breaks its output_schema; "
+                    "the output was withheld",
+                    retryable=False,
+                    details=errors,
+                ),
+            )
         return success(event.call_id, event.output)

@@ -62,18 +62,32 @@ async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: fl
             await asyncio.sleep(0.5)
 
 
-def build_app(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: int = BATCH_ROWS,
-              flush_s: float = FLUSH_S) -> FastStream:
+def build_app(
+    settings: GatewaySettings,
+    clickhouse_url: str,
+    *,
+    batch_rows: int = BATCH_ROWS,
+    flush_s: float = FLUSH_S,
+) -> FastStream:
     return build_sink(settings, clickhouse_url, batch_rows=batch_rows, flush_s=flush_s)[0]
 
 
-def build_sink(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: int = BATCH_ROWS,
-               flush_s: float = FLUSH_S) -> tuple[FastStream, AuditWriter]:
+def build_sink(
+    settings: GatewaySettings,
+    clickhouse_url: str,
+    *,
+    batch_rows: int = BATCH_ROWS,
+    flush_s: float = FLUSH_S,
+) -> tuple[FastStream, AuditWriter]:
     """The app and its writer (whose counters the tests and the benchmark read)."""
     builder = RowBuilder(settings.load_registry(), settings.max_call_bytes)
     worker = bus.worker_name(SERVICE)
-    writer = AuditWriter(ClickHouseTarget.from_url(clickhouse_url), builder,
-                         ensure_seal_key(settings.keys_dir), worker)
+    writer = AuditWriter(
+        ClickHouseTarget.from_url(clickhouse_url),
+        builder,
+        ensure_seal_key(settings.keys_dir),
+        worker,
+    )
     broker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     app = FastStream(broker)
     pumps: list[asyncio.Task[None]] = []
@@ -84,11 +98,19 @@ def build_sink(settings: GatewaySettings, clickhouse_url: str, *, batch_rows: in
     async def start_pumps() -> None:
         nc = await broker.connect()
         for stream, source in SOURCES:
-            await ensure_consumer(nc, stream, bus.consumer_config(
-                SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING))
+            await ensure_consumer(
+                nc,
+                stream,
+                bus.consumer_config(
+                    SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING
+                ),
+            )
             batches = await PullBatches(nc, stream, SERVICE).start()
-            pumps.append(asyncio.create_task(pump(batches, writer, batch_rows, flush_s),
-                                             name=f"audit-{stream}"))
+            pumps.append(
+                asyncio.create_task(
+                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{stream}"
+                )
+            )
 
     @app.on_shutdown
     async def stop_pumps() -> None:

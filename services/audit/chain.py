@@ -49,8 +49,10 @@ def time_text(value: datetime) -> str:
     """A DateTime64(6, 'UTC') as ClickHouse reads and prints it; naive means UTC."""
     if value.tzinfo is not None:
         value = value.astimezone(UTC)
-    return (f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
-            f"{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}")
+    return (
+        f"{value.year:04d}-{value.month:02d}-{value.day:02d} {value.hour:02d}:"
+        f"{value.minute:02d}:{value.second:02d}.{value.microsecond:06d}"
+    )
 
 
 def content_bytes(row: dict[str, Any]) -> bytes:
@@ -60,12 +62,10 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     precise_float_parsing, the time in ClickHouse's own text form), so verify
     recomputes exactly what the sink hashed.
     """
-    return _encode([time_text(row[c]) if c == "occurred_at" else row[c]
-                    for c in CONTENT_COLUMNS])
+    return _encode([time_text(row[c]) if c == "occurred_at" else row[c] for c in CONTENT_COLUMNS])
 
 
-def link_hash(previous: str, seq: int, row: dict[str, Any],
-              content: bytes | None = None) -> str:
+def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | None = None) -> str:
     digest = hashlib.sha256(previous.encode())
     digest.update(f"/{seq}/".encode())
     digest.update(content if content is not None else content_bytes(row))
@@ -92,9 +92,15 @@ class Chain:
             seq += 1
             content = content_bytes(row)
             previous = link_hash(previous, seq, row, content)
-            linked.append({**row, "chain_id": self.chain_id, "chain_seq": seq,
-                           "chain_hash": previous,
-                           "line": insert_line(content, self.chain_id, seq, previous)})
+            linked.append(
+                {
+                    **row,
+                    "chain_id": self.chain_id,
+                    "chain_seq": seq,
+                    "chain_hash": previous,
+                    "line": insert_line(content, self.chain_id, seq, previous),
+                }
+            )
         return linked
 
     def commit(self, linked: list[dict[str, Any]]) -> None:
@@ -115,18 +121,41 @@ class Checkpoint:
     signature: str = ""
 
     def signed_bytes(self) -> bytes:
-        return canonical_json({"chain_id": self.chain_id, "chain_seq": self.chain_seq,
-                               "chain_hash": self.chain_hash, "final": bool(self.final),
-                               "writer": self.writer, "signed_at": to_micros(self.signed_at),
-                               "key_id": self.key_id})
+        return canonical_json(
+            {
+                "chain_id": self.chain_id,
+                "chain_seq": self.chain_seq,
+                "chain_hash": self.chain_hash,
+                "final": bool(self.final),
+                "writer": self.writer,
+                "signed_at": to_micros(self.signed_at),
+                "key_id": self.key_id,
+            }
+        )
 
     def row(self) -> tuple[Any, ...]:
-        return (self.chain_id, self.chain_seq, self.chain_hash, int(self.final), self.writer,
-                self.signed_at, self.key_id, self.signature)
+        return (
+            self.chain_id,
+            self.chain_seq,
+            self.chain_hash,
+            int(self.final),
+            self.writer,
+            self.signed_at,
+            self.key_id,
+            self.signature,
+        )
 
 
-CHECKPOINT_COLUMNS = ("chain_id", "chain_seq", "chain_hash", "final", "writer", "signed_at",
-                      "key_id", "signature")
+CHECKPOINT_COLUMNS = (
+    "chain_id",
+    "chain_seq",
+    "chain_hash",
+    "final",
+    "writer",
+    "signed_at",
+    "key_id",
+    "signature",
+)
 
 
 def sign_checkpoint(checkpoint: Checkpoint, private_key: Ed25519PrivateKey) -> Checkpoint:
@@ -139,8 +168,9 @@ def checkpoint_is_genuine(checkpoint: Checkpoint, public_key: Ed25519PublicKey) 
     if checkpoint.key_id != key_id(public_key):
         return False
     try:
-        public_key.verify(base64.b64decode(checkpoint.signature, validate=True),
-                          checkpoint.signed_bytes())
+        public_key.verify(
+            base64.b64decode(checkpoint.signature, validate=True), checkpoint.signed_bytes()
+        )
     except (InvalidSignature, ValueError):
         return False
     return True
@@ -152,8 +182,11 @@ def ensure_seal_key(keys_dir: Path) -> Ed25519PrivateKey:
     private_path = keys_dir / SEAL_KEY_FILE
     if not private_path.exists():
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
         try:
             fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -161,8 +194,9 @@ def ensure_seal_key(keys_dir: Path) -> Ed25519PrivateKey:
         else:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(pem)
-            public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+            public = key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
             tmp = keys_dir / (SEAL_PUBLIC_FILE + ".tmp")
             tmp.write_bytes(public)
             tmp.replace(keys_dir / SEAL_PUBLIC_FILE)

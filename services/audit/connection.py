@@ -46,10 +46,14 @@ class ClickHouseTarget:
         database = parts.path.strip("/") or DEFAULT_DATABASE
         if not database.replace("_", "").isalnum():
             raise ValueError(f"{url}: database name {database!r} must be letters, digits, _")
-        return cls(host=parts.hostname or "127.0.0.1",
-                   port=parts.port or (8443 if secure else 8123), database=database,
-                   username=unquote(parts.username or "default"),
-                   password=unquote(parts.password or ""), secure=secure)
+        return cls(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or (8443 if secure else 8123),
+            database=database,
+            username=unquote(parts.username or "default"),
+            password=unquote(parts.password or ""),
+            secure=secure,
+        )
 
     def client(self, with_database: bool = True, **settings: object) -> Client:
         import clickhouse_connect
@@ -57,10 +61,17 @@ class ClickHouseTarget:
         # No session id: the sink inserts from a worker thread, and ClickHouse
         # refuses concurrent queries within one session.
         return clickhouse_connect.get_client(
-            host=self.host, port=self.port, username=self.username, password=self.password,
-            database=self.database if with_database else "", secure=self.secure,
-            autogenerate_session_id=False, connect_timeout=5, send_receive_timeout=60,
-            settings=settings or None)
+            host=self.host,
+            port=self.port,
+            username=self.username,
+            password=self.password,
+            database=self.database if with_database else "",
+            secure=self.secure,
+            autogenerate_session_id=False,
+            connect_timeout=5,
+            send_receive_timeout=60,
+            settings=settings or None,
+        )
 
     def display(self) -> str:
         scheme = "https" if self.secure else "http"
@@ -92,7 +103,7 @@ class StoreError(Exception):
 
 def one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def server_text(exc: BaseException) -> str:
@@ -104,11 +115,9 @@ def server_text(exc: BaseException) -> str:
     text = re.sub(r"HTTPConnectionPool\([^)]*\): ", "", text)
     text = re.sub(r"(?:url: )?/\?query_id=[\w-]+ ", "", text)
     # The parts that repeat the query or list every token the parser would take.
-    text = re.sub(r"(?s)\s*(?:FORMAT Native\.\s*)?Expected one of:.*?(?=\([A-Z_]+\)|$)", " ",
-                  text)
+    text = re.sub(r"(?s)\s*(?:FORMAT Native\.\s*)?Expected one of:.*?(?=\([A-Z_]+\)|$)", " ", text)
     text = re.sub(r"(?s)\s*In scope .*?(?=\([A-Z_]+\)\s*$|$)", " ", text)
-    text = re.sub(r"^Error (.*) executing HTTP request attempt \d+ \([^)]*\)$", r"\1",
-                  text.strip())
+    text = re.sub(r"^Error (.*) executing HTTP request attempt \d+ \([^)]*\)$", r"\1", text.strip())
     return one_line(text.strip(), 300)
 
 
@@ -124,12 +133,13 @@ class Store:
         try:
             return ClickHouseTarget.from_url(self.url)
         except ValueError as exc:
-            raise StoreError(f"{exc} (from {self.source}): give a URL such as "
-                             "--clickhouse-url http://127.0.0.1:8123/toolgate",
-                             BAD_CONFIG) from None
+            raise StoreError(
+                f"{exc} (from {self.source}): give a URL such as "
+                "--clickhouse-url http://127.0.0.1:8123/toolgate",
+                BAD_CONFIG,
+            ) from None
 
-    def open(self, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-             **settings: object) -> Client:
+    def open(self, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, **settings: object) -> Client:
         """A client, once a ClickHouse answered within `timeout_s`; else StoreError."""
         target = self.target()
         self.probe(target, timeout_s)
@@ -149,12 +159,16 @@ class Store:
         scheme = "https" if target.secure else "http"
         where = f"{target.display()} (from {self.source})"
         try:
-            with urllib.request.urlopen(f"{scheme}://{target.host}:{target.port}/ping",
-                                        timeout=timeout_s) as response:
+            with urllib.request.urlopen(
+                f"{scheme}://{target.host}:{target.port}/ping", timeout=timeout_s
+            ) as response:
                 said = response.read(64)
         except urllib.error.HTTPError as exc:
-            raise StoreError(f"{where} answered HTTP {exc.code} to /ping: not a ClickHouse "
-                             f"HTTP port; {self.hint}", UNREACHABLE) from None
+            raise StoreError(
+                f"{where} answered HTTP {exc.code} to /ping: not a ClickHouse "
+                f"HTTP port; {self.hint}",
+                UNREACHABLE,
+            ) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ConnectionRefusedError):
@@ -167,11 +181,15 @@ class Store:
                 why = f"something answered, not in HTTP ({type(exc).__name__})"
             else:
                 why = one_line(str(reason) or type(reason).__name__, 200)
-            raise StoreError(f"no ClickHouse answered at {where}: {why}; {self.hint}",
-                             UNREACHABLE) from None
+            raise StoreError(
+                f"no ClickHouse answered at {where}: {why}; {self.hint}", UNREACHABLE
+            ) from None
         if not said.startswith(b"Ok."):
-            raise StoreError(f"{where} answered /ping with {said[:20]!r}: not a ClickHouse "
-                             f"HTTP port; {self.hint}", UNREACHABLE)
+            raise StoreError(
+                f"{where} answered /ping with {said[:20]!r}: not a ClickHouse "
+                f"HTTP port; {self.hint}",
+                UNREACHABLE,
+            )
 
     def explain(self, exc: BaseException, target: ClickHouseTarget | None = None) -> StoreError:
         """A driver error as one line and an exit code."""
@@ -183,24 +201,31 @@ class Store:
             return exc
         code = getattr(exc, "code", None)
         if isinstance(exc, OperationalError) or not isinstance(exc, Error):
-            return StoreError(f"lost ClickHouse at {where}: {server_text(exc)}; {self.hint}",
-                              UNREACHABLE)
+            return StoreError(
+                f"lost ClickHouse at {where}: {server_text(exc)}; {self.hint}", UNREACHABLE
+            )
         if code == _UNKNOWN_DATABASE:
             return StoreError(
                 f"ClickHouse at {where} has no database {target.database!r}: the audit "
                 "database is the URL's path (`toolgate up` audits into /toolgate, created "
-                "when the audit sink starts)", BAD_CONFIG)
+                "when the audit sink starts)",
+                BAD_CONFIG,
+            )
         if code == _UNKNOWN_TABLE:
             return StoreError(
                 f"no audit tables in {where} ({server_text(exc).split('. ')[0]}): the audit "
                 "sink creates "
                 "them when it starts (`toolgate up`, `toolgate serve audit`), or run "
-                "`toolgate audit schema`", BAD_CONFIG)
+                "`toolgate audit schema`",
+                BAD_CONFIG,
+            )
         if code in _AUTH_CODES:
             return StoreError(
                 f"ClickHouse at {where} refused user {target.username!r}: "
                 f"{server_text(exc)} (user and password go in the URL: "
-                "http://USER:PASSWORD@HOST:PORT/DATABASE)", BAD_CONFIG)
+                "http://USER:PASSWORD@HOST:PORT/DATABASE)",
+                BAD_CONFIG,
+            )
         return StoreError(f"ClickHouse at {where} refused: {server_text(exc)}", BAD_CONFIG)
 
     @contextmanager

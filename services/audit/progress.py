@@ -20,9 +20,16 @@ T = TypeVar("T")
 
 
 class Progress:
-    def __init__(self, prefix: str, unit: str, total: int | None = None, *,
-                 out: TextIO | None = None, interval_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        unit: str,
+        total: int | None = None,
+        *,
+        out: TextIO | None = None,
+        interval_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.prefix, self.unit, self.total = prefix, unit, total
         self.out = out
         self.interval_s = INTERVAL_S if interval_s is None else interval_s

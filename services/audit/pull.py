@@ -53,8 +53,9 @@ class PullBatches:
         self.limited = False  # the last request ended on a limit (409): back off
 
     async def start(self) -> PullBatches:
-        await self._nc.subscribe(self._inbox, cb=self._on_message,
-                                 pending_bytes_limit=4 * MAX_REQUEST_BYTES)
+        await self._nc.subscribe(
+            self._inbox, cb=self._on_message, pending_bytes_limit=4 * MAX_REQUEST_BYTES
+        )
         return self
 
     async def _on_message(self, msg: Msg) -> None:
@@ -77,8 +78,11 @@ class PullBatches:
         if len(self._box) < rows:
             self._ended.clear()
             self.limited = False
-            request = {"batch": rows - len(self._box), "expires": int(wait_s * 1e9),
-                       "max_bytes": MAX_REQUEST_BYTES}
+            request = {
+                "batch": rows - len(self._box),
+                "expires": int(wait_s * 1e9),
+                "max_bytes": MAX_REQUEST_BYTES,
+            }
             await self._nc.publish(self._api, json.dumps(request).encode(), reply=self._inbox)
             try:
                 # The server ends the request at `expires`; the margin covers a slow link.

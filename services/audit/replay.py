@@ -79,10 +79,18 @@ def replay_call_id(original: str) -> str:
     return f"{REPLAY_PREFIX}{original[:110]}-{uuid.uuid4().hex[:8]}"
 
 
-def find_recorded(client: Client, call_id: str | None = None, since: datetime | None = None,
-                  tool: str | None = None, agent: str | None = None, user: str | None = None,
-                  status: str | None = None, include_replays: bool = False,
-                  limit: int = 20, tenant: str | None = None) -> list[RecordedCall]:
+def find_recorded(
+    client: Client,
+    call_id: str | None = None,
+    since: datetime | None = None,
+    tool: str | None = None,
+    agent: str | None = None,
+    user: str | None = None,
+    status: str | None = None,
+    include_replays: bool = False,
+    limit: int = 20,
+    tenant: str | None = None,
+) -> list[RecordedCall]:
     where = ["event_type = 'CallRequested'", "call_id != ''"]
     params: dict[str, Any] = {"limit": limit}
     filters = {"call_id": call_id, "tool": tool, "tenant": tenant, "agent": agent, "user": user}
@@ -94,8 +102,10 @@ def find_recorded(client: Client, call_id: str | None = None, since: datetime | 
         where.append("occurred_at >= {since:DateTime64(6, 'UTC')}")
         params["since"] = since
     if status:
-        where.append("(tenant, agent, call_id) IN (SELECT tenant, agent, call_id FROM events "
-                     "WHERE event_type = 'ResultAttached' AND status = {status:String})")
+        where.append(
+            "(tenant, agent, call_id) IN (SELECT tenant, agent, call_id FROM events "
+            "WHERE event_type = 'ResultAttached' AND status = {status:String})"
+        )
         params["status"] = status
     if not include_replays and not call_id:
         where.append(f"NOT startsWith(call_id, '{REPLAY_PREFIX}')")
@@ -103,28 +113,45 @@ def find_recorded(client: Client, call_id: str | None = None, since: datetime | 
     requested = client.query(
         f"SELECT tenant, agent, call_id, payload, note FROM events WHERE {' AND '.join(where)} "
         "ORDER BY occurred_at DESC LIMIT 1 BY tenant, agent, call_id LIMIT {limit:UInt32}",
-        parameters=params).result_rows
+        parameters=params,
+    ).result_rows
     ids = sorted({r[2] for r in requested})
-    results = {tuple(r[:3]): r[3:] for r in client.query(
-        "SELECT tenant, agent, call_id, argMax(status, occurred_at), "
-        "argMax(error_code, occurred_at), argMax(payload, occurred_at), "
-        "argMax(result_sha256, occurred_at) FROM events "
-        "WHERE event_type = 'ResultAttached' AND call_id IN {ids:Array(String)} "
-        "GROUP BY tenant, agent, call_id",
-        parameters={"ids": ids}).result_rows} if ids else {}
+    results = (
+        {
+            tuple(r[:3]): r[3:]
+            for r in client.query(
+                "SELECT tenant, agent, call_id, argMax(status, occurred_at), "
+                "argMax(error_code, occurred_at), argMax(payload, occurred_at), "
+                "argMax(result_sha256, occurred_at) FROM events "
+                "WHERE event_type = 'ResultAttached' AND call_id IN {ids:Array(String)} "
+                "GROUP BY tenant, agent, call_id",
+                parameters={"ids": ids},
+            ).result_rows
+        }
+        if ids
+        else {}
+    )
     recorded = []
     for tenant_, agent_, cid, payload, note in reversed(requested):  # oldest first
-        status_, code, result_payload, sha = results.get((tenant_, agent_, cid),
-                                                         ("", "", "{}", ""))
+        status_, code, result_payload, sha = results.get((tenant_, agent_, cid), ("", "", "{}", ""))
         call, why_not = recorded_call(payload, note, tenant_, agent_)
-        recorded.append(RecordedCall(cid, call, why_not, status_, code,
-                                     json.loads(result_payload).get("result"), sha,
-                                     tenant=tenant_, agent=agent_))
+        recorded.append(
+            RecordedCall(
+                cid,
+                call,
+                why_not,
+                status_,
+                code,
+                json.loads(result_payload).get("result"),
+                sha,
+                tenant=tenant_,
+                agent=agent_,
+            )
+        )
     return recorded
 
 
-def recorded_call(payload: str, note: str, tenant: str,
-                   agent: str) -> tuple[ToolCall | None, str]:
+def recorded_call(payload: str, note: str, tenant: str, agent: str) -> tuple[ToolCall | None, str]:
     document = json.loads(payload)
     call = document.get("call")
     if call is None:
@@ -134,17 +161,25 @@ def recorded_call(payload: str, note: str, tenant: str,
         return None, f"its arguments were not recorded (audit: {arguments['redacted']})"
     decoded = _call_decoder.decode(json.dumps(call))
     if tenant and agent:  # the sender the bus recorded, whatever the payload claimed
-        decoded = msgspec.structs.replace(decoded, principal=msgspec.structs.replace(
-            decoded.principal, tenant=tenant, agent=agent))
+        decoded = msgspec.structs.replace(
+            decoded,
+            principal=msgspec.structs.replace(decoded.principal, tenant=tenant, agent=agent),
+        )
     return decoded, ""
 
 
-async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None = None,
-                 timeout: float = 60.0, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-                 progress: Progress | None = None) -> list[Replayed]:
+async def replay(
+    nats_url: str,
+    recorded: list[RecordedCall],
+    creds: Path | None = None,
+    timeout: float = 60.0,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> list[Replayed]:
     """Replay each call (all at once); `progress` counts the ones done."""
-    async with await GatewayClient.connect(nats_url, creds,
-                                           connect_timeout=connect_timeout) as client:
+    async with await GatewayClient.connect(
+        nats_url, creds, connect_timeout=connect_timeout
+    ) as client:
 
         async def one(original: RecordedCall) -> Replayed:
             outcome = await attempt(original)
@@ -157,20 +192,29 @@ async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None
                 return Replayed(original, error=f"cannot replay: {original.why_not}")
             sender = (original.call.principal.tenant, original.call.principal.agent)
             if client.identity is not None and client.identity != sender:
-                return Replayed(original, error=(
-                    f"cannot replay: a call of {sender[0]}.{sender[1]}, and these creds "
-                    f"speak for {client.identity[0]}.{client.identity[1]} (replay it with "
-                    "that agent's creds or the operator's)"))
+                return Replayed(
+                    original,
+                    error=(
+                        f"cannot replay: a call of {sender[0]}.{sender[1]}, and these creds "
+                        f"speak for {client.identity[0]}.{client.identity[1]} (replay it with "
+                        "that agent's creds or the operator's)"
+                    ),
+                )
             call = msgspec.structs.replace(
-                original.call, call_id=replay_call_id(original.call_id),
-                context={**original.call.context, "replay_of": original.call_id})
+                original.call,
+                call_id=replay_call_id(original.call_id),
+                context={**original.call.context, "replay_of": original.call_id},
+            )
             try:
                 return Replayed(original, call.call_id, await client.submit(call, timeout))
             except ResultTimeout as exc:
                 return Replayed(original, call.call_id, error=str(exc))
             except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
-                return Replayed(original, call.call_id, error=(
-                    f"the gateway did not take the call: {type(exc).__name__}: {exc}"))
+                return Replayed(
+                    original,
+                    call.call_id,
+                    error=(f"the gateway did not take the call: {type(exc).__name__}: {exc}"),
+                )
 
         async def tick() -> None:  # a line every interval even while every call still waits
             while progress is not None:
@@ -186,14 +230,24 @@ async def replay(nats_url: str, recorded: list[RecordedCall], creds: Path | None
 
 def side_by_side(replayed: Replayed, width: int = 60) -> str:
     """Original and new result in two columns."""
-    original = {"call_id": replayed.original.call_id, "status": replayed.original.status,
-                "error_code": replayed.original.error_code, "result": replayed.original.result}
-    new: dict[str, Any] = {"call_id": replayed.new_call_id} if replayed.new is None \
+    original = {
+        "call_id": replayed.original.call_id,
+        "status": replayed.original.status,
+        "error_code": replayed.original.error_code,
+        "result": replayed.original.result,
+    }
+    new: dict[str, Any] = (
+        {"call_id": replayed.new_call_id}
+        if replayed.new is None
         else {"call_id": replayed.new_call_id, **msgspec.to_builtins(replayed.new)}
+    )
     left = json.dumps(original, indent=2, ensure_ascii=False, default=str).splitlines()
     right = json.dumps(new, indent=2, ensure_ascii=False, default=str).splitlines()
-    verdict = {True: "SAME result", False: "DIFFERENT result",
-               None: f"not replayed: {replayed.error}"}
+    verdict = {
+        True: "SAME result",
+        False: "DIFFERENT result",
+        None: f"not replayed: {replayed.error}",
+    }
     lines = [f"{'original (recorded)':<{width}} | replayed", "-" * width + "-+-" + "-" * width]
     for i in range(max(len(left), len(right))):
         a = left[i] if i < len(left) else ""

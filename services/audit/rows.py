@@ -38,10 +38,30 @@ EXCERPT_CHARS = 512
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
 CONTENT_COLUMNS = (
-    "event_id", "call_id", "event_type", "occurred_at", "service", "tenant", "user", "agent",
-    "session", "task_id", "tool", "risk", "decision", "status", "error_code",
-    "arguments_sha256", "result_sha256", "policy_version", "approver", "duration_ms", "note",
-    "payload", "source_stream", "source_seq",
+    "event_id",
+    "call_id",
+    "event_type",
+    "occurred_at",
+    "service",
+    "tenant",
+    "user",
+    "agent",
+    "session",
+    "task_id",
+    "tool",
+    "risk",
+    "decision",
+    "status",
+    "error_code",
+    "arguments_sha256",
+    "result_sha256",
+    "policy_version",
+    "approver",
+    "duration_ms",
+    "note",
+    "payload",
+    "source_stream",
+    "source_seq",
 )
 CHAIN_COLUMNS = ("chain_id", "chain_seq", "chain_hash")
 INSERT_COLUMNS = CONTENT_COLUMNS + CHAIN_COLUMNS
@@ -150,8 +170,9 @@ class RowBuilder:
             row["payload"] = {"call": self._redacted_call(call, audit)}
         return self._finish(row)
 
-    def _undecodable_call(self, row: dict[str, Any], message: StoredMessage,
-                          exc: Exception) -> dict[str, Any]:
+    def _undecodable_call(
+        self, row: dict[str, Any], message: StoredMessage, exc: Exception
+    ) -> dict[str, Any]:
         _add_note(row, f"not a decodable ToolCall: {exc}")
         # Recover what names the call, for queries by call_id or tool.
         try:
@@ -180,8 +201,11 @@ class RowBuilder:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             row = self._blank(message, derive_id(message, "undecodable"), UNDECODABLE_EVENT)
             row["note"] = f"not a decodable event: {exc}"
-            row["payload"] = {"subject": message.subject, "excerpt": _excerpt(message.data),
-                              "bytes": len(message.data)}
+            row["payload"] = {
+                "subject": message.subject,
+                "excerpt": _excerpt(message.data),
+                "bytes": len(message.data),
+            }
             return self._finish(row)
         row = self._blank(message, event.event_id, type(event).__name__)
         row["occurred_at"] = event.occurred_at
@@ -191,8 +215,12 @@ class RowBuilder:
         row["tool"] = event.tool
         if event.principal is not None:
             principal = event.principal
-            row.update(tenant=principal.tenant, user=principal.user, agent=principal.agent,
-                       session=principal.session)
+            row.update(
+                tenant=principal.tenant,
+                user=principal.user,
+                agent=principal.agent,
+                session=principal.session,
+            )
         elif isinstance(event, ev.MessageDeadLettered):
             # A call that could not be read still names its sender: the subject it came on.
             sender = identity_of_calls_subject(event.source_subject)
@@ -250,23 +278,37 @@ class RowBuilder:
         return document
 
     # -- common -----------------------------------------------------------------------
-    def _principal(self, row: dict[str, Any], call: ToolCall,
-                   sender: tuple[str, str] | None) -> None:
+    def _principal(
+        self, row: dict[str, Any], call: ToolCall, sender: tuple[str, str] | None
+    ) -> None:
         """Tenant and agent from the bus; user and session are the platform's word."""
         principal = call.principal
-        row.update(tool=call.tool, task_id=call.task_id or "", user=principal.user,
-                   session=principal.session)
+        row.update(
+            tool=call.tool,
+            task_id=call.task_id or "",
+            user=principal.user,
+            session=principal.session,
+        )
         claimed = (principal.tenant, principal.agent)
         if sender is None:
             row["tenant"], row["agent"] = claimed
         elif claimed != sender:
-            _add_note(row, f"the payload names tenant {principal.tenant[:64]!r} and agent "
-                           f"{principal.agent[:64]!r}; sent by {sender[0]}.{sender[1]}")
+            _add_note(
+                row,
+                f"the payload names tenant {principal.tenant[:64]!r} and agent "
+                f"{principal.agent[:64]!r}; sent by {sender[0]}.{sender[1]}",
+            )
 
     def _blank(self, message: StoredMessage, event_id: str, event_type: str) -> dict[str, Any]:
         row: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "")
-        row.update(event_id=event_id, event_type=event_type, occurred_at=message.stored_at,
-                   duration_ms=None, source_stream=message.stream, source_seq=message.sequence)
+        row.update(
+            event_id=event_id,
+            event_type=event_type,
+            occurred_at=message.stored_at,
+            duration_ms=None,
+            source_stream=message.stream,
+            source_seq=message.sequence,
+        )
         return row
 
     def _finish(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -276,9 +318,14 @@ class RowBuilder:
         text = payload if isinstance(payload, str) else canonical_json(payload).decode()
         if len(text) > MAX_PAYLOAD_CHARS:
             _add_note(row, "payload truncated")
-            text = canonical_json({"truncated": True, "chars": len(text),
-                                   "sha256": hashlib.sha256(text.encode()).hexdigest(),
-                                   "excerpt": text[:EXCERPT_CHARS]}).decode()
+            text = canonical_json(
+                {
+                    "truncated": True,
+                    "chars": len(text),
+                    "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                    "excerpt": text[:EXCERPT_CHARS],
+                }
+            ).decode()
         row["payload"] = text
         return row
 

@@ -79,15 +79,15 @@ def applied_versions(client: Client) -> dict[int, str]:
     return {int(version): checksum for version, checksum in rows}
 
 
-def apply_schema(target: ClickHouseTarget, ddl_set: str = "single",
-                 cluster: str = "") -> list[int]:
+def apply_schema(target: ClickHouseTarget, ddl_set: str = "single", cluster: str = "") -> list[int]:
     """Create the database and run every DDL file not yet recorded. Returns the versions run."""
     if ddl_set == "cluster" and not cluster:
         raise SchemaError("the cluster DDL set needs the cluster name")
     on_cluster = f" ON CLUSTER '{cluster}'" if cluster else ""
     files = load_ddl(ddl_set)
     target.client(with_database=False).command(
-        f"CREATE DATABASE IF NOT EXISTS `{target.database}`{on_cluster}")
+        f"CREATE DATABASE IF NOT EXISTS `{target.database}`{on_cluster}"
+    )
     client = target.client()
     # The first file creates schema_versions itself; it is IF NOT EXISTS like all.
     for statement in files[0].statements(cluster):
@@ -99,11 +99,15 @@ def apply_schema(target: ClickHouseTarget, ddl_set: str = "single",
             if done[ddl.version] != ddl.checksum:
                 raise SchemaError(
                     f"{ddl_set}/{ddl.version:03d}_{ddl.name}.sql changed after it was applied "
-                    f"(recorded {done[ddl.version]}, now {ddl.checksum}): add a new file instead")
+                    f"(recorded {done[ddl.version]}, now {ddl.checksum}): add a new file instead"
+                )
             continue
         for statement in ddl.statements(cluster):
             client.command(statement)
-        client.insert("schema_versions", [(ddl.version, ddl.name, ddl.checksum)],
-                      column_names=["version", "name", "checksum"])
+        client.insert(
+            "schema_versions",
+            [(ddl.version, ddl.name, ddl.checksum)],
+            column_names=["version", "name", "checksum"],
+        )
         ran.append(ddl.version)
     return ran

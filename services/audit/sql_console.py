@@ -32,8 +32,14 @@ def _plain(value: Any) -> Any:
 
 def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str = "table") -> str:
     if fmt == "json":
-        return "\n".join(json.dumps(dict(zip(columns, (_plain(v) for v in row), strict=True)),
-                                    ensure_ascii=False, default=str) for row in rows)
+        return "\n".join(
+            json.dumps(
+                dict(zip(columns, (_plain(v) for v in row), strict=True)),
+                ensure_ascii=False,
+                default=str,
+            )
+            for row in rows
+        )
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
@@ -50,7 +56,12 @@ def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str = "table") 
 
 def _cell(value: Any, limit: int | None) -> str:
     plain = _plain(value)
-    text = "" if plain is None else (
-        json.dumps(plain, ensure_ascii=False) if isinstance(plain, list | dict) else str(plain))
+    text = (
+        ""
+        if plain is None
+        else (
+            json.dumps(plain, ensure_ascii=False) if isinstance(plain, list | dict) else str(plain)
+        )
+    )
     text = text.replace("\n", " ")
-    return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"

@@ -15,18 +15,48 @@ from clickhouse_connect.driver.client import Client
 
 from toolgate.services.audit.rows import to_micros
 
-TRACE_COLUMNS = ("event_id", "event_type", "occurred_at", "service", "tenant", "user", "agent",
-                 "session", "task_id", "tool", "risk", "decision", "status", "error_code",
-                 "arguments_sha256", "result_sha256", "policy_version", "approver",
-                 "duration_ms", "note", "payload")
+TRACE_COLUMNS = (
+    "event_id",
+    "event_type",
+    "occurred_at",
+    "service",
+    "tenant",
+    "user",
+    "agent",
+    "session",
+    "task_id",
+    "tool",
+    "risk",
+    "decision",
+    "status",
+    "error_code",
+    "arguments_sha256",
+    "result_sha256",
+    "policy_version",
+    "approver",
+    "duration_ms",
+    "note",
+    "payload",
+)
 
 # Ties in time (same microsecond) are broken by the stage a type belongs to.
 STAGE = {
-    "CallRequested": 0, "ArgumentsValidated": 1, "ArgumentsRejected": 1,
-    "MessageDeadLettered": 1, "UndecodableEvent": 1, "CallAuthorized": 2, "CallDenied": 2,
-    "ApprovalRequested": 2, "ApprovalGranted": 3, "ApprovalDenied": 3, "ApprovalExpired": 3,
-    "ExecutionStarted": 4, "ExecutionRefused": 4, "ExecutionSucceeded": 5,
-    "ExecutionFailed": 5, "ResultAttached": 6,
+    "CallRequested": 0,
+    "ArgumentsValidated": 1,
+    "ArgumentsRejected": 1,
+    "MessageDeadLettered": 1,
+    "UndecodableEvent": 1,
+    "CallAuthorized": 2,
+    "CallDenied": 2,
+    "ApprovalRequested": 2,
+    "ApprovalGranted": 3,
+    "ApprovalDenied": 3,
+    "ApprovalExpired": 3,
+    "ExecutionStarted": 4,
+    "ExecutionRefused": 4,
+    "ExecutionSucceeded": 5,
+    "ExecutionFailed": 5,
+    "ResultAttached": 6,
 }
 OUTPUT_CHECKED = ("ok", "invalid_tool_result")
 
@@ -40,8 +70,9 @@ class TraceStep:
     text: str
 
 
-def read_call_events(client: Client, call_id: str, tenant: str | None = None,
-                     agent: str | None = None) -> list[dict[str, Any]]:
+def read_call_events(
+    client: Client, call_id: str, tenant: str | None = None, agent: str | None = None
+) -> list[dict[str, Any]]:
     """The events of `call_id`; of one sender's call when `tenant` / `agent` are given."""
     where, params = ["call_id = {call_id:String}"], {"call_id": call_id}
     for column, value in (("tenant", tenant), ("agent", agent)):
@@ -50,7 +81,8 @@ def read_call_events(client: Client, call_id: str, tenant: str | None = None,
             params[column] = value
     result = client.query(
         f"SELECT {', '.join(TRACE_COLUMNS)} FROM events WHERE {' AND '.join(where)}",
-        parameters=params)
+        parameters=params,
+    )
     rows = [dict(zip(TRACE_COLUMNS, r, strict=True)) for r in result.result_rows]
     rows.sort(key=lambda r: (r["occurred_at"], STAGE.get(r["event_type"], 9)))
     return rows
@@ -70,8 +102,9 @@ def story(rows: list[dict[str, Any]]) -> list[TraceStep]:
     for row in rows:
         offset = (to_micros(row["occurred_at"]) - start) / 1000.0
         for text in describe(row):
-            steps.append(TraceStep(offset, row["occurred_at"], row["event_type"],
-                                   row["service"], text))
+            steps.append(
+                TraceStep(offset, row["occurred_at"], row["event_type"], row["service"], text)
+            )
     return steps
 
 
@@ -80,28 +113,38 @@ def describe(row: dict[str, Any]) -> list[str]:
     payload = _payload(row)
     kind, error = row["event_type"], payload.get("error") or {}
     policy = f"policy {row['policy_version']}" + (
-        f", rules {','.join(payload['policy_ids'])}" if payload.get("policy_ids") else "")
+        f", rules {','.join(payload['policy_ids'])}" if payload.get("policy_ids") else ""
+    )
     note = f" [{row['note']}]" if row["note"] else ""
     if kind == "CallRequested":
-        args = f"arguments sha256 {row['arguments_sha256'][:16]}" \
-            if row["arguments_sha256"] else "arguments not recorded"
-        return [f"requested {row['tool'] or '?'} by agent {row['agent'] or '?'} for user "
-                f"{row['user'] or '?'} (tenant {row['tenant'] or '?'}, session "
-                f"{row['session'] or '?'}, task {row['task_id'] or '-'}); {args}{note}"]
+        args = (
+            f"arguments sha256 {row['arguments_sha256'][:16]}"
+            if row["arguments_sha256"]
+            else "arguments not recorded"
+        )
+        return [
+            f"requested {row['tool'] or '?'} by agent {row['agent'] or '?'} for user "
+            f"{row['user'] or '?'} (tenant {row['tenant'] or '?'}, session "
+            f"{row['session'] or '?'}, task {row['task_id'] or '-'}); {args}{note}"
+        ]
     if kind == "ArgumentsValidated":
         return [f"arguments validated against the input_schema of {row['tool']}"]
     if kind == "ArgumentsRejected":
-        return [f"arguments rejected: {row['status']} {row['error_code']}: "
-                f"{error.get('message', '')}"]
+        return [
+            f"arguments rejected: {row['status']} {row['error_code']}: {error.get('message', '')}"
+        ]
     if kind == "CallAuthorized":
         return [f"policy decision: allowed ({policy})"]
     if kind == "CallDenied":
-        return [f"policy decision: denied {row['error_code']} ({policy}): "
-                f"{error.get('message', '')}"]
+        return [
+            f"policy decision: denied {row['error_code']} ({policy}): {error.get('message', '')}"
+        ]
     if kind == "ApprovalRequested":
-        return [f"approval requested: risk {payload.get('risk', '?')}, "
-                f"{payload.get('required_approvals', 1)} approval(s), expires "
-                f"{payload.get('expires_at', '?')} ({policy})"]
+        return [
+            f"approval requested: risk {payload.get('risk', '?')}, "
+            f"{payload.get('required_approvals', 1)} approval(s), expires "
+            f"{payload.get('expires_at', '?')} ({policy})"
+        ]
     if kind == "ApprovalGranted":
         quorum = ", quorum reached" if payload.get("quorum_reached") else ""
         return [f"approval granted by {row['approver']}{quorum}"]
@@ -110,24 +153,33 @@ def describe(row: dict[str, Any]) -> list[str]:
     if kind == "ApprovalExpired":
         return ["approval expired: nobody decided in time"]
     if kind == "ExecutionStarted":
-        return [f"execution started (attempt {payload.get('attempt', '?')}, worker "
-                f"{payload.get('worker', '?')})"]
+        return [
+            f"execution started (attempt {payload.get('attempt', '?')}, worker "
+            f"{payload.get('worker', '?')})"
+        ]
     if kind in ("ExecutionSucceeded", "ExecutionFailed"):
-        how = "succeeded" if kind == "ExecutionSucceeded" else \
-            f"failed: {row['status']} {row['error_code']}"
-        replayed = " (recorded outcome replayed, not run again)" if payload.get("replayed") \
-            else ""
+        how = (
+            "succeeded"
+            if kind == "ExecutionSucceeded"
+            else f"failed: {row['status']} {row['error_code']}"
+        )
+        replayed = " (recorded outcome replayed, not run again)" if payload.get("replayed") else ""
         return [f"execution finished, {how}, in {row['duration_ms'] or 0:.1f} ms{replayed}"]
     if kind == "ExecutionRefused":
         return [f"execution refused: {payload.get('reason', '')}"]
     if kind == "ResultAttached":
         lines = []
         if row["status"] in OUTPUT_CHECKED:
-            verdict = "valid" if row["status"] == "ok" else \
-                f"INVALID ({row['error_code']}): the tool's output broke its output_schema"
+            verdict = (
+                "valid"
+                if row["status"] == "ok"
+                else f"INVALID ({row['error_code']}): the tool's output broke its output_schema"
+            )
             lines.append(f"result checked against the output_schema: {verdict}")
-        return lines + [f"result attached: {row['status']}"
-                        + (f" {row['error_code']}" if row["error_code"] else "")]
+        return lines + [
+            f"result attached: {row['status']}"
+            + (f" {row['error_code']}" if row["error_code"] else "")
+        ]
     if kind == "MessageDeadLettered":
         return [f"dead-lettered: {payload.get('reason', '')}"]
     return [f"{kind}{note}"]

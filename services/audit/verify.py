@@ -45,10 +45,14 @@ class Finding:
     detail: str = ""
 
     def line(self) -> str:
-        row = f" event {self.event_id} ({self.event_type}, call {self.call_id})" \
-            if self.event_id else ""
-        return f"{self.kind.upper():9} chain {self.chain_id} seq {self.chain_seq}{row}: " \
-               f"{self.detail}"
+        row = (
+            f" event {self.event_id} ({self.event_type}, call {self.call_id})"
+            if self.event_id
+            else ""
+        )
+        return (
+            f"{self.kind.upper():9} chain {self.chain_id} seq {self.chain_seq}{row}: {self.detail}"
+        )
 
 
 @dataclass
@@ -68,12 +72,20 @@ class Report:
 
 
 def _named(kind: str, row: dict[str, Any], detail: str) -> Finding:
-    return Finding(kind, row["chain_id"], str(row["chain_seq"]), row["event_id"],
-                   row["call_id"], row["event_type"], detail)
+    return Finding(
+        kind,
+        row["chain_id"],
+        str(row["chain_seq"]),
+        row["event_id"],
+        row["call_id"],
+        row["event_type"],
+        detail,
+    )
 
 
-def verify(rows: Iterable[dict[str, Any]], checkpoints: Iterable[Checkpoint],
-           public_key: Ed25519PublicKey) -> Report:
+def verify(
+    rows: Iterable[dict[str, Any]], checkpoints: Iterable[Checkpoint], public_key: Ed25519PublicKey
+) -> Report:
     """`rows` ordered by (chain_id, chain_seq), as `read_rows` yields them."""
     report = Report()
     signed: dict[str, dict[int, Checkpoint]] = {}
@@ -81,14 +93,20 @@ def verify(rows: Iterable[dict[str, Any]], checkpoints: Iterable[Checkpoint],
     for checkpoint in checkpoints:
         report.checkpoints += 1
         if not checkpoint_is_genuine(checkpoint, public_key):
-            report.findings.append(Finding("forged", checkpoint.chain_id,
-                                           str(checkpoint.chain_seq),
-                                           detail="checkpoint signature does not verify"))
+            report.findings.append(
+                Finding(
+                    "forged",
+                    checkpoint.chain_id,
+                    str(checkpoint.chain_seq),
+                    detail="checkpoint signature does not verify",
+                )
+            )
             continue
         signed.setdefault(checkpoint.chain_id, {})[checkpoint.chain_seq] = checkpoint
         if checkpoint.final:
-            closed[checkpoint.chain_id] = min(checkpoint.chain_seq,
-                                              closed.get(checkpoint.chain_id, checkpoint.chain_seq))
+            closed[checkpoint.chain_id] = min(
+                checkpoint.chain_seq, closed.get(checkpoint.chain_id, checkpoint.chain_seq)
+            )
     seen: set[str] = set()
     for chain_id, group in itertools.groupby(rows, key=lambda r: r["chain_id"]):
         chain_rows = list(group)
@@ -103,13 +121,20 @@ def verify(rows: Iterable[dict[str, Any]], checkpoints: Iterable[Checkpoint],
         report.findings += _verify_chain(chain_id, chain_rows, marks, closed.get(chain_id))
     for chain_id, marks in signed.items():
         if chain_id not in seen and max(marks) > 0:
-            report.findings.append(Finding("deleted", chain_id, f"1-{max(marks)}",
-                                           detail="every row of this signed chain is gone"))
+            report.findings.append(
+                Finding(
+                    "deleted",
+                    chain_id,
+                    f"1-{max(marks)}",
+                    detail="every row of this signed chain is gone",
+                )
+            )
     return report
 
 
-def _verify_chain(chain_id: str, rows: list[dict[str, Any]], marks: dict[int, Checkpoint],
-                  closed_at: int | None) -> list[Finding]:
+def _verify_chain(
+    chain_id: str, rows: list[dict[str, Any]], marks: dict[int, Checkpoint], closed_at: int | None
+) -> list[Finding]:
     findings: list[Finding] = []
     previous: str | None = genesis_hash(chain_id)  # None: unknown, after a gap
     expected, last_row = 1, None
@@ -119,43 +144,73 @@ def _verify_chain(chain_id: str, rows: list[dict[str, Any]], marks: dict[int, Ch
         # Exact copies (a retried insert the dedupe window missed) are one row.
         candidates = list({(content_bytes(r), r["chain_hash"]): r for r in group}.values())
         if seq < 1:
-            findings += [_named("inserted", r, "position 0 is the genesis, never a row")
-                         for r in candidates]
+            findings += [
+                _named("inserted", r, "position 0 is the genesis, never a row") for r in candidates
+            ]
             continue
         if seq > expected:
             after = f"after event {last_row['event_id']}" if last_row else "at the start"
-            findings.append(Finding("deleted", chain_id, f"{expected}-{seq - 1}"
-                                     if seq - 1 > expected else str(expected),
-                                     detail=f"{seq - expected} row(s) missing {after}, before "
-                                            f"event {candidates[0]['event_id']}"))
+            findings.append(
+                Finding(
+                    "deleted",
+                    chain_id,
+                    f"{expected}-{seq - 1}" if seq - 1 > expected else str(expected),
+                    detail=f"{seq - expected} row(s) missing {after}, before "
+                    f"event {candidates[0]['event_id']}",
+                )
+            )
             previous = None
         if closed_at is not None and seq > closed_at:
-            findings += [_named("inserted", r, f"after the final checkpoint at {closed_at}")
-                         for r in candidates]
+            findings += [
+                _named("inserted", r, f"after the final checkpoint at {closed_at}")
+                for r in candidates
+            ]
             continue
         chosen = _choose(candidates, previous, seq, last_row, findings)
         previous, expected, last_row = chosen["chain_hash"], seq + 1, chosen
         mark = marks.get(seq)
         if mark is not None:
             if mark.chain_hash != chosen["chain_hash"]:
-                findings.append(Finding("rewritten", chain_id, f"{checked_since + 1}-{seq}",
-                                        detail="stored links disagree with the signed "
-                                               f"checkpoint at {seq}: rows were re-hashed"))
+                findings.append(
+                    Finding(
+                        "rewritten",
+                        chain_id,
+                        f"{checked_since + 1}-{seq}",
+                        detail="stored links disagree with the signed "
+                        f"checkpoint at {seq}: rows were re-hashed",
+                    )
+                )
             checked_since = seq
     end = last_row["chain_seq"] if last_row else 0
     if last_signed > end:
-        findings.append(Finding("deleted", chain_id, f"{end + 1}-{last_signed}",
-                                detail=f"the signed checkpoint at {last_signed} says the chain "
-                                       f"went that far; it ends at {end}"))
+        findings.append(
+            Finding(
+                "deleted",
+                chain_id,
+                f"{end + 1}-{last_signed}",
+                detail=f"the signed checkpoint at {last_signed} says the chain "
+                f"went that far; it ends at {end}",
+            )
+        )
     elif end > last_signed and closed_at is None:
-        findings.append(Finding("unsealed", chain_id, f"{last_signed + 1}-{end}",
-                                detail="rows after the last checkpoint (the sink stopped "
-                                       "before sealing them)"))
+        findings.append(
+            Finding(
+                "unsealed",
+                chain_id,
+                f"{last_signed + 1}-{end}",
+                detail="rows after the last checkpoint (the sink stopped before sealing them)",
+            )
+        )
     return findings
 
 
-def _choose(candidates: list[dict[str, Any]], previous: str | None, seq: int,
-            last_row: dict[str, Any] | None, findings: list[Finding]) -> dict[str, Any]:
+def _choose(
+    candidates: list[dict[str, Any]],
+    previous: str | None,
+    seq: int,
+    last_row: dict[str, Any] | None,
+    findings: list[Finding],
+) -> dict[str, Any]:
     """The row that holds position `seq`; every other candidate is reported."""
     if previous is None:  # after a gap nothing links back: take the stored link as anchor
         for extra in candidates[1:]:
@@ -165,23 +220,33 @@ def _choose(candidates: list[dict[str, Any]], previous: str | None, seq: int,
     if linked:
         for extra in candidates:
             if extra is not linked[0]:
-                findings.append(_named("inserted", extra, "a second row at this position, "
-                                                          "not linked to the chain"))
+                findings.append(
+                    _named(
+                        "inserted", extra, "a second row at this position, not linked to the chain"
+                    )
+                )
         return linked[0]
     before = f" (or event {last_row['event_id']} before it was re-hashed)" if last_row else ""
     for row in candidates:
-        findings.append(_named("altered" if len(candidates) == 1 else "inserted", row,
-                               "content does not hash to its chain link" + before))
+        findings.append(
+            _named(
+                "altered" if len(candidates) == 1 else "inserted",
+                row,
+                "content does not hash to its chain link" + before,
+            )
+        )
     return candidates[0]
 
 
 # -- reading from ClickHouse --------------------------------------------------------------
 
+
 def read_rows(client: Client) -> Iterator[dict[str, Any]]:
     """Every physical row of event_log, chain order, streamed in blocks."""
     columns = ", ".join(INSERT_COLUMNS)
     with client.query_row_block_stream(
-            f"SELECT {columns} FROM event_log ORDER BY chain_id, chain_seq") as stream:
+        f"SELECT {columns} FROM event_log ORDER BY chain_id, chain_seq"
+    ) as stream:
         for block in stream:
             for values in block:
                 yield dict(zip(INSERT_COLUMNS, values, strict=True))
@@ -190,9 +255,19 @@ def read_rows(client: Client) -> Iterator[dict[str, Any]]:
 def read_checkpoints(client: Client) -> list[Checkpoint]:
     columns = ", ".join(CHECKPOINT_COLUMNS)
     result = client.query(f"SELECT DISTINCT {columns} FROM chain_checkpoints")
-    return [Checkpoint(chain_id=r[0], chain_seq=int(r[1]), chain_hash=r[2], final=bool(r[3]),
-                       writer=r[4], signed_at=r[5], key_id=r[6], signature=r[7])
-            for r in result.result_rows]
+    return [
+        Checkpoint(
+            chain_id=r[0],
+            chain_seq=int(r[1]),
+            chain_hash=r[2],
+            final=bool(r[3]),
+            writer=r[4],
+            signed_at=r[5],
+            key_id=r[6],
+            signature=r[7],
+        )
+        for r in result.result_rows
+    ]
 
 
 def verify_store(client: Client, public_key: Ed25519PublicKey) -> Report:

@@ -71,12 +71,20 @@ def stored_message(msg: JetStreamMessage) -> StoredMessage:
     if len(tokens) in (9, 12) and tokens[:2] == ["$JS", "ACK"]:
         at = 2 if len(tokens) == 9 else 4
         return StoredMessage(
-            stream=tokens[at], sequence=int(tokens[at + 3]), subject=msg.subject,
+            stream=tokens[at],
+            sequence=int(tokens[at + 3]),
+            subject=msg.subject,
             stored_at=_EPOCH + timedelta(microseconds=int(tokens[at + 5]) // 1000),
-            data=msg.data)
+            data=msg.data,
+        )
     meta = msg.metadata
-    return StoredMessage(stream=meta.stream, sequence=meta.sequence.stream,
-                         stored_at=meta.timestamp, subject=msg.subject, data=msg.data)
+    return StoredMessage(
+        stream=meta.stream,
+        sequence=meta.sequence.stream,
+        stored_at=meta.timestamp,
+        subject=msg.subject,
+        data=msg.data,
+    )
 
 
 def new_chain_id(writer: str) -> str:
@@ -84,9 +92,14 @@ def new_chain_id(writer: str) -> str:
 
 
 class AuditWriter:
-    def __init__(self, target: ClickHouseTarget, builder: RowBuilder,
-                 private_key: Ed25519PrivateKey, writer: str,
-                 heartbeat_s: float = 3.0) -> None:
+    def __init__(
+        self,
+        target: ClickHouseTarget,
+        builder: RowBuilder,
+        private_key: Ed25519PrivateKey,
+        writer: str,
+        heartbeat_s: float = 3.0,
+    ) -> None:
         self.target = target
         self.builder = builder
         self.private_key = private_key
@@ -107,8 +120,12 @@ class AuditWriter:
         """Apply the schema and sign the chain's genesis, waiting for ClickHouse if needed."""
         await self._until_done("apply schema", lambda: apply_schema(self.target))
         await self._until_done("seal genesis", lambda: self._seal(final=False))
-        log.info("audit sink %s writing chain %s to %s", self.writer, self.chain.chain_id,
-                 self.target.display())
+        log.info(
+            "audit sink %s writing chain %s to %s",
+            self.writer,
+            self.chain.chain_id,
+            self.target.display(),
+        )
 
     async def close(self) -> None:
         """Sign a final checkpoint, so rows appended to this chain later are caught."""
@@ -173,21 +190,34 @@ class AuditWriter:
         self._unconfirmed = True
         # JSON lines encoded in C (msgspec) and parsed by the server: several
         # times cheaper than clickhouse-connect's row-by-row native encoding.
-        self._db().raw_insert("event_log", list(INSERT_COLUMNS),
-                              insert_block=b"\n".join(row["line"] for row in linked),
-                              fmt="JSONCompactEachRow", settings=INSERT_SETTINGS | {
-                                  "insert_deduplication_token": token})
+        self._db().raw_insert(
+            "event_log",
+            list(INSERT_COLUMNS),
+            insert_block=b"\n".join(row["line"] for row in linked),
+            fmt="JSONCompactEachRow",
+            settings=INSERT_SETTINGS | {"insert_deduplication_token": token},
+        )
         self._unconfirmed = False
 
     def _seal(self, final: bool) -> None:
-        checkpoint = sign_checkpoint(Checkpoint(
-            chain_id=self.chain.chain_id, chain_seq=self.chain.seq,
-            chain_hash=self.chain.head, final=final, writer=self.writer,
-            signed_at=utc_now()), self.private_key)
+        checkpoint = sign_checkpoint(
+            Checkpoint(
+                chain_id=self.chain.chain_id,
+                chain_seq=self.chain.seq,
+                chain_hash=self.chain.head,
+                final=final,
+                writer=self.writer,
+                signed_at=utc_now(),
+            ),
+            self.private_key,
+        )
         token = f"{self.chain.chain_id}:checkpoint:{self.chain.seq}:{int(final)}"
-        self._db().insert("chain_checkpoints", [checkpoint.row()],
-                          column_names=list(CHECKPOINT_COLUMNS),
-                          settings={"insert_deduplication_token": token})
+        self._db().insert(
+            "chain_checkpoints",
+            [checkpoint.row()],
+            column_names=list(CHECKPOINT_COLUMNS),
+            settings={"insert_deduplication_token": token},
+        )
 
     async def _until_done(self, what: str, step: Callable[[], Any]) -> None:
         delay, attempt, since = RETRY_FIRST_S, 0, time.monotonic()
@@ -199,15 +229,21 @@ class AuditWriter:
                 if self.stopping:
                     raise
                 if attempt == 1 or attempt % 10 == 0:
-                    log.warning("%s failed (attempt %d, %.0fs): %r; retrying",
-                                what, attempt, time.monotonic() - since, exc)
+                    log.warning(
+                        "%s failed (attempt %d, %.0fs): %r; retrying",
+                        what,
+                        attempt,
+                        time.monotonic() - since,
+                        exc,
+                    )
                 self._client = None  # a fresh connection after a server restart
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
             if attempt > 1:
-                log.info("%s succeeded after %d attempts, %.1fs", what, attempt,
-                         time.monotonic() - since)
+                log.info(
+                    "%s succeeded after %d attempts, %.1fs", what, attempt, time.monotonic() - since
+                )
             return
 
     @contextlib.asynccontextmanager
@@ -226,4 +262,3 @@ class AuditWriter:
             yield
         finally:
             task.cancel()
-

@@ -73,8 +73,15 @@ def outcome_key(event: CallAuthorized) -> str:
 class ToolRunner:
     """Executes the authorized calls of one tool."""
 
-    def __init__(self, spec: ToolSpec, function: ToolFunction, settings: GatewaySettings,
-                 publisher: bus.Publisher, pool: ThreadPoolExecutor, worker: str) -> None:
+    def __init__(
+        self,
+        spec: ToolSpec,
+        function: ToolFunction,
+        settings: GatewaySettings,
+        publisher: bus.Publisher,
+        pool: ThreadPoolExecutor,
+        worker: str,
+    ) -> None:
         self.spec = spec
         self.function = function
         self.settings = settings
@@ -107,9 +114,15 @@ class ToolRunner:
             return
         reason = refusal_reason(event, self.public_key, self.spec.name)
         if reason is not None:
-            await self.publisher.emit(ExecutionRefused(
-                event_id=derive_event_id(delivery.message_id, "refused"), occurred_at=utc_now(),
-                service=SERVICE, reason=reason, **carried_fields(event)))
+            await self.publisher.emit(
+                ExecutionRefused(
+                    event_id=derive_event_id(delivery.message_id, "refused"),
+                    occurred_at=utc_now(),
+                    service=SERVICE,
+                    reason=reason,
+                    **carried_fields(event),
+                )
+            )
             return
         sha = event.authorization.arguments_sha256
         key = outcome_key(event)
@@ -123,10 +136,15 @@ class ToolRunner:
             record, revision = found
             step = step_for_recorded(record, sha, self.spec)
             if isinstance(step, Refuse):
-                await self.publisher.emit(ExecutionRefused(
-                    event_id=derive_event_id(delivery.message_id, "refused"),
-                    occurred_at=utc_now(), service=SERVICE, reason=step.reason,
-                    **carried_fields(event)))
+                await self.publisher.emit(
+                    ExecutionRefused(
+                        event_id=derive_event_id(delivery.message_id, "refused"),
+                        occurred_at=utc_now(),
+                        service=SERVICE,
+                        reason=step.reason,
+                        **carried_fields(event),
+                    )
+                )
                 return
             if isinstance(step, Replay):
                 await self._replay(step.stored_event, event, delivery)
@@ -141,22 +159,33 @@ class ToolRunner:
         if isinstance(claimed_step, Conclude):
             await self._finish(event, delivery, claimed_step.outcome, claimed_step.attempt)
             return
-        await self.publisher.emit(ExecutionStarted(
-            event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
-            occurred_at=utc_now(), service=SERVICE, attempt=attempt, worker=self.worker,
-            **carried_fields(event)))
+        await self.publisher.emit(
+            ExecutionStarted(
+                event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
+                occurred_at=utc_now(),
+                service=SERVICE,
+                attempt=attempt,
+                worker=self.worker,
+                **carried_fields(event),
+            )
+        )
         outcome = await self._run_with_heartbeat(msg, event)
         await self._finish(event, delivery, outcome, attempt)
 
     def _started(self, sha: str, attempt: int) -> OutcomeRecord:
-        return OutcomeRecord(state="started", arguments_sha256=sha, attempt=attempt,
-                             worker=self.worker)
+        return OutcomeRecord(
+            state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
+        )
 
     async def _run_with_heartbeat(self, msg: NatsMessage, event: CallAuthorized) -> ToolOutcome:
         ctx = ToolContext(
-            call_id=event.call_id, tool=self.spec.name, principal=event.call.principal,
+            call_id=event.call_id,
+            tool=self.spec.name,
+            principal=event.call.principal,
             task_id=event.call.task_id,
-            data_dir=self.settings.tools_data_dir / self.spec.name, settings=self.spec.settings)
+            data_dir=self.settings.tools_data_dir / self.spec.name,
+            settings=self.spec.settings,
+        )
 
         async def heartbeat() -> None:
             # Tell JetStream we are still working, so a long tool is not redelivered.
@@ -171,12 +200,17 @@ class ToolRunner:
         finally:
             beating.cancel()
 
-    async def _finish(self, event: CallAuthorized, delivery: bus.Delivery,
-                      outcome: ToolOutcome, attempt: int) -> None:
+    async def _finish(
+        self, event: CallAuthorized, delivery: bus.Delivery, outcome: ToolOutcome, attempt: int
+    ) -> None:
         assert self.outcomes is not None
-        common = dict(event_id=derive_event_id(delivery.message_id, "outcome"),
-                      occurred_at=utc_now(), service=SERVICE, duration_ms=outcome.duration_ms,
-                      **carried_fields(event))
+        common = dict(
+            event_id=derive_event_id(delivery.message_id, "outcome"),
+            occurred_at=utc_now(),
+            service=SERVICE,
+            duration_ms=outcome.duration_ms,
+            **carried_fields(event),
+        )
         terminal: Event
         if outcome.status == "ok":
             terminal = ExecutionSucceeded(output=outcome.output, **common)
@@ -184,9 +218,16 @@ class ToolRunner:
             assert outcome.error is not None
             terminal = ExecutionFailed(status=outcome.status, error=outcome.error, **common)
         # Durable first, published second: a crash between the two replays, never re-runs.
-        await self.outcomes.finish(outcome_key(event), OutcomeRecord(
-            state="done", arguments_sha256=event.authorization.arguments_sha256,
-            attempt=attempt, worker=self.worker, event=encode_event(terminal)))
+        await self.outcomes.finish(
+            outcome_key(event),
+            OutcomeRecord(
+                state="done",
+                arguments_sha256=event.authorization.arguments_sha256,
+                attempt=attempt,
+                worker=self.worker,
+                event=encode_event(terminal),
+            ),
+        )
         await self.publisher.emit(terminal)
 
     async def _replay(self, stored: bytes, event: CallAuthorized, delivery: bus.Delivery) -> None:
@@ -195,18 +236,31 @@ class ToolRunner:
         # The same stored message redelivered gets the same id (a duplicate the
         # stream and the audit drop); a re-published call gets a new, replayed event.
         replayed = event_id != recorded.event_id
-        await self.publisher.emit(msgspec.structs.replace(
-            recorded, event_id=event_id, replayed=replayed,
-            occurred_at=utc_now() if replayed else recorded.occurred_at))
+        await self.publisher.emit(
+            msgspec.structs.replace(
+                recorded,
+                event_id=event_id,
+                replayed=replayed,
+                occurred_at=utc_now() if replayed else recorded.occurred_at,
+            )
+        )
 
     async def _refuse_raw(self, delivery: bus.Delivery, reason: str) -> None:
-        await self.publisher.emit(ExecutionRefused(
-            event_id=derive_event_id(delivery.message_id, "refused"), occurred_at=utc_now(),
-            service=SERVICE, call_id="", tool=self.spec.name, reason=reason))
+        await self.publisher.emit(
+            ExecutionRefused(
+                event_id=derive_event_id(delivery.message_id, "refused"),
+                occurred_at=utc_now(),
+                service=SERVICE,
+                call_id="",
+                tool=self.spec.name,
+                reason=reason,
+            )
+        )
 
 
-def build_app(settings: GatewaySettings, tools: list[str] | None = None,
-              concurrency: int = 8) -> FastStream:
+def build_app(
+    settings: GatewaySettings, tools: list[str] | None = None, concurrency: int = 8
+) -> FastStream:
     registry = settings.load_registry()
     names = tools or registry.names()
     unknown = [name for name in names if registry.get(name) is None]
@@ -215,8 +269,7 @@ def build_app(settings: GatewaySettings, tools: list[str] | None = None,
     worker = bus.worker_name(SERVICE)
     broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     publisher = bus.Publisher(broker)
-    pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4,
-                              thread_name_prefix="tool")
+    pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
     runners: list[ToolRunner] = []
     for name in names:
         spec = registry.get(name)
@@ -224,9 +277,15 @@ def build_app(settings: GatewaySettings, tools: list[str] | None = None,
         runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
         runners.append(runner)
         source = subjects.event_filter(CallAuthorized, name)
-        bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable_for(name),
-                               batch_size=1, max_workers=concurrency,
-                               max_ack_pending=max(concurrency * 4, 64))(runner.handle)
+        bus.durable_subscriber(
+            broker,
+            source,
+            subjects.EVENTS_STREAM,
+            durable_for(name),
+            batch_size=1,
+            max_workers=concurrency,
+            max_ack_pending=max(concurrency * 4, 64),
+        )(runner.handle)
 
     app = FastStream(broker)
 

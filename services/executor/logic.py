@@ -79,20 +79,37 @@ def step_for_recorded(record: OutcomeRecord, arguments_sha256: str, spec: ToolSp
         return Replay(record.event)
     # `started` and never finished: the last attempt died mid-run.
     if not spec.idempotent:
-        return Conclude(ToolOutcome("execution_error", 0.0, error=ToolError(
-            code=ErrorCode.OUTCOME_UNKNOWN,
-            message=f"an earlier attempt of {spec.name} was interrupted; it may or may not "
+        return Conclude(
+            ToolOutcome(
+                "execution_error",
+                0.0,
+                error=ToolError(
+                    code=ErrorCode.OUTCOME_UNKNOWN,
+                    message=f"an earlier attempt of {spec.name} was interrupted; it may or may not "
                     "have taken effect, so it is not run again",
-            retryable=False)), record.attempt)
+                    retryable=False,
+                ),
+            ),
+            record.attempt,
+        )
     return Run(record.attempt + 1)
 
 
 def step_once_claimed(event: CallAuthorized, attempt: int, now: datetime) -> Conclude | Run:
     """This worker holds the call's record: run it, unless the authorization ran out."""
     if is_expired(event, now):
-        return Conclude(ToolOutcome("execution_error", 0.0, error=ToolError(
-            code=ErrorCode.POLICY_DENIED, message="the authorization expired before execution",
-            retryable=True)), attempt)
+        return Conclude(
+            ToolOutcome(
+                "execution_error",
+                0.0,
+                error=ToolError(
+                    code=ErrorCode.POLICY_DENIED,
+                    message="the authorization expired before execution",
+                    retryable=True,
+                ),
+            ),
+            attempt,
+        )
     return Run(attempt)
 
 
@@ -107,8 +124,13 @@ def refusal_reason(event: CallAuthorized, public_key: Ed25519PublicKey, tool: st
         return f"authorization is for tool {auth.tool!r}, not {tool!r}"
     principal = event.call.principal
     signed = (auth.tenant, auth.agent, auth.user, auth.session, auth.task_id)
-    if signed != (principal.tenant, principal.agent, principal.user, principal.session,
-                  event.call.task_id):
+    if signed != (
+        principal.tenant,
+        principal.agent,
+        principal.user,
+        principal.session,
+        event.call.task_id,
+    ):
         return "authorization was issued for another principal, session or task"
     if event.principal is not None and event.principal != principal:
         return "the event's principal differs from the authorized call's"
@@ -138,8 +160,13 @@ class ToolOutcome:
     error: ToolError | None = None
 
 
-async def run_tool(function: ToolFunction, arguments: dict[str, Any], ctx: ToolContext,
-                   spec: ToolSpec, pool: ThreadPoolExecutor) -> ToolOutcome:
+async def run_tool(
+    function: ToolFunction,
+    arguments: dict[str, Any],
+    ctx: ToolContext,
+    spec: ToolSpec,
+    pool: ThreadPoolExecutor,
+) -> ToolOutcome:
     """Run under the tool's timeout; classify what happened. Never raises."""
     started = time.perf_counter()
 
@@ -154,24 +181,49 @@ async def run_tool(function: ToolFunction, arguments: dict[str, Any], ctx: ToolC
             coro = asyncio.get_running_loop().run_in_executor(pool, function, arguments, ctx)
         output = await asyncio.wait_for(coro, timeout=spec.timeout_s)
     except TimeoutError:
-        return ToolOutcome("timeout", elapsed(), error=ToolError(
-            code=ErrorCode.TOOL_TIMEOUT,
-            message=f"{spec.name} did not finish within {spec.timeout_s:g}s",
-            retryable=spec.retryable_errors))
+        return ToolOutcome(
+            "timeout",
+            elapsed(),
+            error=ToolError(
+                code=ErrorCode.TOOL_TIMEOUT,
+                message=f"{spec.name} did not finish within {spec.timeout_s:g}s",
+                retryable=spec.retryable_errors,
+            ),
+        )
     except ToolRefused as exc:
-        return ToolOutcome("execution_error", elapsed(), error=ToolError(
-            code=ErrorCode.TOOL_REFUSED, message=str(exc), retryable=False))
+        return ToolOutcome(
+            "execution_error",
+            elapsed(),
+            error=ToolError(code=ErrorCode.TOOL_REFUSED, message=str(exc), retryable=False),
+        )
     except ToolUnavailable as exc:
-        return ToolOutcome("execution_error", elapsed(), error=ToolError(
-            code=ErrorCode.TOOL_RAISED, message=str(exc), retryable=spec.retryable_errors))
+        return ToolOutcome(
+            "execution_error",
+            elapsed(),
+            error=ToolError(
+                code=ErrorCode.TOOL_RAISED, message=str(exc), retryable=spec.retryable_errors
+            ),
+        )
     except Exception as exc:  # the tool's own bug: report it, never crash the executor
-        return ToolOutcome("execution_error", elapsed(), error=ToolError(
-            code=ErrorCode.TOOL_RAISED, message=f"{type(exc).__name__}: {exc}",
-            retryable=spec.retryable_errors))
+        return ToolOutcome(
+            "execution_error",
+            elapsed(),
+            error=ToolError(
+                code=ErrorCode.TOOL_RAISED,
+                message=f"{type(exc).__name__}: {exc}",
+                retryable=spec.retryable_errors,
+            ),
+        )
     try:
         msgspec.json.encode(output)
     except (TypeError, ValueError, OverflowError) as exc:
-        return ToolOutcome("invalid_tool_result", elapsed(), error=ToolError(
-            code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
-            message=f"{spec.name} returned a value that is not JSON: {exc}", retryable=False))
+        return ToolOutcome(
+            "invalid_tool_result",
+            elapsed(),
+            error=ToolError(
+                code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
+                message=f"{spec.name} returned a value that is not JSON: {exc}",
+                retryable=False,
+            ),
+        )
     return ToolOutcome("ok", elapsed(), output=output)

@@ -144,15 +144,17 @@ class ActivePolicy:
         """The engine of one stored revision, or BundleRefused saying why (one line)."""
         if entry.deleted:
             raise BundleRefused("it was deleted (push a bundle to replace it)")
-        stored = open_stored(entry.value, load_verify_key(self.keys_dir),
-                             self.keys_dir / PUBLIC_KEY_FILE)
+        stored = open_stored(
+            entry.value, load_verify_key(self.keys_dir), self.keys_dir / PUBLIC_KEY_FILE
+        )
         if bundle_version(stored.files) == self.engine.version:
             return self.engine, stored
         try:
             return engine_from_files(stored.files), stored
         except BundleError as exc:
-            raise BundleRefused("it is not a valid bundle: "
-                                + "; ".join(str(exc).splitlines())) from exc
+            raise BundleRefused(
+                "it is not a valid bundle: " + "; ".join(str(exc).splitlines())
+            ) from exc
 
     def _judged(self, entry: ActiveEntry) -> tuple[CedarEngine, StoredBundle]:
         try:
@@ -165,21 +167,29 @@ class ActivePolicy:
     def start(self, entry: ActiveEntry | None) -> None:
         """At startup: the stored bundle; the local one only if nothing was ever pushed."""
         if entry is None:
-            log.info("no policy bundle pushed yet: the local bundle %s is active",
-                     self.engine.version)
+            log.info(
+                "no policy bundle pushed yet: the local bundle %s is active", self.engine.version
+            )
             return
         self.revision = entry.revision
         try:
             engine, stored = self._judged(entry)
         except BundleRefused as exc:
-            reason = (f"policy service not starting: the stored policy bundle "
-                      f"({where(entry)}) is refused: {exc}; push a good one with "
-                      "`toolgate policy push DIR`")
+            reason = (
+                f"policy service not starting: the stored policy bundle "
+                f"({where(entry)}) is refused: {exc}; push a good one with "
+                "`toolgate policy push DIR`"
+            )
             log.error("%s", reason)
             raise PolicyStateError(reason) from None
         self.engine = engine
-        log.info("policy bundle %s active (%s, signed by key %s at %s)", engine.version,
-                 where(entry), stored.key_id, stored.signed_at)
+        log.info(
+            "policy bundle %s active (%s, signed by key %s at %s)",
+            engine.version,
+            where(entry),
+            stored.key_id,
+            stored.signed_at,
+        )
 
     def offer(self, entry: ActiveEntry) -> None:
         """A running replica: switch to a good new revision, else keep the engine it has."""
@@ -189,27 +199,42 @@ class ActivePolicy:
         try:
             engine, stored = self._judged(entry)
         except BundleRefused as exc:
-            log.error("policy bundle %s refused, keeping %s: %s", where(entry),
-                      self.engine.version, exc)
+            log.error(
+                "policy bundle %s refused, keeping %s: %s", where(entry), self.engine.version, exc
+            )
             return
         if engine is not self.engine:
             self.engine = engine
-            log.info("policy bundle %s active (%s, signed by key %s at %s)", engine.version,
-                     where(entry), stored.key_id, stored.signed_at)
+            log.info(
+                "policy bundle %s active (%s, signed by key %s at %s)",
+                engine.version,
+                where(entry),
+                stored.key_id,
+                stored.signed_at,
+            )
 
 
 def where(entry: ActiveEntry) -> str:
     return f"{POLICIES_BUCKET}/{ACTIVE_KEY} revision {entry.revision}"
 
 
-def decide_safely(engine: CedarEngine, registry: Registry, call: ToolCall,
-                  approvers: Sequence[str] = (),
-                  resources: Sequence[ResourceSeen] | None = None) -> Decision:
+def decide_safely(
+    engine: CedarEngine,
+    registry: Registry,
+    call: ToolCall,
+    approvers: Sequence[str] = (),
+    resources: Sequence[ResourceSeen] | None = None,
+) -> Decision:
     try:
         return engine.decide(call, registry.get(call.tool), approvers, resources)
     except Exception as exc:  # fail closed
-        return Decision(allowed=False, policy_version=engine.version, error=ToolError(
-            code=ErrorCode.POLICY_ERROR, message=f"policy evaluation failed: {exc!r}"))
+        return Decision(
+            allowed=False,
+            policy_version=engine.version,
+            error=ToolError(
+                code=ErrorCode.POLICY_ERROR, message=f"policy evaluation failed: {exc!r}"
+            ),
+        )
 
 
 class Resolvers:
@@ -231,8 +256,9 @@ class Resolvers:
             self.version = engine.version
         return self.current
 
-    async def look_up(self, engine: CedarEngine, registry: Registry,
-                      call: ToolCall) -> list[ResourceSeen] | None:
+    async def look_up(
+        self, engine: CedarEngine, registry: Registry, call: ToolCall
+    ) -> list[ResourceSeen] | None:
         """What the providers say of the call's resources (None: its tool declares none)."""
         spec = registry.get(call.tool)
         if spec is None or not spec.resources:
@@ -258,8 +284,9 @@ class Stores:
 
 def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> FastStream:
     registry = settings.load_registry()
-    policy = ActivePolicy(engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)),
-                          settings.keys_dir)
+    policy = ActivePolicy(
+        engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)), settings.keys_dir
+    )
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
     ttl = timedelta(seconds=settings.authorization_ttl_s)
@@ -268,42 +295,83 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
     stores = Stores()
     resolvers = Resolvers(settings.data_dir)
 
-    def denied(event: Event, delivery: bus.Delivery, decision: Decision,
-               resources: Sequence[ResourceSeen] | None = None) -> CallDenied:
+    def denied(
+        event: Event,
+        delivery: bus.Delivery,
+        decision: Decision,
+        resources: Sequence[ResourceSeen] | None = None,
+    ) -> CallDenied:
         return CallDenied(
-            event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=utc_now(),
-            service=SERVICE, status=decision.status,
+            event_id=derive_event_id(delivery.message_id, DECISION),
+            occurred_at=utc_now(),
+            service=SERVICE,
+            status=decision.status,
             error=decision.error or ToolError(code=ErrorCode.POLICY_DENIED, message="denied"),
-            policy_version=decision.policy_version, policy_ids=decision.policy_ids,
-            resources=list(resources or ()), **carried_fields(event))
+            policy_version=decision.policy_version,
+            policy_ids=decision.policy_ids,
+            resources=list(resources or ()),
+            **carried_fields(event),
+        )
 
-    def refused(event: Event, delivery: bus.Delivery, code: str, message: str,
-                retryable: bool = False) -> CallDenied:
-        return denied(event, delivery, Decision(
-            allowed=False, policy_version=policy.engine.version,
-            error=ToolError(code=code, message=message, retryable=retryable)))
+    def refused(
+        event: Event, delivery: bus.Delivery, code: str, message: str, retryable: bool = False
+    ) -> CallDenied:
+        return denied(
+            event,
+            delivery,
+            Decision(
+                allowed=False,
+                policy_version=policy.engine.version,
+                error=ToolError(code=code, message=message, retryable=retryable),
+            ),
+        )
 
-    def authorized(event: Event, call: ToolCall, delivery: bus.Delivery, decision: Decision,
-                   approvers: Sequence[str] = (),
-                   resources: Sequence[ResourceSeen] | None = None) -> CallAuthorized:
+    def authorized(
+        event: Event,
+        call: ToolCall,
+        delivery: bus.Delivery,
+        decision: Decision,
+        approvers: Sequence[str] = (),
+        resources: Sequence[ResourceSeen] | None = None,
+    ) -> CallAuthorized:
         now = utc_now()
-        authorization = sign(Authorization(
-            call_id=call.call_id, tool=call.tool, arguments_sha256=arguments_sha256(call.arguments),
-            policy_version=decision.policy_version, approvals=sorted(set(approvers)),
-            expires_at=now + ttl, tenant=call.principal.tenant, agent=call.principal.agent,
-            user=call.principal.user, session=call.principal.session,
-            task_id=call.task_id), private_key)
+        authorization = sign(
+            Authorization(
+                call_id=call.call_id,
+                tool=call.tool,
+                arguments_sha256=arguments_sha256(call.arguments),
+                policy_version=decision.policy_version,
+                approvals=sorted(set(approvers)),
+                expires_at=now + ttl,
+                tenant=call.principal.tenant,
+                agent=call.principal.agent,
+                user=call.principal.user,
+                session=call.principal.session,
+                task_id=call.task_id,
+            ),
+            private_key,
+        )
         return CallAuthorized(
-            event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
-            service=SERVICE, call=call, policy_version=decision.policy_version,
-            policy_ids=decision.policy_ids, authorization=authorization,
-            resources=list(resources or ()), **carried_fields(event))
+            event_id=derive_event_id(delivery.message_id, DECISION),
+            occurred_at=now,
+            service=SERVICE,
+            call=call,
+            policy_version=decision.policy_version,
+            policy_ids=decision.policy_ids,
+            authorization=authorization,
+            resources=list(resources or ()),
+            **carried_fields(event),
+        )
 
     async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
         call = event.call
         if arguments_sha256(call.arguments) != event.arguments_sha256:
-            return refused(event, delivery, ErrorCode.POLICY_DENIED,
-                           "the arguments do not match the hash they were validated with")
+            return refused(
+                event,
+                delivery,
+                ErrorCode.POLICY_DENIED,
+                "the arguments do not match the hash they were validated with",
+            )
         engine = policy.engine  # one bundle for the whole decision, even if a push lands
         resources = await resolvers.look_up(engine, registry, call)
         decision = decide_safely(engine, registry, call, resources=resources)
@@ -314,29 +382,48 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         if spec.rate_limit is not None:  # counted before a human is asked, too
             check = await stores.limiter.admit(call, spec.rate_limit)
             if not check.admitted:
-                return refused(event, delivery, RATE_LIMITED, retryable=True, message=(
-                    f"{spec.rate_limit.calls} calls per {spec.rate_limit.per_seconds:g} s "
-                    f"for this user and tool; retry in {check.retry_after_s:.1f} s"))
+                return refused(
+                    event,
+                    delivery,
+                    RATE_LIMITED,
+                    retryable=True,
+                    message=(
+                        f"{spec.rate_limit.calls} calls per {spec.rate_limit.per_seconds:g} s "
+                        f"for this user and tool; retry in {check.retry_after_s:.1f} s"
+                    ),
+                )
         if decision.awaits_approval:
             now = utc_now()
             return ApprovalRequested(
-                event_id=derive_event_id(delivery.message_id, DECISION), occurred_at=now,
-                service=SERVICE, call=call, policy_version=decision.policy_version,
-                policy_ids=decision.policy_ids, risk=spec.risk,
+                event_id=derive_event_id(delivery.message_id, DECISION),
+                occurred_at=now,
+                service=SERVICE,
+                call=call,
+                policy_version=decision.policy_version,
+                policy_ids=decision.policy_ids,
+                risk=spec.risk,
                 required_approvals=decision.required_approvals,
                 expires_at=now + timedelta(seconds=engine.bundle.settings.approval_ttl_s),
                 reason=decision.error.message if decision.error else "",
-                resources=list(resources or ()), **carried_fields(event))
+                resources=list(resources or ()),
+                **carried_fields(event),
+            )
         return authorized(event, call, delivery, decision, resources=resources)
 
     async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
         if not event.quorum_reached:
             return None  # one vote of several: the approvals service counts them
         call = event.call
-        if call.call_id != event.call_id or \
-                arguments_sha256(call.arguments) != event.arguments_sha256:
-            return refused(event, delivery, ErrorCode.POLICY_DENIED,
-                           "the approval is bound to other arguments than this call's")
+        if (
+            call.call_id != event.call_id
+            or arguments_sha256(call.arguments) != event.arguments_sha256
+        ):
+            return refused(
+                event,
+                delivery,
+                ErrorCode.POLICY_DENIED,
+                "the approval is bound to other arguments than this call's",
+            )
         # Decided again under the bundle active now, on the resources as they are now:
         # either may have changed since the request.
         engine = policy.engine
@@ -346,18 +433,21 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             return denied(event, delivery, decision, resources)
         return authorized(event, call, delivery, decision, event.approvers, resources)
 
-    def subscribe(event_type: type[Event], durable: str,
-                  outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]]) -> None:
-        @bus.durable_subscriber(broker, subjects.event_filter(event_type),
-                                subjects.EVENTS_STREAM, durable)
+    def subscribe(
+        event_type: type[Event],
+        durable: str,
+        outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]],
+    ) -> None:
+        @bus.durable_subscriber(
+            broker, subjects.event_filter(event_type), subjects.EVENTS_STREAM, durable
+        )
         async def handle(msg: NatsMessage) -> None:
             delivery = bus.delivery_of(msg)
 
             async def work() -> None:
                 event = decode_event(msg.body)
                 if not isinstance(event, event_type):
-                    raise TypeError(f"expected {event_type.__name__}, "
-                                    f"got {type(event).__name__}")
+                    raise TypeError(f"expected {event_type.__name__}, got {type(event).__name__}")
                 result = await outcome(event, delivery)
                 if result is not None:
                     await publisher.emit(result)
@@ -382,8 +472,10 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                 policies_kv = await open_bucket(js, policies_bucket_config())
                 entry = await fetch_active(policies_kv)
             except Exception as exc:  # unreadable is refused too, not read as "none"
-                reason = (f"policy service not starting: cannot read {POLICIES_BUCKET}/"
-                          f"{ACTIVE_KEY}: {exc!r}")
+                reason = (
+                    f"policy service not starting: cannot read {POLICIES_BUCKET}/"
+                    f"{ACTIVE_KEY}: {exc!r}"
+                )
                 log.error("%s", reason)
                 raise PolicyStateError(reason) from exc
             policy.start(entry)

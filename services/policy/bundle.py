@@ -89,8 +89,9 @@ def _zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"{name!r} is not a known time zone (IANA name, e.g. Europe/Berlin)"
-                         ) from exc
+        raise ValueError(
+            f"{name!r} is not a known time zone (IANA name, e.g. Europe/Berlin)"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,11 @@ def bundle_version(files: Mapping[str, str]) -> str:
 def read_bundle_dir(directory: Path) -> dict[str, str]:
     if not directory.is_dir():
         raise BundleError(f"{directory}: not a directory")
-    return {path.name: path.read_text(encoding="utf-8")
-            for path in sorted(directory.iterdir()) if path.is_file() and is_bundle_file(path.name)}
+    return {
+        path.name: path.read_text(encoding="utf-8")
+        for path in sorted(directory.iterdir())
+        if path.is_file() and is_bundle_file(path.name)
+    }
 
 
 def load_bundle(directory: Path = DEFAULT_BUNDLE_DIR) -> PolicyBundle:
@@ -138,8 +142,11 @@ def load_bundle(directory: Path = DEFAULT_BUNDLE_DIR) -> PolicyBundle:
 
 
 def build_bundle(files: Mapping[str, str]) -> PolicyBundle:
-    problems = [f"{name}: not a bundle file name" for name in files
-                if not (_FILE_NAME.fullmatch(name) and is_bundle_file(name))]
+    problems = [
+        f"{name}: not a bundle file name"
+        for name in files
+        if not (_FILE_NAME.fullmatch(name) and is_bundle_file(name))
+    ]
     if SCHEMA_FILE not in files:
         problems.append(f"{SCHEMA_FILE}: missing")
     policy_files = sorted(name for name in files if name.endswith(POLICY_SUFFIX))
@@ -155,10 +162,17 @@ def build_bundle(files: Mapping[str, str]) -> PolicyBundle:
         problems += _add_policies(name, files[name], schema, policies, est)
     if problems:
         raise BundleError("\n".join(problems))
-    policy_set = cedarpy.PolicySet.from_json_str(json.dumps(
-        {"staticPolicies": est, "templates": {}, "templateLinks": []}))
-    return PolicyBundle(version=bundle_version(files), files=dict(files), settings=settings,
-                        schema=schema, policy_set=policy_set, policies=policies)
+    policy_set = cedarpy.PolicySet.from_json_str(
+        json.dumps({"staticPolicies": est, "templates": {}, "templateLinks": []})
+    )
+    return PolicyBundle(
+        version=bundle_version(files),
+        files=dict(files),
+        settings=settings,
+        schema=schema,
+        policy_set=policy_set,
+        policies=policies,
+    )
 
 
 def _settings(text: str | None) -> BundleSettings:
@@ -178,8 +192,13 @@ def _schema(text: str) -> cedarpy.Schema:
         raise BundleError(f"{SCHEMA_FILE}:{line}: {exc}") from exc
 
 
-def _add_policies(name: str, text: str, schema: cedarpy.Schema,
-                  policies: dict[str, PolicyInfo], est: dict[str, Any]) -> list[str]:
+def _add_policies(
+    name: str,
+    text: str,
+    schema: cedarpy.Schema,
+    policies: dict[str, PolicyInfo],
+    est: dict[str, Any],
+) -> list[str]:
     """Check one policy file; add its policies (keyed by @id) unless it has problems."""
     try:
         parsed = cedarpy.PolicySet.from_str(text)
@@ -196,8 +215,10 @@ def _add_policies(name: str, text: str, schema: cedarpy.Schema,
         return f"{name}:{line_of(positional_id)}"
 
     pst = parsed.to_pst()
-    problems = [f"{where(pid)}: templates (?principal/?resource slots) are not supported"
-                for pid in pst.templates]
+    problems = [
+        f"{where(pid)}: templates (?principal/?resource slots) are not supported"
+        for pid in pst.templates
+    ]
     validation = cedarpy.validate_policies(text, schema)
     problems += [f"{where(e.policy_id)}: {e.error}" for e in validation.errors]
     found: dict[str, PolicyInfo] = {}
@@ -217,8 +238,9 @@ def _add_policies(name: str, text: str, schema: cedarpy.Schema,
     return []
 
 
-def _policy_info(annotations: Mapping[str, str], effect: str, name: str,
-                 line: int) -> tuple[PolicyInfo, str]:
+def _policy_info(
+    annotations: Mapping[str, str], effect: str, name: str, line: int
+) -> tuple[PolicyInfo, str]:
     policy_id = annotations.get("id", "")
     error_code = annotations.get("error_code", ErrorCode.POLICY_DENIED)
     approvers = annotations.get("approvers", "0")
@@ -229,8 +251,14 @@ def _policy_info(annotations: Mapping[str, str], effect: str, name: str,
         problem = f"@error_code {error_code!r} is not an UPPER_SNAKE code"
     elif not approvers.isdigit() or (effect != "forbid" and approvers != "0"):
         problem = f"@approvers {approvers!r} must be a count, on a forbid policy"
-    info = PolicyInfo(policy_id=policy_id, effect=effect, error_code=error_code,
-                      reason=annotations.get("reason", f"denied by policy {policy_id!r}"),
-                      approvers=int(approvers) if approvers.isdigit() else 0,
-                      file=name, line=line, order=0)
+    info = PolicyInfo(
+        policy_id=policy_id,
+        effect=effect,
+        error_code=error_code,
+        reason=annotations.get("reason", f"denied by policy {policy_id!r}"),
+        approvers=int(approvers) if approvers.isdigit() else 0,
+        file=name,
+        line=line,
+        order=0,
+    )
     return info, problem

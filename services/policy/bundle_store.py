@@ -95,10 +95,15 @@ async def watch_active(kv: KeyValue, on_entry: Callable[[ActiveEntry], None]) ->
                     found = await fetch_active(kv)
                 else:
                     # None ends the initial values.
-                    found = None if entry is None else ActiveEntry(
-                        revision=entry.revision or 0,
-                        value=entry.value,
-                        deleted=entry.operation in (KV_DEL, KV_PURGE))
+                    found = (
+                        None
+                        if entry is None
+                        else ActiveEntry(
+                            revision=entry.revision or 0,
+                            value=entry.value,
+                            deleted=entry.operation in (KV_DEL, KV_PURGE),
+                        )
+                    )
                 if found is not None:
                     on_entry(found)
         except asyncio.CancelledError:

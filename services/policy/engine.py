@@ -82,8 +82,10 @@ _json = msgspec.json.Encoder()
 def registry_approvers(spec: ToolSpec) -> int:
     """The approvers the registry demands whatever a bundle says (the seed's rule: a tool
     with a side effect at risk high or critical is never run without a human)."""
-    side_effect_high = spec.action_class in SIDE_EFFECT_ACTIONS and spec.risk in ("high",
-                                                                                  "critical")
+    side_effect_high = spec.action_class in SIDE_EFFECT_ACTIONS and spec.risk in (
+        "high",
+        "critical",
+    )
     return 1 if spec.requires_approval or spec.risk == "critical" or side_effect_high else 0
 
 
@@ -112,8 +114,12 @@ class Prepared:
 
 
 class CedarEngine:
-    def __init__(self, bundle: PolicyBundle, tasks: TaskTenants | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        bundle: PolicyBundle,
+        tasks: TaskTenants | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.bundle = bundle
         self.version = bundle.version
         self._tasks = tasks
@@ -121,44 +127,67 @@ class CedarEngine:
         self._tool_entities: dict[str, tuple[ToolSpec, cedarpy.Entities]] = {}
         self.features = check_engine_fits_schema(bundle)
 
-    def decide(self, call: ToolCall, spec: ToolSpec | None, approvers: Sequence[str] = (),
-               resources: Sequence[ResourceSeen] | None = None) -> Decision:
+    def decide(
+        self,
+        call: ToolCall,
+        spec: ToolSpec | None,
+        approvers: Sequence[str] = (),
+        resources: Sequence[ResourceSeen] | None = None,
+    ) -> Decision:
         """The decision on `call`; `resources`: what the entity providers said of the
         resources the tool declares (a tool that declares some is denied without them)."""
         if spec is None:
-            return self._deny(ErrorCode.TOOL_NOT_ALLOWED,
-                              f"tool {call.tool!r} is not registered here", [])
+            return self._deny(
+                ErrorCode.TOOL_NOT_ALLOWED, f"tool {call.tool!r} is not registered here", []
+            )
         try:
             return self._decide(call, spec, approvers, resources)
         except Unrepresentable as exc:  # a policy must not decide without it: deny
-            return self._deny(ErrorCode.POLICY_DENIED,
-                              f"{exc}, so the policy cannot evaluate this call", [])
+            return self._deny(
+                ErrorCode.POLICY_DENIED, f"{exc}, so the policy cannot evaluate this call", []
+            )
         except InvalidContext as exc:
-            return self._deny(ErrorCode.POLICY_DENIED,
-                              f"{exc}, so the policy cannot evaluate this call", [])
+            return self._deny(
+                ErrorCode.POLICY_DENIED, f"{exc}, so the policy cannot evaluate this call", []
+            )
         except ResourceProblem as exc:
             code = ErrorCode.POLICY_ERROR if exc.retryable else ErrorCode.POLICY_DENIED
             return self._deny(code, str(exc), [], retryable=exc.retryable)
         except Exception as exc:  # fail closed
             return self._deny(ErrorCode.POLICY_ERROR, f"policy evaluation failed: {exc!r}", [])
 
-    def _decide(self, call: ToolCall, spec: ToolSpec, approvers: Sequence[str],
-                resources: Sequence[ResourceSeen] | None) -> Decision:
+    def _decide(
+        self,
+        call: ToolCall,
+        spec: ToolSpec,
+        approvers: Sequence[str],
+        resources: Sequence[ResourceSeen] | None,
+    ) -> Decision:
         prepared = self._prepare(call, spec, resources)
         first = self._evaluate(call, spec, NO_APPROVAL, prepared)
         denial = self._denial(first, call, spec, approvals_lift=True)
         if denial is not None:
             return denial
-        gates = self._policies(list(dict.fromkeys(
-            reason for _, result in first if not result.allowed
-            for reason in result.diagnostics.reasons)))
+        gates = self._policies(
+            list(
+                dict.fromkeys(
+                    reason
+                    for _, result in first
+                    if not result.allowed
+                    for reason in result.diagnostics.reasons
+                )
+            )
+        )
         required = max([g.approvers for g in gates] + [registry_approvers(spec)])
         if required == 0:
             return self._allow(first)
         distinct = tuple(sorted(set(approvers)))
         granted = len(distinct) >= required
-        approval = (ApprovalState("granted", distinct, len(distinct)) if granted
-                    else ApprovalState("granted", (), required))  # hypothetical
+        approval = (
+            ApprovalState("granted", distinct, len(distinct))
+            if granted
+            else ApprovalState("granted", (), required)
+        )  # hypothetical
         second = self._evaluate(call, spec, approval, prepared)
         denial = self._denial(second, call, spec, approvals_lift=False)
         if denial is not None:
@@ -167,14 +196,25 @@ class CedarEngine:
         if granted:
             return self._allow(second, gate_ids, required)
         return Decision(
-            allowed=False, policy_version=self.version, policy_ids=gate_ids, status="denied",
-            requires_approval=True, required_approvals=required,
-            error=ToolError(code=ErrorCode.APPROVAL_REQUIRED, retryable=False, message=(
-                f"{spec.name} needs {required} distinct approver(s), has {len(distinct)}: "
-                + ("; ".join(g.reason for g in gates) or "the registry requires approval"))))
+            allowed=False,
+            policy_version=self.version,
+            policy_ids=gate_ids,
+            status="denied",
+            requires_approval=True,
+            required_approvals=required,
+            error=ToolError(
+                code=ErrorCode.APPROVAL_REQUIRED,
+                retryable=False,
+                message=(
+                    f"{spec.name} needs {required} distinct approver(s), has {len(distinct)}: "
+                    + ("; ".join(g.reason for g in gates) or "the registry requires approval")
+                ),
+            ),
+        )
 
-    def _prepare(self, call: ToolCall, spec: ToolSpec,
-                 resources: Sequence[ResourceSeen] | None) -> Prepared:
+    def _prepare(
+        self, call: ToolCall, spec: ToolSpec, resources: Sequence[ResourceSeen] | None
+    ) -> Prepared:
         refs = resource_refs(call, spec) if spec.resources else []
         known = known_resources(refs, resources)
         delta = call_entities(call, spec, self.bundle.settings.roles, self._tasks)
@@ -193,80 +233,135 @@ class CedarEngine:
         if self.features.session_kind:
             extra["session_kind"] = kind
         if self.features.local_time:
-            extra["local_time"] = local_time(now, self.bundle.settings.zone_of(
-                call.principal.tenant))
-        context = request_for(call, spec, NO_APPROVAL, int(now),
-                              extra_context=extra)["context"]
-        return Prepared(entities=entities, targets=targets or [uid("Tool", spec.name)],
-                        context=context)
+            extra["local_time"] = local_time(
+                now, self.bundle.settings.zone_of(call.principal.tenant)
+            )
+        context = request_for(call, spec, NO_APPROVAL, int(now), extra_context=extra)["context"]
+        return Prepared(
+            entities=entities, targets=targets or [uid("Tool", spec.name)], context=context
+        )
 
-    def _evaluate(self, call: ToolCall, spec: ToolSpec, approval: ApprovalState,
-                  prepared: Prepared) -> list[tuple[dict[str, str], cedarpy.AuthzResult]]:
+    def _evaluate(
+        self, call: ToolCall, spec: ToolSpec, approval: ApprovalState, prepared: Prepared
+    ) -> list[tuple[dict[str, str], cedarpy.AuthzResult]]:
         """One evaluation per resource of the call."""
         # Encoded here with msgspec: cedarpy would json.dumps the context itself, slower.
         context = _json.encode({**prepared.context, "approval": approval.as_context()}).decode()
         principal = uid("User", call.principal.user)
         action = uid("Action", spec.action_class)
-        return [(target, cedarpy.is_authorized(
-            {"principal": principal, "action": action, "resource": target, "context": context},
-            self.bundle.policy_set, prepared.entities)) for target in prepared.targets]
+        return [
+            (
+                target,
+                cedarpy.is_authorized(
+                    {
+                        "principal": principal,
+                        "action": action,
+                        "resource": target,
+                        "context": context,
+                    },
+                    self.bundle.policy_set,
+                    prepared.entities,
+                ),
+            )
+            for target in prepared.targets
+        ]
 
     def _tool_base(self, spec: ToolSpec) -> cedarpy.Entities:
         cached = self._tool_entities.get(spec.name)
         if cached is not None and cached[0] is spec:
             return cached[1]
         base = cedarpy.Entities.from_json_str(
-            _json.encode(action_entities() + [tool_entity(spec)]).decode())
+            _json.encode(action_entities() + [tool_entity(spec)]).decode()
+        )
         self._tool_entities[spec.name] = (spec, base)
         return base
 
     def _policies(self, ids: Sequence[str]) -> list[PolicyInfo]:
         return sorted((self.bundle.policies[i] for i in ids), key=lambda p: p.order)
 
-    def _denial(self, results: list[tuple[dict[str, str], cedarpy.AuthzResult]],
-                call: ToolCall, spec: ToolSpec, approvals_lift: bool) -> Decision | None:
+    def _denial(
+        self,
+        results: list[tuple[dict[str, str], cedarpy.AuthzResult]],
+        call: ToolCall,
+        spec: ToolSpec,
+        approvals_lift: bool,
+    ) -> Decision | None:
         """The deny these results mean, or None (all allowed, or gated only by approval)."""
         for target, result in results:
             forbids = [] if result.allowed else self._policies(result.diagnostics.reasons)
             hard = [p for p in forbids if not (approvals_lift and p.approvers)]
             if hard:
                 first = hard[0]
-                return self._deny(first.error_code, f"{first.reason} (policy "
-                                  f"{first.policy_id!r}; {describe(call, spec, target)})",
-                                  [p.policy_id for p in hard])
+                return self._deny(
+                    first.error_code,
+                    f"{first.reason} (policy {first.policy_id!r}; {describe(call, spec, target)})",
+                    [p.policy_id for p in hard],
+                )
         errors = [e for _, result in results for e in result.diagnostics.errors]
         if errors:
-            return self._deny(ErrorCode.POLICY_ERROR,
-                              "policy evaluation failed: " + "; ".join(errors), [])
+            return self._deny(
+                ErrorCode.POLICY_ERROR, "policy evaluation failed: " + "; ".join(errors), []
+            )
         for target, result in results:
             if not result.allowed and not result.diagnostics.reasons:
-                return self._deny(ErrorCode.POLICY_DENIED, f"no policy permits this call "
-                                  f"({describe(call, spec, target)})", [])
+                return self._deny(
+                    ErrorCode.POLICY_DENIED,
+                    f"no policy permits this call ({describe(call, spec, target)})",
+                    [],
+                )
         return None
 
-    def _allow(self, results: list[tuple[dict[str, str], cedarpy.AuthzResult]],
-               gate_ids: Sequence[str] = (), required: int = 0) -> Decision:
-        permits = [p.policy_id for p in self._policies(list(dict.fromkeys(
-            reason for _, result in results for reason in result.diagnostics.reasons)))]
-        return Decision(allowed=True, policy_version=self.version, status="ok",
-                        policy_ids=[*gate_ids, *permits],
-                        requires_approval=required > 0, required_approvals=required)
+    def _allow(
+        self,
+        results: list[tuple[dict[str, str], cedarpy.AuthzResult]],
+        gate_ids: Sequence[str] = (),
+        required: int = 0,
+    ) -> Decision:
+        permits = [
+            p.policy_id
+            for p in self._policies(
+                list(
+                    dict.fromkeys(
+                        reason for _, result in results for reason in result.diagnostics.reasons
+                    )
+                )
+            )
+        ]
+        return Decision(
+            allowed=True,
+            policy_version=self.version,
+            status="ok",
+            policy_ids=[*gate_ids, *permits],
+            requires_approval=required > 0,
+            required_approvals=required,
+        )
 
-    def _deny(self, code: str, message: str, policy_ids: list[str],
-              retryable: bool = False) -> Decision:
-        return Decision(allowed=False, policy_version=self.version, policy_ids=policy_ids,
-                        status="denied", error=ToolError(
-                            code=code, message=message[:MAX_MESSAGE_CHARS], retryable=retryable))
+    def _deny(
+        self, code: str, message: str, policy_ids: list[str], retryable: bool = False
+    ) -> Decision:
+        return Decision(
+            allowed=False,
+            policy_version=self.version,
+            policy_ids=policy_ids,
+            status="denied",
+            error=ToolError(code=code, message=message[:MAX_MESSAGE_CHARS], retryable=retryable),
+        )
 
 
 def describe(call: ToolCall, spec: ToolSpec, resource: Mapping[str, str] | None = None) -> str:
     principal = call.principal
     target = task_target(call, spec)
-    named = "" if resource is None or resource["type"] in ("Task", "Tool") \
+    named = (
+        ""
+        if resource is None or resource["type"] in ("Task", "Tool")
         else f", resource {resource['type']} {resource['id']!r}"
-    return (f"tenant {principal.tenant!r}, user {principal.user!r}, agent {principal.agent!r}, "
-            f"tool {spec.name!r}, call's task {call.task_id!r}"
-            + ("" if target is None else f", task written {target!r}") + named)
+    )
+    return (
+        f"tenant {principal.tenant!r}, user {principal.user!r}, agent {principal.agent!r}, "
+        f"tool {spec.name!r}, call's task {call.task_id!r}"
+        + ("" if target is None else f", task written {target!r}")
+        + named
+    )
 
 
 def _declares(bundle: PolicyBundle, condition: str) -> bool:
@@ -278,12 +373,15 @@ def _declares(bundle: PolicyBundle, condition: str) -> bool:
 def schema_features(bundle: PolicyBundle) -> SchemaFeatures:
     return SchemaFeatures(
         session_kind=_declares(bundle, 'context.session_kind == ""'),
-        local_time=_declares(bundle, 'context.local_time.hour == 0 && '
-                                     'context.local_time.minute == 0 && '
-                                     'context.local_time.weekday == "" && '
-                                     'context.local_time.time_zone == ""'),
-        actions=tuple(a for a in FINER_ACTIONS
-                      if _declares(bundle, f'action == Action::"{a}"')))
+        local_time=_declares(
+            bundle,
+            "context.local_time.hour == 0 && "
+            "context.local_time.minute == 0 && "
+            'context.local_time.weekday == "" && '
+            'context.local_time.time_zone == ""',
+        ),
+        actions=tuple(a for a in FINER_ACTIONS if _declares(bundle, f'action == Action::"{a}"')),
+    )
 
 
 def check_engine_fits_schema(bundle: PolicyBundle) -> SchemaFeatures:
@@ -295,11 +393,20 @@ def check_engine_fits_schema(bundle: PolicyBundle) -> SchemaFeatures:
     """
     features = schema_features(bundle)
     sample = ToolSpec.model_construct(
-        name="schema_probe", risk="low", read_only=False, requires_approval=False,
-        allowed_agents=["*", "probe"], task_scope="task_id")
-    call = ToolCall(call_id="probe", tool=sample.name, arguments={}, task_id="t",
-                    principal=Principal(tenant="probe", user="probe",
-                                                        agent="probe", session="probe"))
+        name="schema_probe",
+        risk="low",
+        read_only=False,
+        requires_approval=False,
+        allowed_agents=["*", "probe"],
+        task_scope="task_id",
+    )
+    call = ToolCall(
+        call_id="probe",
+        tool=sample.name,
+        arguments={},
+        task_id="t",
+        principal=Principal(tenant="probe", user="probe", agent="probe", session="probe"),
+    )
     extra: dict[str, Any] = {}
     if features.session_kind:
         extra["session_kind"] = "interactive"
@@ -307,16 +414,24 @@ def check_engine_fits_schema(bundle: PolicyBundle) -> SchemaFeatures:
         extra["local_time"] = local_time(0, bundle.settings.zone_of("probe"))
     for read_only in (False, True):
         spec = sample.model_copy(update={"read_only": read_only})
-        entities = action_entities(features.actions) + [tool_entity(spec)] \
-            + call_entities(call, spec, {})
+        entities = (
+            action_entities(features.actions) + [tool_entity(spec)] + call_entities(call, spec, {})
+        )
         result = cedarpy.is_authorized(
             request_for(call, spec, NO_APPROVAL, 0, extra_context=extra),
-            bundle.policy_set, entities, schema=bundle.schema)
-        misfits = [e for e in result.diagnostics.errors
-                   if not e.startswith("error while evaluating policy")]
+            bundle.policy_set,
+            entities,
+            schema=bundle.schema,
+        )
+        misfits = [
+            e
+            for e in result.diagnostics.errors
+            if not e.startswith("error while evaluating policy")
+        ]
         if misfits:
-            raise BundleError(f"{SCHEMA_FILE}: does not describe what the engine sends: "
-                              + "; ".join(misfits))
+            raise BundleError(
+                f"{SCHEMA_FILE}: does not describe what the engine sends: " + "; ".join(misfits)
+            )
     return features
 
 

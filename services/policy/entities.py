@@ -106,16 +106,22 @@ def session_kind_of(call: ToolCall) -> str:
     if kind is None:
         return UNSPECIFIED_SESSION
     if kind not in SESSION_KINDS:
-        raise InvalidContext(f"context.session_kind must be one of {', '.join(SESSION_KINDS)} "
-                             f"(or absent), not {str(kind)[:40]!r}")
+        raise InvalidContext(
+            f"context.session_kind must be one of {', '.join(SESSION_KINDS)} "
+            f"(or absent), not {str(kind)[:40]!r}"
+        )
     return str(kind)
 
 
 def local_time(now_s: float, zone: ZoneInfo) -> dict[str, Any]:
     """The decision's time as the tenant's clock shows it."""
     at = datetime.fromtimestamp(now_s, zone)
-    return {"hour": at.hour, "minute": at.minute, "weekday": WEEKDAYS[at.weekday()],
-            "time_zone": zone.key}
+    return {
+        "hour": at.hour,
+        "minute": at.minute,
+        "weekday": WEEKDAYS[at.weekday()],
+        "time_zone": zone.key,
+    }
 
 
 def task_target(call: ToolCall, spec: ToolSpec) -> str | None:
@@ -174,11 +180,9 @@ def _pointer(path: str, key: str | int) -> str:
     return f"{path}/" + str(key).replace("~", "~0").replace("/", "~1")
 
 
-def _check_record(record: Mapping[str, Any], path: str, depth: int,
-                  fractions: list[str]) -> None:
+def _check_record(record: Mapping[str, Any], path: str, depth: int, fractions: list[str]) -> None:
     if depth > MAX_ARGUMENT_DEPTH:
-        raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and objects "
-                                    "deep")
+        raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and objects deep")
     for key, value in record.items():
         if not isinstance(key, str):
             raise Unrepresentable(path, f"has a key that is not a string: {key!r:.40}")
@@ -192,8 +196,11 @@ def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> Non
     kind = type(value)
     if kind is str:
         if len(value) > MAX_ARGUMENT_CHARS:
-            raise Unrepresentable(path, f"is a string of {len(value)} characters; a policy "
-                                        f"decision takes at most {MAX_ARGUMENT_CHARS}")
+            raise Unrepresentable(
+                path,
+                f"is a string of {len(value)} characters; a policy "
+                f"decision takes at most {MAX_ARGUMENT_CHARS}",
+            )
     elif kind is bool:
         pass
     elif kind is int:
@@ -201,9 +208,12 @@ def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> Non
             raise Unrepresentable(path, "is an integer outside Cedar's 64-bit range")
     elif kind is float:
         if cedar_decimal(value) is None:
-            raise Unrepresentable(path, f"is a fractional number ({value!r:.40}) that Cedar's "
-                                        "decimal cannot hold exactly (at most 4 fractional "
-                                        "digits, |x| < 922337203685477)")
+            raise Unrepresentable(
+                path,
+                f"is a fractional number ({value!r:.40}) that Cedar's "
+                "decimal cannot hold exactly (at most 4 fractional "
+                "digits, |x| < 922337203685477)",
+            )
         fractions.append(path)
     elif value is None:
         raise Unrepresentable(path, "is null, which Cedar cannot hold")
@@ -211,8 +221,9 @@ def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> Non
         _check_record(value, path, depth + 1, fractions)
     elif isinstance(value, list):
         if depth + 1 > MAX_ARGUMENT_DEPTH:
-            raise Unrepresentable(path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and "
-                                        "objects deep")
+            raise Unrepresentable(
+                path, f"nests more than {MAX_ARGUMENT_DEPTH} lists and objects deep"
+            )
         for index, item in enumerate(value):
             _check_value(item, _pointer(path, index), depth + 1, fractions)
     else:
@@ -222,17 +233,22 @@ def _check_value(value: Any, path: str, depth: int, fractions: list[str]) -> Non
 def action_entities(names: Iterable[str] = FINER_ACTIONS) -> list[dict[str, Any]]:
     parent = [uid("Action", CALL_ACTION)]
     return [{"uid": uid("Action", CALL_ACTION), "attrs": {}, "parents": []}] + [
-        {"uid": uid("Action", name), "attrs": {}, "parents": parent} for name in names]
+        {"uid": uid("Action", name), "attrs": {}, "parents": parent} for name in names
+    ]
 
 
 def tool_entity(spec: ToolSpec) -> dict[str, Any]:
-    return {"uid": uid("Tool", spec.name), "parents": [], "attrs": {
-        "risk": spec.risk,
-        "read_only": spec.read_only,
-        "requires_approval": spec.requires_approval,
-        "any_agent": "*" in spec.allowed_agents,
-        "allowed_agents": [ref("Agent", a) for a in spec.allowed_agents if a != "*"],
-    }}
+    return {
+        "uid": uid("Tool", spec.name),
+        "parents": [],
+        "attrs": {
+            "risk": spec.risk,
+            "read_only": spec.read_only,
+            "requires_approval": spec.requires_approval,
+            "any_agent": "*" in spec.allowed_agents,
+            "allowed_agents": [ref("Agent", a) for a in spec.allowed_agents if a != "*"],
+        },
+    }
 
 
 def task_tenant(task_id: str, call: ToolCall, directory: TaskTenants | None) -> str | None:
@@ -241,29 +257,43 @@ def task_tenant(task_id: str, call: ToolCall, directory: TaskTenants | None) -> 
     return call.principal.tenant if task_id == call.task_id else None
 
 
-def call_entities(call: ToolCall, spec: ToolSpec, roles: Mapping[str, list[str]],
-                  directory: TaskTenants | None = None) -> list[dict[str, Any]]:
+def call_entities(
+    call: ToolCall,
+    spec: ToolSpec,
+    roles: Mapping[str, list[str]],
+    directory: TaskTenants | None = None,
+) -> list[dict[str, Any]]:
     """The entities of this call besides its tool: user, agent, the tasks it involves."""
     principal = call.principal
     entities: list[dict[str, Any]] = [
-        {"uid": uid("User", principal.user), "parents": [], "attrs": {
-            "tenant": principal.tenant,
-            "roles": roles.get(f"{principal.tenant}/{principal.user}", []),
-        }},
+        {
+            "uid": uid("User", principal.user),
+            "parents": [],
+            "attrs": {
+                "tenant": principal.tenant,
+                "roles": roles.get(f"{principal.tenant}/{principal.user}", []),
+            },
+        },
         {"uid": uid("Agent", principal.agent), "parents": [], "attrs": {}},
     ]
     task_ids = {t for t in (call.task_id, task_target(call, spec)) if t}
     for task_id in sorted(task_ids):
         tenant = task_tenant(task_id, call, directory)
         if tenant is not None:
-            entities.append({"uid": uid("Task", task_id), "parents": [],
-                             "attrs": {"tenant": tenant}})
+            entities.append(
+                {"uid": uid("Task", task_id), "parents": [], "attrs": {"tenant": tenant}}
+            )
     return entities
 
 
-def request_for(call: ToolCall, spec: ToolSpec, approval: ApprovalState,
-                now_s: int, resource: dict[str, str] | None = None,
-                extra_context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def request_for(
+    call: ToolCall,
+    spec: ToolSpec,
+    approval: ApprovalState,
+    now_s: int,
+    resource: dict[str, str] | None = None,
+    extra_context: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The Cedar request; `resource` overrides the Task or Tool it would otherwise name."""
     target = task_target(call, spec)
     context: dict[str, Any] = {

@@ -114,8 +114,9 @@ class PythonProvider(ProviderBase):
     function: str = Field(pattern=FUNCTION_PATTERN)
 
 
-ProviderConfig = Annotated[SqlProvider | HttpProvider | PythonProvider,
-                           Field(discriminator="provider")]
+ProviderConfig = Annotated[
+    SqlProvider | HttpProvider | PythonProvider, Field(discriminator="provider")
+]
 
 
 def check_entity_type(name: str) -> None:
@@ -160,8 +161,9 @@ def sql_lookup(config: SqlProvider, data_dir: Path) -> Lookup:
     def run(resource_id: str, tenant: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + config.timeout_s
         try:
-            connection = sqlite3.connect(uri, uri=True, timeout=config.timeout_s,
-                                         check_same_thread=False)
+            connection = sqlite3.connect(
+                uri, uri=True, timeout=config.timeout_s, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise LookupFailed(f"cannot open {path}: {exc}") from exc
         with closing(connection):
@@ -193,11 +195,12 @@ class _HttpLookup:
 
     async def __call__(self, resource_id: str, tenant: str) -> Mapping[str, Any] | None:
         if self.client is None:  # made in the running loop, kept for its connections
-            self.client = httpx.AsyncClient(timeout=self.config.timeout_s,
-                                            headers=self.config.headers,
-                                            follow_redirects=False)
-        url = self.config.url.replace("{id}", quote(resource_id, safe="")) \
-                             .replace("{tenant}", quote(tenant, safe=""))
+            self.client = httpx.AsyncClient(
+                timeout=self.config.timeout_s, headers=self.config.headers, follow_redirects=False
+            )
+        url = self.config.url.replace("{id}", quote(resource_id, safe="")).replace(
+            "{tenant}", quote(tenant, safe="")
+        )
         try:
             response = await self.client.get(url)
         except httpx.HTTPError as exc:
@@ -259,12 +262,17 @@ def _one_line(exc: BaseException) -> str:
 class EntityResolver:
     """The providers of one bundle, with their short cache. One per policy process."""
 
-    def __init__(self, providers: Mapping[str, SqlProvider | HttpProvider | PythonProvider],
-                 data_dir: Path, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self,
+        providers: Mapping[str, SqlProvider | HttpProvider | PythonProvider],
+        data_dir: Path,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.providers = dict(providers)
-        self._lookups = {name: make_lookup(config, data_dir)
-                         for name, config in self.providers.items()}
+        self._lookups = {
+            name: make_lookup(config, data_dir) for name, config in self.providers.items()
+        }
         self._clock = clock
         self._wall = wall
         # (type, tenant, id) -> (expires at, on the monotonic clock; what was seen)
@@ -290,26 +298,44 @@ class EntityResolver:
     async def _fetch(self, entity_type: str, resource_id: str, tenant: str) -> ResourceSeen:
         config = self.providers.get(entity_type)
         if config is None:
-            return ResourceSeen(type=entity_type, id=resource_id, error=(
-                f"no entity provider is declared for {entity_type} (bundle.yaml entities)"))
+            return ResourceSeen(
+                type=entity_type,
+                id=resource_id,
+                error=(f"no entity provider is declared for {entity_type} (bundle.yaml entities)"),
+            )
         try:
-            found = await asyncio.wait_for(self._lookups[entity_type](resource_id, tenant),
-                                           config.timeout_s)
+            found = await asyncio.wait_for(
+                self._lookups[entity_type](resource_id, tenant), config.timeout_s
+            )
             attributes = _attributes(found)
         except TimeoutError:
-            return ResourceSeen(type=entity_type, id=resource_id, provider=config.provider,
-                                error=f"the {config.provider} provider did not answer within "
-                                      f"{config.timeout_s:g} s")
+            return ResourceSeen(
+                type=entity_type,
+                id=resource_id,
+                provider=config.provider,
+                error=f"the {config.provider} provider did not answer within "
+                f"{config.timeout_s:g} s",
+            )
         except Exception as exc:  # fail closed: any failure is a recorded reason to deny
-            return ResourceSeen(type=entity_type, id=resource_id, provider=config.provider,
-                                error=f"the {config.provider} provider failed: "
-                                      + _one_line(exc))
+            return ResourceSeen(
+                type=entity_type,
+                id=resource_id,
+                provider=config.provider,
+                error=f"the {config.provider} provider failed: " + _one_line(exc),
+            )
         answered = self._wall()
         if attributes is None:
-            return ResourceSeen(type=entity_type, id=resource_id, provider=config.provider,
-                                fetched_at=answered)
-        seen = ResourceSeen(type=entity_type, id=resource_id, found=True, attributes=attributes,
-                            provider=config.provider, fetched_at=answered)
+            return ResourceSeen(
+                type=entity_type, id=resource_id, provider=config.provider, fetched_at=answered
+            )
+        seen = ResourceSeen(
+            type=entity_type,
+            id=resource_id,
+            found=True,
+            attributes=attributes,
+            provider=config.provider,
+            fetched_at=answered,
+        )
         if config.cache_ttl_s > 0:
             self._remember((entity_type, tenant, resource_id), seen, config.cache_ttl_s)
         return seen
@@ -331,4 +357,3 @@ class EntityResolver:
         for lookup in self._lookups.values():
             if isinstance(lookup, _HttpLookup):
                 await lookup.aclose()
-

@@ -46,7 +46,8 @@ def window_key(call: ToolCall, limit: RateLimit, now: float) -> tuple[str, float
     window = int(now // limit.per_seconds)
     # Tenant and user ids may hold characters a KV key may not: hash them.
     owner = hashlib.sha256(
-        f"{call.principal.tenant}\0{call.principal.user}\0{call.tool}".encode()).hexdigest()
+        f"{call.principal.tenant}\0{call.principal.user}\0{call.tool}".encode()
+    ).hexdigest()
     return f"{owner[:32]}.{window}", (window + 1) * limit.per_seconds - now
 
 

@@ -50,18 +50,21 @@ def resource_refs(call: ToolCall, spec: ToolSpec) -> list[tuple[str, str]]:
         value = _at(call.arguments, resource.id)
         ids = value if isinstance(value, list) else [value]
         if value is None or (isinstance(value, list) and not value):
-            raise ResourceProblem(f"argument {resource.id} names no {resource.type}, so the "
-                                  "policy cannot look it up")
+            raise ResourceProblem(
+                f"argument {resource.id} names no {resource.type}, so the policy cannot look it up"
+            )
         for item in ids:
             if not isinstance(item, str) or not item or len(item) > MAX_ID_CHARS:
                 raise ResourceProblem(
                     f"argument {resource.id} must name each {resource.type} by a non-empty "
-                    f"string of at most {MAX_ID_CHARS} characters")
+                    f"string of at most {MAX_ID_CHARS} characters"
+                )
             found.append((resource.type, item))
     unique = list(dict.fromkeys(found))
     if len(unique) > MAX_RESOURCES:
-        raise ResourceProblem(f"the call names {len(unique)} resources; a decision takes at "
-                              f"most {MAX_RESOURCES}")
+        raise ResourceProblem(
+            f"the call names {len(unique)} resources; a decision takes at most {MAX_RESOURCES}"
+        )
     return unique
 
 
@@ -77,8 +80,9 @@ def _at(arguments: Mapping[str, Any], pointer: str) -> Any:
     return value
 
 
-def known_resources(refs: Sequence[tuple[str, str]], seen: Sequence[ResourceSeen] | None
-                    ) -> list[ResourceSeen]:
+def known_resources(
+    refs: Sequence[tuple[str, str]], seen: Sequence[ResourceSeen] | None
+) -> list[ResourceSeen]:
     """The lookup of each ref, or ResourceProblem with the first reason to deny."""
     if not refs:
         return []
@@ -87,15 +91,21 @@ def known_resources(refs: Sequence[tuple[str, str]], seen: Sequence[ResourceSeen
     for entity_type, resource_id in refs:
         found = by_ref.get((entity_type, resource_id))
         if found is None:
-            raise ResourceProblem(f"{entity_type} {resource_id!r} was not looked up, so the "
-                                  "policy cannot decide on it")
+            raise ResourceProblem(
+                f"{entity_type} {resource_id!r} was not looked up, so the "
+                "policy cannot decide on it"
+            )
         if found.error:
-            raise ResourceProblem(f"{entity_type} {resource_id!r} could not be looked up: "
-                                  f"{found.error}", retryable=True)
+            raise ResourceProblem(
+                f"{entity_type} {resource_id!r} could not be looked up: {found.error}",
+                retryable=True,
+            )
         if not found.found:
-            raise ResourceProblem(f"{entity_type} {resource_id!r} is not known (its "
-                                  f"{found.provider or 'entity'} provider has no such resource "
-                                  "for this tenant)")
+            raise ResourceProblem(
+                f"{entity_type} {resource_id!r} is not known (its "
+                f"{found.provider or 'entity'} provider has no such resource "
+                "for this tenant)"
+            )
         known.append(found)
     return known
 
@@ -114,17 +124,21 @@ def resource_entity(seen: ResourceSeen, references: Mapping[str, str]) -> dict[s
             continue
         if name in references:
             if not isinstance(value, str):
-                raise ResourceProblem(f"attribute {name} of {seen.type} {seen.id!r} names a "
-                                      f"{references[name]} by a {type(value).__name__}, not "
-                                      "an id")
+                raise ResourceProblem(
+                    f"attribute {name} of {seen.type} {seen.id!r} names a "
+                    f"{references[name]} by a {type(value).__name__}, not "
+                    "an id"
+                )
             refs[name] = ref(references[name], value)
         else:
             plain[name] = value
     try:
         attrs = dict(context_arguments(plain))
     except Unrepresentable as exc:
-        raise ResourceProblem(f"attribute {exc.path.lstrip('/')} of {seen.type} {seen.id!r} "
-                              f"{exc.why}, so the policy cannot evaluate this call") from exc
+        raise ResourceProblem(
+            f"attribute {exc.path.lstrip('/')} of {seen.type} {seen.id!r} "
+            f"{exc.why}, so the policy cannot evaluate this call"
+        ) from exc
     attrs.update(refs)
     return {"uid": uid(seen.type, seen.id), "attrs": attrs, "parents": []}
 

@@ -35,5 +35,6 @@ class Decision:
 class PolicyEngine(Protocol):
     version: str
 
-    def decide(self, call: ToolCall, spec: ToolSpec | None,
-               approvers: Sequence[str] = ()) -> Decision: ...
+    def decide(
+        self, call: ToolCall, spec: ToolSpec | None, approvers: Sequence[str] = ()
+    ) -> Decision: ...

@@ -52,22 +52,32 @@ class BundleRefused(Exception):
 
 
 def signed_bytes(files: Mapping[str, str], signed_at: str, signer: str) -> bytes:
-    return canonical_json({"domain": DOMAIN, "files": dict(files), "signed_at": signed_at,
-                           "key_id": signer})
+    return canonical_json(
+        {"domain": DOMAIN, "files": dict(files), "signed_at": signed_at, "key_id": signer}
+    )
 
 
-def sign_bundle(files: Mapping[str, str], version: str, private_key: Ed25519PrivateKey,
-                now: datetime | None = None) -> StoredBundle:
+def sign_bundle(
+    files: Mapping[str, str],
+    version: str,
+    private_key: Ed25519PrivateKey,
+    now: datetime | None = None,
+) -> StoredBundle:
     signed_at = (now or datetime.now(UTC)).isoformat()
     signer = key_id(private_key.public_key())
     signature = private_key.sign(signed_bytes(files, signed_at, signer))
-    return StoredBundle(files=dict(files), version=version,
-                        signature=base64.b64encode(signature).decode(), key_id=signer,
-                        signed_at=signed_at)
+    return StoredBundle(
+        files=dict(files),
+        version=version,
+        signature=base64.b64encode(signature).decode(),
+        key_id=signer,
+        signed_at=signed_at,
+    )
 
 
-def open_stored(value: bytes | None, public_key: Ed25519PublicKey | None,
-                key_path: Path | str = PUBLIC_KEY_FILE) -> StoredBundle:
+def open_stored(
+    value: bytes | None, public_key: Ed25519PublicKey | None, key_path: Path | str = PUBLIC_KEY_FILE
+) -> StoredBundle:
     """The stored bundle, if it is readable and signed by `public_key`; else BundleRefused."""
     if not value:
         raise BundleRefused("it is empty")
@@ -78,15 +88,20 @@ def open_stored(value: bytes | None, public_key: Ed25519PublicKey | None,
     if not stored.signature:
         raise BundleRefused("it is not signed (only `toolgate policy push` writes bundles)")
     if public_key is None:
-        raise BundleRefused(f"there is no policy-signing public key at {key_path} to verify "
-                            "it with")
+        raise BundleRefused(
+            f"there is no policy-signing public key at {key_path} to verify it with"
+        )
     trusted = key_id(public_key)
     if stored.key_id != trusted:
-        raise BundleRefused(f"it is signed by key {stored.key_id[:32]!r}, not by the trusted "
-                            f"key {trusted} ({key_path})")
+        raise BundleRefused(
+            f"it is signed by key {stored.key_id[:32]!r}, not by the trusted "
+            f"key {trusted} ({key_path})"
+        )
     try:
-        public_key.verify(base64.b64decode(stored.signature, validate=True),
-                          signed_bytes(stored.files, stored.signed_at, stored.key_id))
+        public_key.verify(
+            base64.b64decode(stored.signature, validate=True),
+            signed_bytes(stored.files, stored.signed_at, stored.key_id),
+        )
     except (InvalidSignature, ValueError) as exc:
         raise BundleRefused(f"its signature does not verify with key {trusted}") from exc
     return stored
@@ -99,8 +114,11 @@ def ensure_signing_key(keys_dir: Path) -> tuple[Ed25519PrivateKey, bool]:
     created = False
     if not private_path.exists():
         key = Ed25519PrivateKey.generate()
-        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+        pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
         try:
             fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -113,8 +131,11 @@ def ensure_signing_key(keys_dir: Path) -> tuple[Ed25519PrivateKey, bool]:
     public_path = keys_dir / PUBLIC_KEY_FILE
     if created or not public_path.exists():
         tmp = keys_dir / f".{PUBLIC_KEY_FILE}.tmp{os.getpid()}"
-        tmp.write_bytes(private_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+        tmp.write_bytes(
+            private_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
         tmp.replace(public_path)
     return private_key, created
 
@@ -138,8 +159,9 @@ def load_verify_key(keys_dir: Path) -> Ed25519PublicKey | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise BundleRefused(f"the policy-signing public key {path} is not readable: "
-                            f"{_one_line(str(exc))}") from exc
+        raise BundleRefused(
+            f"the policy-signing public key {path} is not readable: {_one_line(str(exc))}"
+        ) from exc
     if not isinstance(key, Ed25519PublicKey):
         raise BundleRefused(f"{path} is not an Ed25519 public key")
     return key

@@ -57,24 +57,48 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
     now = utc_now()
     if isinstance(outcome, Validated):
         call = outcome.call
-        return [ArgumentsValidated(
-            event_id=eid("validated"), occurred_at=now, service=SERVICE, call=call,
-            arguments_sha256=arguments_sha256(call.arguments), **call_fields(call))]
+        return [
+            ArgumentsValidated(
+                event_id=eid("validated"),
+                occurred_at=now,
+                service=SERVICE,
+                call=call,
+                arguments_sha256=arguments_sha256(call.arguments),
+                **call_fields(call),
+            )
+        ]
     events: list[Event] = []
     reason = outcome.dead_letter_reason if isinstance(outcome, Rejected) else outcome.reason
     call_id = outcome.call_id if isinstance(outcome, Rejected) else ""
     if reason:
-        events.append(MessageDeadLettered(
-            event_id=eid("dead-letter"), occurred_at=now, service=SERVICE, call_id=call_id,
-            reason=reason, source_subject=delivery.subject,
-            payload_excerpt=raw[:EXCERPT_BYTES].decode("utf-8", "replace"),
-            payload_bytes=len(raw)))
+        events.append(
+            MessageDeadLettered(
+                event_id=eid("dead-letter"),
+                occurred_at=now,
+                service=SERVICE,
+                call_id=call_id,
+                reason=reason,
+                source_subject=delivery.subject,
+                payload_excerpt=raw[:EXCERPT_BYTES].decode("utf-8", "replace"),
+                payload_bytes=len(raw),
+            )
+        )
     if isinstance(outcome, Rejected):
-        fields = call_fields(outcome.call) if outcome.call else {
-            "call_id": outcome.call_id, "principal": outcome.principal}
-        events.append(ArgumentsRejected(
-            event_id=eid("rejected"), occurred_at=now, service=SERVICE,
-            status=outcome.status, error=outcome.error, **fields))
+        fields = (
+            call_fields(outcome.call)
+            if outcome.call
+            else {"call_id": outcome.call_id, "principal": outcome.principal}
+        )
+        events.append(
+            ArgumentsRejected(
+                event_id=eid("rejected"),
+                occurred_at=now,
+                service=SERVICE,
+                status=outcome.status,
+                error=outcome.error,
+                **fields,
+            )
+        )
     return events
 
 
@@ -92,13 +116,19 @@ def build_app(settings: GatewaySettings) -> FastStream:
         async def work() -> None:
             identity = identity_of(delivery.subject)
             outcome: CheckOutcome = (
-                checker.check(raw, identity) if identity is not None else
-                Undeliverable(f"{delivery.subject!r} is not a calls subject"))
+                checker.check(raw, identity)
+                if identity is not None
+                else Undeliverable(f"{delivery.subject!r} is not a calls subject")
+            )
             if isinstance(outcome, Validated | Rejected) and identity is not None:
                 key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
                 if not await claims[0].claim(key, delivery.message_id):
-                    log.info("call %s: duplicate call_id from %s.%s, answered by the first",
-                             outcome_call_id(outcome), identity.tenant, identity.agent)
+                    log.info(
+                        "call %s: duplicate call_id from %s.%s, answered by the first",
+                        outcome_call_id(outcome),
+                        identity.tenant,
+                        identity.agent,
+                    )
                     return
             for event in events_for(outcome, raw, delivery):
                 await publisher.emit(event)
@@ -113,8 +143,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
     @app.on_startup
     async def bind_claims() -> None:
         await broker.connect()
-        claims.append(CallIdClaims(await broker.key_value(subjects.CALL_IDS_BUCKET,
-                                                          declare=False)))
+        claims.append(CallIdClaims(await broker.key_value(subjects.CALL_IDS_BUCKET, declare=False)))
 
     return app
 

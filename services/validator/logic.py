@@ -45,9 +45,12 @@ class Identity:
 
     def principal(self, claimed: Principal | None = None) -> Principal:
         """The call's principal: tenant and agent from the bus, user and session claimed."""
-        return Principal(tenant=self.tenant, agent=self.agent,
-                         user=claimed.user if claimed else "",
-                         session=claimed.session if claimed else "")
+        return Principal(
+            tenant=self.tenant,
+            agent=self.agent,
+            user=claimed.user if claimed else "",
+            session=claimed.session if claimed else "",
+        )
 
 
 @dataclass(frozen=True)
@@ -102,8 +105,11 @@ def nesting_depth(value: Any, limit: int) -> int:
         if not containers:
             break
         depth += 1
-        level = [child for node in containers
-                 for child in (node.values() if isinstance(node, dict) else node)]
+        level = [
+            child
+            for node in containers
+            for child in (node.values() if isinstance(node, dict) else node)
+        ]
     return depth
 
 
@@ -134,33 +140,57 @@ class CallChecker:
             return Undeliverable(f"call_id {claimed.call_id[:140]!r} is not {CALL_ID_RULE}")
         principal = identity.principal(claimed.principal)
         call = msgspec.structs.replace(claimed, principal=principal)
-        if (claimed.principal.tenant, claimed.principal.agent) != (identity.tenant,
-                                                                   identity.agent):
-            return Rejected(call.call_id, "denied", ToolError(
-                code=ErrorCode.PRINCIPAL_MISMATCH,
-                message=f"the call names tenant {claimed.principal.tenant[:64]!r} and agent "
-                        f"{claimed.principal.agent[:64]!r}, but it was sent by agent "
-                        f"{identity.agent!r} of tenant {identity.tenant!r}",
-                retryable=False), principal, call=call)
+        if (claimed.principal.tenant, claimed.principal.agent) != (identity.tenant, identity.agent):
+            return Rejected(
+                call.call_id,
+                "denied",
+                ToolError(
+                    code=ErrorCode.PRINCIPAL_MISMATCH,
+                    message=f"the call names tenant {claimed.principal.tenant[:64]!r} and agent "
+                    f"{claimed.principal.agent[:64]!r}, but it was sent by agent "
+                    f"{identity.agent!r} of tenant {identity.tenant!r}",
+                    retryable=False,
+                ),
+                principal,
+                call=call,
+            )
         if nesting_depth(call.arguments, MAX_ARGUMENT_DEPTH) > MAX_ARGUMENT_DEPTH:
             return self._too_deep(raw, identity, "the arguments", call)
         spec = self.registry.get(call.tool)
         if spec is None:
-            return Rejected(call.call_id, "unknown_tool", ToolError(
-                code=ErrorCode.TOOL_NOT_FOUND,
-                message=f"no tool named {call.tool[:200]!r} is registered",
-                retryable=False), principal, call=call)
+            return Rejected(
+                call.call_id,
+                "unknown_tool",
+                ToolError(
+                    code=ErrorCode.TOOL_NOT_FOUND,
+                    message=f"no tool named {call.tool[:200]!r} is registered",
+                    retryable=False,
+                ),
+                principal,
+                call=call,
+            )
         errors = [
             ErrorDetail(path=json_pointer(list(err.instance_path)), message=err.message)
-            for _, err in zip(range(MAX_DETAILS), self._validators[call.tool].iter_errors(
-                call.arguments), strict=False)
+            for _, err in zip(
+                range(MAX_DETAILS),
+                self._validators[call.tool].iter_errors(call.arguments),
+                strict=False,
+            )
         ]
         if errors:
-            return Rejected(call.call_id, "invalid_arguments", ToolError(
-                code=ErrorCode.SCHEMA_VALIDATION_FAILED,
-                message=f"arguments do not match the input_schema of {call.tool}: "
-                        + "; ".join(f"{e.path or '/'}: {e.message}" for e in errors[:3]),
-                retryable=False, details=errors), principal, call=call)
+            return Rejected(
+                call.call_id,
+                "invalid_arguments",
+                ToolError(
+                    code=ErrorCode.SCHEMA_VALIDATION_FAILED,
+                    message=f"arguments do not match the input_schema of {call.tool}: "
+                    + "; ".join(f"{e.path or '/'}: {e.message}" for e in errors[:3]),
+                    retryable=False,
+                    details=errors,
+                ),
+                principal,
+                call=call,
+            )
         # In the schema's types from here on (900.0 in an integer field is 900): the
         # hash, the policy and the tool all see the same value.
         normalize = self._normalizers[call.tool]
@@ -175,19 +205,27 @@ class CallChecker:
         reason = f"call is {len(raw)} bytes; the limit is {self.max_call_bytes}"
         if not is_valid_call_id(call_id):
             return Undeliverable(f"{reason}; and it has no call_id that is {CALL_ID_RULE}")
-        return Rejected(call_id, "invalid_arguments", ToolError(
-            code=ErrorCode.PAYLOAD_TOO_LARGE, message=reason, retryable=False),
-            identity.principal())
+        return Rejected(
+            call_id,
+            "invalid_arguments",
+            ToolError(code=ErrorCode.PAYLOAD_TOO_LARGE, message=reason, retryable=False),
+            identity.principal(),
+        )
 
-    def _too_deep(self, raw: bytes, identity: Identity, what: str,
-                  call: ToolCall | None = None) -> CheckOutcome:
+    def _too_deep(
+        self, raw: bytes, identity: Identity, what: str, call: ToolCall | None = None
+    ) -> CheckOutcome:
         call_id = call.call_id if call else _read_call_id(raw)
         reason = f"{what} nest more than {MAX_ARGUMENT_DEPTH} levels of lists and objects"
         if not is_valid_call_id(call_id):
             return Undeliverable(f"{reason}; and it has no call_id that is {CALL_ID_RULE}")
-        return Rejected(call_id, "invalid_arguments", ToolError(
-            code=ErrorCode.NESTING_TOO_DEEP, message=reason, retryable=False),
-            call.principal if call else identity.principal(), call=call)
+        return Rejected(
+            call_id,
+            "invalid_arguments",
+            ToolError(code=ErrorCode.NESTING_TOO_DEEP, message=reason, retryable=False),
+            call.principal if call else identity.principal(),
+            call=call,
+        )
 
     def _malformed(self, raw: bytes, problem: str, identity: Identity) -> CheckOutcome:
         call_id = _read_call_id(raw)
@@ -196,6 +234,10 @@ class CallChecker:
             return Undeliverable(f"{reason}; and its call_id is not {CALL_ID_RULE}")
         if call_id is None:
             return Undeliverable(f"{reason}; and it has no call_id to answer to")
-        return Rejected(call_id, "invalid_arguments", ToolError(
-            code=ErrorCode.MALFORMED_CALL, message=reason, retryable=False),
-            identity.principal(), dead_letter_reason=reason)
+        return Rejected(
+            call_id,
+            "invalid_arguments",
+            ToolError(code=ErrorCode.MALFORMED_CALL, message=reason, retryable=False),
+            identity.principal(),
+            dead_letter_reason=reason,
+        )

@@ -81,8 +81,9 @@ def _plan(schema: Any) -> _Plan | None:
     items = _plan(schema.get("items"))
     if not (integer or properties or additional or any(prefix) or items):
         return None
-    return _Plan(integer=integer, properties=properties, additional=additional,
-                 prefix=prefix, items=items)
+    return _Plan(
+        integer=integer, properties=properties, additional=additional, prefix=prefix, items=items
+    )
 
 
 def _apply(plan: _Plan, value: Any) -> Any:

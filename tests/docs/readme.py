@@ -72,8 +72,9 @@ def read_blocks(path: Path) -> list[Block]:
             end += 1
         if end == len(lines):
             raise ValueError(f"README.md:{index + 1}: a code block is never closed")
-        block = Block(opening.group(1), "\n".join(lines[index + 1:end]) + "\n", index + 1,
-                      heading)
+        block = Block(
+            opening.group(1), "\n".join(lines[index + 1 : end]) + "\n", index + 1, heading
+        )
         directive = DIRECTIVE.match(lines[index - 1]) if index else None
         if directive:
             kind, value = directive.groups()
@@ -117,7 +118,7 @@ def split_comment(line: str) -> tuple[str, str]:
         elif char in "'\"":
             quote = char
         elif char == "#" and (position == 0 or line[position - 1].isspace()):
-            return line[:position].rstrip(), line[position + 1:].strip()
+            return line[:position].rstrip(), line[position + 1 :].strip()
     return line.rstrip(), ""
 
 
@@ -155,8 +156,9 @@ def _command(text: str, comment: str) -> Command:
 
 def python_prints(text: str) -> list[str]:
     """What a Python block says it prints: `# prints TEXT` at a line's end or alone."""
-    return [line.split("# prints ", 1)[1].strip() for line in text.splitlines()
-            if "# prints " in line]
+    return [
+        line.split("# prints ", 1)[1].strip() for line in text.splitlines() if "# prints " in line
+    ]
 
 
 # ---------------------------------------------------------------- documented output
@@ -169,7 +171,8 @@ def matches(documented: Any, actual: Any) -> bool:
         return True
     if isinstance(documented, dict):
         return isinstance(actual, dict) and all(
-            key in actual and matches(value, actual[key]) for key, value in documented.items())
+            key in actual and matches(value, actual[key]) for key, value in documented.items()
+        )
     if isinstance(documented, list):
         if not isinstance(actual, list):
             return False
@@ -192,4 +195,3 @@ def json_documents(text: str) -> list[Any]:
             return found
         value, position = decoder.raw_decode(text, position)
         found.append(value)
-

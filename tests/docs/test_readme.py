@@ -56,8 +56,10 @@ PLACEHOLDERS = {"CALL_ID": "call_02", "DIR": ".toolgate/examples/refund/policy"}
 # "decisions would change" for policy test, "a replayed result differs" for replay
 # (a save_evidence result names an evidence_id derived from the call_id, and a replay
 # is a new call_id, so its replay always differs).
-ANSWERS = {"toolgate policy test": {0, 1},
-           "toolgate audit replay --since 1h --tool save_evidence": {0, 1}}
+ANSWERS = {
+    "toolgate policy test": {0, 1},
+    "toolgate audit replay --since 1h --tool save_evidence": {0, 1},
+}
 INSTALL = re.compile(r"^\s*(python3 -m venv\b|\.venv/bin/pip install\b|pip install\b)")
 BLOCK_DEADLINE_S = 300.0
 READY_DEADLINE_S = 180.0
@@ -74,8 +76,9 @@ def test_every_block_is_run_or_checked_or_says_why_not() -> None:
     found = blocks()
     assert found, "no code blocks in README.md"
     for block in found:
-        assert block.language in {*RUNNABLE, *CHECKED, ""}, \
+        assert block.language in {*RUNNABLE, *CHECKED, ""}, (
             f"{block.where}: a ```{block.language} block nobody runs or checks"
+        )
         if block.ready_at or block.output_of:
             assert block.not_run is None, block.where
     not_run = [b for b in found if b.not_run]
@@ -131,19 +134,27 @@ def test_yaml_examples_parse() -> None:
             assert isinstance(yaml.safe_load(block.text), dict), block.where
 
 
-@pytest.mark.parametrize(("line", "code", "comment"), [
-    ("toolgate agents list   # prints acme", "toolgate agents list", "prints acme"),
-    ("toolgate call x '{\"a\": \"#1\"}'  # ok: fine", "toolgate call x '{\"a\": \"#1\"}'",
-     "ok: fine"),
-    ("echo a#b", "echo a#b", ""),
-])
+@pytest.mark.parametrize(
+    ("line", "code", "comment"),
+    [
+        ("toolgate agents list   # prints acme", "toolgate agents list", "prints acme"),
+        (
+            'toolgate call x \'{"a": "#1"}\'  # ok: fine',
+            'toolgate call x \'{"a": "#1"}\'',
+            "ok: fine",
+        ),
+        ("echo a#b", "echo a#b", ""),
+    ],
+)
 def test_shell_comments(line: str, code: str, comment: str) -> None:
     assert split_comment(line) == (code, comment)
 
 
 def test_shell_commands_join_continuations_and_read_expectations() -> None:
-    commands = shell_commands("toolgate call t '{}' \\\n  --user u   # denied: not yours\n"
-                              "# a comment\n\nls   # prints x y\n")
+    commands = shell_commands(
+        "toolgate call t '{}' \\\n  --user u   # denied: not yours\n"
+        "# a comment\n\nls   # prints x y\n"
+    )
     assert [c.text for c in commands] == ["toolgate call t '{}' \\\n  --user u", "ls"]
     assert commands[0].expect_status == "denied" and commands[0].expected_exit == 1
     assert commands[1].prints == "x y" and commands[1].expected_exit == 0
@@ -179,9 +190,10 @@ class Background:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-            raise AssertionError(f"{self.block.where}: {self.command!r} did not stop on "
-                                 f"Ctrl-C within {deadline}s:\n{self.output()[-3000:]}") \
-                from None
+            raise AssertionError(
+                f"{self.block.where}: {self.command!r} did not stop on "
+                f"Ctrl-C within {deadline}s:\n{self.output()[-3000:]}"
+            ) from None
 
 
 @dataclass
@@ -203,8 +215,11 @@ class Reader:
         parts = [p for p in command.split("&&") if not INSTALL.match(p)]
         text = "&&".join(parts).strip()
         text = re.sub(r"(^|\s)\.venv/bin/toolgate(?=\s|$)", r"\1toolgate", text)
-        if re.match(r"^toolgate up\b", text) and "--nats-port" not in text \
-                and "--nats-url" not in text:
+        if (
+            re.match(r"^toolgate up\b", text)
+            and "--nats-port" not in text
+            and "--nats-url" not in text
+        ):
             text = text.replace("toolgate up", "toolgate up --nats-port 0", 1)
         for word, value in PLACEHOLDERS.items():
             text = re.sub(rf"\b{word}\b", value, text)
@@ -219,11 +234,18 @@ class Reader:
             run = self.as_run(command.text)
             allowed = self.allowed_exits(run, command)
             check = " -o ".join(f'"$rc" = "{code}"' for code in sorted(allowed))
-            script.append(f"{{ {run}\n}} >{logs}/{number}.out 2>{logs}/{number}.err "
-                          f"</dev/null; rc=$?; echo $rc >{logs}/{number}.rc; "
-                          f"[ {check} ] || exit 0")
-        subprocess.run(["bash", "-c", "\n".join(script)], cwd=self.home, env=self.env,
-                       timeout=BLOCK_DEADLINE_S, check=True)
+            script.append(
+                f"{{ {run}\n}} >{logs}/{number}.out 2>{logs}/{number}.err "
+                f"</dev/null; rc=$?; echo $rc >{logs}/{number}.rc; "
+                f"[ {check} ] || exit 0"
+            )
+        subprocess.run(
+            ["bash", "-c", "\n".join(script)],
+            cwd=self.home,
+            env=self.env,
+            timeout=BLOCK_DEADLINE_S,
+            check=True,
+        )
         for number, command in enumerate(commands):
             self.check_command(block, command, logs, number)
 
@@ -239,8 +261,10 @@ class Reader:
         exit_code = int(rc_file.read_text())
         stdout = (logs / f"{number}.out").read_text(errors="replace")
         stderr = (logs / f"{number}.err").read_text(errors="replace")
-        said = f"{block.where}: {command.text!r} exited {exit_code}\n" \
-               f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        said = (
+            f"{block.where}: {command.text!r} exited {exit_code}\n"
+            f"--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
+        )
         assert exit_code in self.allowed_exits(self.as_run(command.text), command), said
         if command.prints is not None:
             assert command.prints in stdout, f"does not print {command.prints!r}: {said}"
@@ -253,10 +277,18 @@ class Reader:
         path = self.home / ".readme" / f"block{block.line}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(block.text)
-        done = subprocess.run([sys.executable, str(path)], cwd=self.home, env=self.env,
-                              capture_output=True, text=True, timeout=BLOCK_DEADLINE_S)
-        said = f"{block.where}: exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}" \
-               f"\n--- stderr\n{done.stderr[-3000:]}"
+        done = subprocess.run(
+            [sys.executable, str(path)],
+            cwd=self.home,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_DEADLINE_S,
+        )
+        said = (
+            f"{block.where}: exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+            f"\n--- stderr\n{done.stderr[-3000:]}"
+        )
         assert done.returncode == 0, said
         for text in python_prints(block.text):
             assert text in done.stdout, f"does not print {text!r}: {said}"
@@ -271,16 +303,23 @@ class Reader:
                 continue  # only install commands
             is_up = run.startswith("toolgate up")
             if is_up and self.up is not None:
-                assert self.up.stop() == 0, f"toolgate up did not stop cleanly: " \
-                                            f"{self.up.output()[-3000:]}"
+                assert self.up.stop() == 0, (
+                    f"toolgate up did not stop cleanly: {self.up.output()[-3000:]}"
+                )
                 self.up = None
             logs = self.home / ".readme"
             logs.mkdir(exist_ok=True)
             out, err = logs / f"bg{block.line}.{number}.out", logs / f"bg{block.line}.{number}.err"
             with open(out, "wb") as stdout, open(err, "wb") as stderr:
-                process = subprocess.Popen(["bash", "-c", run], cwd=self.home, env=self.env,
-                                           stdout=stdout, stderr=stderr,
-                                           stdin=subprocess.DEVNULL, start_new_session=True)
+                process = subprocess.Popen(
+                    ["bash", "-c", run],
+                    cwd=self.home,
+                    env=self.env,
+                    stdout=stdout,
+                    stderr=stderr,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             started = Background(block, run, process, out, err)
             if is_up:
                 self.up = started
@@ -288,12 +327,14 @@ class Reader:
                 self.services.append(started)
             deadline = time.monotonic() + READY_DEADLINE_S
             while block.ready_at not in started.output():
-                assert process.poll() is None, \
-                    f"{block.where}: {run!r} ended ({process.returncode}) before it said " \
+                assert process.poll() is None, (
+                    f"{block.where}: {run!r} ended ({process.returncode}) before it said "
                     f"{block.ready_at!r}:\n{started.output()[-3000:]}"
-                assert time.monotonic() < deadline, \
-                    f"{block.where}: {run!r} never said {block.ready_at!r}:\n" \
+                )
+                assert time.monotonic() < deadline, (
+                    f"{block.where}: {run!r} never said {block.ready_at!r}:\n"
                     f"{started.output()[-3000:]}"
+                )
                 time.sleep(0.2)
             if not is_up:
                 self.last_background = started
@@ -308,36 +349,43 @@ class Reader:
             try:
                 exit_code = waited.process.wait(BLOCK_DEADLINE_S)
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{block.where}: {waited.command!r} is still running:\n"
-                                     f"{waited.output()[-3000:]}") from None
+                raise AssertionError(
+                    f"{block.where}: {waited.command!r} is still running:\n"
+                    f"{waited.output()[-3000:]}"
+                ) from None
             self.services.remove(waited)
             stdout = waited.out.read_text()
-            assert exit_code == 0, f"{block.where}: {waited.command!r} exited {exit_code}:\n" \
-                                   f"{waited.output()[-3000:]}"
+            assert exit_code == 0, (
+                f"{block.where}: {waited.command!r} exited {exit_code}:\n{waited.output()[-3000:]}"
+            )
         else:
             stdout = self.last_stdout
         actual = json.loads(stdout)
-        assert matches(documented[0], actual), \
+        assert matches(documented[0], actual), (
             f"{block.where}: printed\n{json.dumps(actual, indent=2)}\nnot as documented"
+        )
 
     def stop_all(self) -> None:
         problems = []
         for service in reversed(self.services):
             code = service.stop()
             if code not in (0, -signal.SIGINT, 130):
-                problems.append(f"{service.command!r} exited {code} on Ctrl-C:\n"
-                                f"{service.output()[-2000:]}")
+                problems.append(
+                    f"{service.command!r} exited {code} on Ctrl-C:\n{service.output()[-2000:]}"
+                )
         if self.up is not None:
             code = self.up.stop()
             if code != 0:
-                problems.append(f"toolgate up exited {code} on Ctrl-C:\n"
-                                f"{self.up.output()[-2000:]}")
+                problems.append(f"toolgate up exited {code} on Ctrl-C:\n{self.up.output()[-2000:]}")
         assert not problems, "\n".join(problems)
 
 
 def reader_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("TOOLGATE_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TOOLGATE_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     return env
 
@@ -363,8 +411,11 @@ def test_readme_runs_as_written(tmp_path: Path) -> None:
     finally:
         reader.stop_all()
     # Every command of every block ran (an install-only command has nothing to run).
-    expected = sum(1 if b.language == "python" else
-                   sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
-                   for b in blocks()
-                   if not b.not_run and not b.output_of and b.language in RUNNABLE)
+    expected = sum(
+        1
+        if b.language == "python"
+        else sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
+        for b in blocks()
+        if not b.not_run and not b.output_of and b.language in RUNNABLE
+    )
     assert reader.ran == expected

@@ -42,8 +42,9 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
 opener = urllib.request.build_opener(NoRedirect)
 
 
-def http(method: str, url: str, form: dict[str, str] | None = None,
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+def http(
+    method: str, url: str, form: dict[str, str] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], str]:
     data = urllib.parse.urlencode(form).encode() if form is not None else None
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
@@ -61,12 +62,16 @@ async def inbox(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tupl
     data_dir = tmp_path / "data"
     tokens = approvers(data_dir, "bob", "u-alice")
     tokens["gus"] = add_approver(data_dir, "gus", ["globex"])
-    service = await ServiceProc(nats_server.url, data_dir,
-                                data_dir / "logs" / "approvals.log").start().ready()
+    service = (
+        await ServiceProc(nats_server.url, data_dir, data_dir / "logs" / "approvals.log")
+        .start()
+        .ready()
+    )
     await publish_event(nats_server.url, approval_requested("call_http", ARGS, n=2))
     # globex's call with the same call_id: none of acme's approvers may see it, and back.
-    await publish_event(nats_server.url, approval_requested("call_http", GLOBEX_ARGS,
-                                                            principal=GLOBEX))
+    await publish_event(
+        nats_server.url, approval_requested("call_http", GLOBEX_ARGS, principal=GLOBEX)
+    )
     await asyncio.sleep(0.5)
     server = await asyncio.to_thread(Inbox(nats_server.url).start)
     yield server, tokens
@@ -77,7 +82,8 @@ async def inbox(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tupl
 async def test_bearer_listing_and_voting(inbox: tuple[Inbox, dict]) -> None:
     server, tokens = inbox
     status, headers, body = await asyncio.to_thread(
-        http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"})
+        http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"}
+    )
     assert status == 200
     assert "script-src" not in headers["Content-Security-Policy"]
     assert headers["Content-Security-Policy"].startswith("default-src 'none'")
@@ -87,31 +93,42 @@ async def test_bearer_listing_and_voting(inbox: tuple[Inbox, dict]) -> None:
     assert "globex" not in body and "globex-secret-claim" not in body
 
     status, _, body = await asyncio.to_thread(
-        http, "POST", server.url + "/vote",
-        {"call": KEY, "decision": "approve", "arguments_sha256": "0" * 64,
-         "reason": "ok"}, {"Authorization": f"Bearer {tokens['bob']}"})
+        http,
+        "POST",
+        server.url + "/vote",
+        {"call": KEY, "decision": "approve", "arguments_sha256": "0" * 64, "reason": "ok"},
+        {"Authorization": f"Bearer {tokens['bob']}"},
+    )
     assert status == 409 and json.loads(body)["code"] == "ARGUMENTS_MISMATCH"
     status, _, body = await asyncio.to_thread(
-        http, "POST", server.url + "/vote",
-        {"call": KEY, "decision": "approve", "arguments_sha256": SHA,
-         "reason": "ok"}, {"Authorization": f"Bearer {tokens['u-alice']}"})
+        http,
+        "POST",
+        server.url + "/vote",
+        {"call": KEY, "decision": "approve", "arguments_sha256": SHA, "reason": "ok"},
+        {"Authorization": f"Bearer {tokens['u-alice']}"},
+    )
     assert status == 409 and json.loads(body)["code"] == "SELF_APPROVAL"
     status, _, body = await asyncio.to_thread(
-        http, "POST", server.url + "/vote",
-        {"call": KEY, "decision": "approve", "arguments_sha256": SHA,
-         "reason": "ok"}, {"Authorization": f"Bearer {tokens['bob']}"})
+        http,
+        "POST",
+        server.url + "/vote",
+        {"call": KEY, "decision": "approve", "arguments_sha256": SHA, "reason": "ok"},
+        {"Authorization": f"Bearer {tokens['bob']}"},
+    )
     assert status == 200 and json.loads(body)["approvers"] == ["bob"]
     assert json.loads(body)["call"] == KEY
 
     status, _, _ = await asyncio.to_thread(
-        http, "GET", server.url + "/", None, {"Authorization": "Bearer tgap_wrong"})
+        http, "GET", server.url + "/", None, {"Authorization": "Bearer tgap_wrong"}
+    )
     assert status == 401
 
 
 async def test_cookie_session_needs_the_form_csrf_token(inbox: tuple[Inbox, dict]) -> None:
     server, tokens = inbox
     status, headers, _ = await asyncio.to_thread(
-        http, "POST", server.url + "/login", {"token": tokens["bob"]})
+        http, "POST", server.url + "/login", {"token": tokens["bob"]}
+    )
     assert status == 303
     cookie = headers["Set-Cookie"]
     assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
@@ -127,14 +144,16 @@ async def test_cookie_session_needs_the_form_csrf_token(inbox: tuple[Inbox, dict
     status, _, _ = await asyncio.to_thread(http, "POST", server.url + "/vote", form, session)
     assert status == 403  # no csrf: a forged cross-site form
     status, _, _ = await asyncio.to_thread(
-        http, "POST", server.url + "/vote", {**form, "csrf": csrf}, session)
+        http, "POST", server.url + "/vote", {**form, "csrf": csrf}, session
+    )
     assert status == 303
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert "denied: the call will not run" in page and "data-call-id" not in page
 
 
 async def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_acme(
-        inbox: tuple[Inbox, dict]) -> None:
+    inbox: tuple[Inbox, dict],
+) -> None:
     server, tokens = inbox
     gus = {"Authorization": f"Bearer {tokens['gus']}"}
     status, _, body = await asyncio.to_thread(http, "GET", server.url + "/", None, gus)
@@ -143,22 +162,29 @@ async def test_an_approver_of_another_tenant_sees_and_decides_nothing_of_acme(
     assert "(tenant globex)" in body
     for call in (KEY, "call_http"):  # the bare call_id finds globex's own call only
         status, _, answer = await asyncio.to_thread(
-            http, "POST", server.url + "/vote",
+            http,
+            "POST",
+            server.url + "/vote",
             {"call": call, "decision": "deny", "arguments_sha256": SHA, "reason": "mine?"},
-            gus)
+            gus,
+        )
         assert status == 409
-        assert json.loads(answer)["code"] == ("UNKNOWN_CALL" if call == KEY
-                                              else "ARGUMENTS_MISMATCH")
+        assert json.loads(answer)["code"] == (
+            "UNKNOWN_CALL" if call == KEY else "ARGUMENTS_MISMATCH"
+        )
     status, _, body = await asyncio.to_thread(
-        http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"})
+        http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"}
+    )
     assert "0 of 2" in body  # acme's call untouched
 
 
 async def test_a_session_ends_when_its_token_is_rotated(
-        inbox: tuple[Inbox, dict], tmp_path: Path) -> None:
+    inbox: tuple[Inbox, dict], tmp_path: Path
+) -> None:
     server, tokens = inbox
     status, headers, _ = await asyncio.to_thread(
-        http, "POST", server.url + "/login", {"token": tokens["bob"]})
+        http, "POST", server.url + "/login", {"token": tokens["bob"]}
+    )
     session = {"Cookie": headers["Set-Cookie"].split(";")[0]}
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert status == 200 and KEY in page
@@ -166,4 +192,4 @@ async def test_a_session_ends_when_its_token_is_rotated(
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert status == 401 and "no longer valid" in page and KEY not in page
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
-    assert status == 200 and 'id=token' in page  # logged out: the login form
+    assert status == 200 and "id=token" in page  # logged out: the login form

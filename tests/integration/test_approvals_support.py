@@ -48,8 +48,7 @@ async def prepare_bus(url: str) -> None:
         await nc.close()
 
 
-def approvers(data_dir: Path, *names: str, tenants: tuple[str, ...] = ("acme",)
-              ) -> dict[str, str]:
+def approvers(data_dir: Path, *names: str, tenants: tuple[str, ...] = ("acme",)) -> dict[str, str]:
     """Approvers of `tenants` (default: acme, ALICE's tenant); name -> token."""
     return {name: add_approver(data_dir, name, list(tenants)) for name in names}
 
@@ -61,42 +60,69 @@ def key_of(call_id: str, principal: Principal = ALICE) -> str:
 
 def of_call(events: list[Event], call_id: str, principal: Principal = ALICE) -> list[Event]:
     """The events of one call: (tenant, agent, call_id), not the call_id alone."""
-    return [e for e in events if e.call_id == call_id and e.principal is not None
-            and (e.principal.tenant, e.principal.agent) == (principal.tenant, principal.agent)]
+    return [
+        e
+        for e in events
+        if e.call_id == call_id
+        and e.principal is not None
+        and (e.principal.tenant, e.principal.agent) == (principal.tenant, principal.agent)
+    ]
 
 
-def approval_requested(call_id: str, arguments: dict, *, n: int = 1,
-                       ttl: timedelta = timedelta(minutes=15),
-                       principal: Principal = ALICE) -> ApprovalRequested:
+def approval_requested(
+    call_id: str,
+    arguments: dict,
+    *,
+    n: int = 1,
+    ttl: timedelta = timedelta(minutes=15),
+    principal: Principal = ALICE,
+) -> ApprovalRequested:
     """What the policy emits for a call that needs a human (nothing is signed)."""
-    call = ToolCall(call_id=call_id, tool="save_evidence", arguments=arguments,
-                    principal=principal, task_id="task_c04")
+    call = ToolCall(
+        call_id=call_id,
+        tool="save_evidence",
+        arguments=arguments,
+        principal=principal,
+        task_id="task_c04",
+    )
     now = utc_now()
     return ApprovalRequested(
         # As the policy's ids, unique per call (tenant, agent, call_id): the stream's
         # Nats-Msg-Id dedupe would drop a second agent's request with the same call_id.
         event_id=derive_event_id(f"test:{key_of(call_id, principal)}", "approval-requested"),
         occurred_at=now,
-        service="policy", call=call, policy_version="test-policy-1",
-        policy_ids=["critical-needs-approval"], risk="critical", required_approvals=n,
-        expires_at=now + ttl, reason="save_evidence is critical",
-        arguments_sha256=arguments_sha256(arguments), **call_fields(call))
+        service="policy",
+        call=call,
+        policy_version="test-policy-1",
+        policy_ids=["critical-needs-approval"],
+        risk="critical",
+        required_approvals=n,
+        expires_at=now + ttl,
+        reason="save_evidence is critical",
+        arguments_sha256=arguments_sha256(arguments),
+        **call_fields(call),
+    )
 
 
-async def wait_for_events(url: str, call_id: str, done: Callable[[list[Event]], bool],
-                          timeout: float = 15.0, principal: Principal | None = None,
-                          **options: Any) -> list[Event]:
+async def wait_for_events(
+    url: str,
+    call_id: str,
+    done: Callable[[list[Event]], bool],
+    timeout: float = 15.0,
+    principal: Principal | None = None,
+    **options: Any,
+) -> list[Event]:
     """Wait until `done(events of the call)`; with `principal`, of that agent's call only."""
     deadline = time.monotonic() + timeout
     while True:
         events = await read_events(url, **options)
-        found = (events_of(events, call_id) if principal is None
-                 else of_call(events, call_id, principal))
+        found = (
+            events_of(events, call_id) if principal is None else of_call(events, call_id, principal)
+        )
         if done(found):
             return found
         if time.monotonic() > deadline:
-            raise TimeoutError(f"events of {call_id} so far: "
-                               f"{[type(e).__name__ for e in found]}")
+            raise TimeoutError(f"events of {call_id} so far: {[type(e).__name__ for e in found]}")
         await asyncio.sleep(0.1)
 
 
@@ -104,8 +130,9 @@ def types_of(events: list[Event]) -> list[str]:
     return [type(e).__name__ for e in events]
 
 
-async def pending_notices(url: str, call_id: str, principal: Principal = ALICE,
-                          **options: Any) -> list[PendingNotice]:
+async def pending_notices(
+    url: str, call_id: str, principal: Principal = ALICE, **options: Any
+) -> list[PendingNotice]:
     """Every pending notice stored on this call's `.pending` subject (at most one)."""
     import msgspec
 
@@ -125,8 +152,9 @@ async def pending_notices(url: str, call_id: str, principal: Principal = ALICE,
     return [msgspec.json.decode(msg.data, type=PendingNotice)] * stored
 
 
-async def pending_notice(url: str, call_id: str, principal: Principal = ALICE,
-                         **options: Any) -> PendingNotice | None:
+async def pending_notice(
+    url: str, call_id: str, principal: Principal = ALICE, **options: Any
+) -> PendingNotice | None:
     found = await pending_notices(url, call_id, principal, **options)
     return found[-1] if found else None
 
@@ -151,11 +179,24 @@ class ServiceProc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "toolgate.cli", "serve", "approvals",
-                 "--nats-url", self.url, "--data-dir", str(self.data_dir),
-                 "--sweep-interval", str(self.sweep_interval_s)],
-                stdout=log, stderr=subprocess.STDOUT, env=service_env(),
-                start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "toolgate.cli",
+                    "serve",
+                    "approvals",
+                    "--nats-url",
+                    self.url,
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--sweep-interval",
+                    str(self.sweep_interval_s),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=service_env(),
+                start_new_session=True,
+            )
         return self
 
     def log(self) -> str:

@@ -30,8 +30,9 @@ async def publish_backlog(url: str) -> int:
     js = nc.jetstream()
     pending = []
     for i in range(CALLS):
-        call = ToolCall(call_id=f"c-{i}", tool="search_sources", arguments={"query": f"q{i}"},
-                        principal=P)
+        call = ToolCall(
+            call_id=f"c-{i}", tool="search_sources", arguments={"query": f"q{i}"}, principal=P
+        )
         pending.append(js.publish(CALLS_SUBJECT, msgspec.json.encode(call)))
     await asyncio.gather(*pending)
     await js.publish(CALLS_SUBJECT, b"{not a call")
@@ -50,8 +51,9 @@ async def wait_for_rows(client, expected: int, timeout: float = 90.0) -> None:  
         await asyncio.sleep(0.2)
 
 
-async def test_two_replicas_record_every_message_once(nats_server: EmbeddedNats,
-                                                      clickhouse_url: str, tmp_path: Path):
+async def test_two_replicas_record_every_message_once(
+    nats_server: EmbeddedNats, clickhouse_url: str, tmp_path: Path
+):
     await apply_topology(nats_server.url)
     expected = await publish_backlog(nats_server.url)
     settings = GatewaySettings(nats_url=nats_server.url, data_dir=tmp_path)
@@ -60,11 +62,11 @@ async def test_two_replicas_record_every_message_once(nats_server: EmbeddedNats,
     async with TestApp(first), TestApp(second):  # start-up applies the schema
         client = ClickHouseTarget.from_url(clickhouse_url).client()
         await wait_for_rows(client, expected)
-    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
-                                   ).result_rows[0]
+    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0]
     assert count == distinct == expected
-    notes = client.query("SELECT event_type, note FROM events WHERE note != '' ORDER BY 1"
-                         ).result_rows
+    notes = client.query(
+        "SELECT event_type, note FROM events WHERE note != '' ORDER BY 1"
+    ).result_rows
     assert [t for t, _ in notes] == ["CallRequested", "UndecodableEvent"]
     # Batching works (faststream #2219 reported single messages): far fewer batches than rows.
     batches = first_writer.batches_written + second_writer.batches_written

@@ -41,8 +41,9 @@ class StoredJsMessage:
 
     @property
     def metadata(self) -> SimpleNamespace:
-        return SimpleNamespace(stream=self.stream, sequence=SimpleNamespace(stream=self.seq),
-                               timestamp=self.stored_at)
+        return SimpleNamespace(
+            stream=self.stream, sequence=SimpleNamespace(stream=self.seq), timestamp=self.stored_at
+        )
 
     async def ack(self) -> None:
         self.acks.append("ack")
@@ -52,14 +53,30 @@ class StoredJsMessage:
 
 
 def calls(n: int, start: int = 0) -> list[StoredJsMessage]:
-    return [StoredJsMessage("TOOLGATE_CALLS", i + 1, msgspec.json.encode(ToolCall(
-        call_id=f"c-{i}", tool="search_sources", arguments={"query": f"q{i}"}, principal=P)))
-        for i in range(start, start + n)]
+    return [
+        StoredJsMessage(
+            "TOOLGATE_CALLS",
+            i + 1,
+            msgspec.json.encode(
+                ToolCall(
+                    call_id=f"c-{i}",
+                    tool="search_sources",
+                    arguments={"query": f"q{i}"},
+                    principal=P,
+                )
+            ),
+        )
+        for i in range(start, start + n)
+    ]
 
 
 def writer_for(url: str, keys: Path) -> AuditWriter:
-    return AuditWriter(ClickHouseTarget.from_url(url), RowBuilder(load_registry()),
-                       ensure_seal_key(keys), "test-sink")
+    return AuditWriter(
+        ClickHouseTarget.from_url(url),
+        RowBuilder(load_registry()),
+        ensure_seal_key(keys),
+        "test-sink",
+    )
 
 
 def test_schema_applies_once_and_records_its_versions(clickhouse_url):
@@ -76,15 +93,18 @@ def test_a_ddl_file_changed_after_it_ran_is_refused(clickhouse_url, monkeypatch)
     apply_schema(target)
     import toolgate.services.audit.schema as schema
 
-    edited = [f if f.version != 2 else schema.DdlFile(2, f.name, f.text + "\n-- edited")
-              for f in load_ddl()]
+    edited = [
+        f if f.version != 2 else schema.DdlFile(2, f.name, f.text + "\n-- edited")
+        for f in load_ddl()
+    ]
     monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": edited)
     with pytest.raises(SchemaError, match="changed after it was applied"):
         apply_schema(target)
 
 
-async def test_an_existing_store_is_upgraded_to_calls_by_identity(clickhouse_url, tmp_path,
-                                                                 monkeypatch):
+async def test_an_existing_store_is_upgraded_to_calls_by_identity(
+    clickhouse_url, tmp_path, monkeypatch
+):
     """A store made before 005 (its `calls` grouped by call_id alone) gets the view replaced
     at the next start; the rows already there are then read per (tenant, agent, call_id)."""
     import toolgate.services.audit.schema as schema
@@ -96,17 +116,33 @@ async def test_an_existing_store_is_upgraded_to_calls_by_identity(clickhouse_url
     other = Principal(tenant="acme", user="u-carol", agent="writer", session="s-2")
     writer = writer_for(clickhouse_url, tmp_path)
     await writer.start()
-    await writer.write([*calls(1), StoredJsMessage(  # type: ignore[list-item]
-        "TOOLGATE_CALLS", 2, msgspec.json.encode(ToolCall(
-            call_id="c-0", tool="search_sources", arguments={"query": "q"}, principal=other)),
-        subject="toolgate.calls.acme.writer")])
+    await writer.write(
+        [
+            *calls(1),
+            StoredJsMessage(  # type: ignore[list-item]
+                "TOOLGATE_CALLS",
+                2,
+                msgspec.json.encode(
+                    ToolCall(
+                        call_id="c-0",
+                        tool="search_sources",
+                        arguments={"query": "q"},
+                        principal=other,
+                    )
+                ),
+                subject="toolgate.calls.acme.writer",
+            ),
+        ]
+    )
     await writer.close()
     client = target.client()
     assert client.query("SELECT count() FROM calls").result_rows[0][0] == 1  # merged: the bug
     monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every)
     assert apply_schema(target) == [f.version for f in every[4:]]
-    assert client.query("SELECT tenant, agent, call_id FROM calls ORDER BY agent"
-                        ).result_rows == [("acme", "researcher", "c-0"), ("acme", "writer", "c-0")]
+    assert client.query("SELECT tenant, agent, call_id FROM calls ORDER BY agent").result_rows == [
+        ("acme", "researcher", "c-0"),
+        ("acme", "writer", "c-0"),
+    ]
     assert apply_schema(target) == []
 
 
@@ -114,10 +150,14 @@ def test_cluster_ddl_parses(clickhouse_server):
     client = ClickHouseTarget.from_url(clickhouse_server.url).client(with_database=False)
     for ddl in load_ddl("cluster"):
         for statement in ddl.statements("toolgate_cluster"):
-            formatted = client.query("SELECT formatQuery({q:String})",
-                                     parameters={"q": statement}).result_rows[0][0]
-            assert "ReplicatedMergeTree" in formatted or "Distributed" in formatted \
-                or "VIEW" in formatted, ddl.name
+            formatted = client.query(
+                "SELECT formatQuery({q:String})", parameters={"q": statement}
+            ).result_rows[0][0]
+            assert (
+                "ReplicatedMergeTree" in formatted
+                or "Distributed" in formatted
+                or "VIEW" in formatted
+            ), ddl.name
 
 
 async def test_a_retried_block_is_stored_once(clickhouse_url, tmp_path):
@@ -132,8 +172,7 @@ async def test_a_retried_block_is_stored_once(clickhouse_url, tmp_path):
     assert client.query("SELECT count() FROM event_log").result_rows[0][0] == 50
 
 
-async def test_batches_are_acked_after_the_insert_and_copies_read_once(clickhouse_url,
-                                                                      tmp_path):
+async def test_batches_are_acked_after_the_insert_and_copies_read_once(clickhouse_url, tmp_path):
     writer = writer_for(clickhouse_url, tmp_path)
     await writer.start()
     batch = calls(50)
@@ -147,13 +186,16 @@ async def test_batches_are_acked_after_the_insert_and_copies_read_once(clickhous
     await other.close()
     client = ClickHouseTarget.from_url(clickhouse_url).client()
     assert client.query("SELECT count() FROM event_log").result_rows[0][0] == 100
-    assert client.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0] == \
-        (50, 50)
+    assert client.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0] == (
+        50,
+        50,
+    )
     assert verify_store(client, load_seal_public_key(tmp_path)).findings == []
 
 
-async def test_the_writer_waits_for_clickhouse_and_keeps_the_batch_in_progress(tmp_path,
-                                                                               monkeypatch):
+async def test_the_writer_waits_for_clickhouse_and_keeps_the_batch_in_progress(
+    tmp_path, monkeypatch
+):
     from toolgate.stack.clickhouse_server import EmbeddedClickHouse, free_port
 
     monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
@@ -188,16 +230,20 @@ def test_sql_is_read_only(clickhouse_url):
     assert render(columns, rows, "csv") == "one,letter\n1,a"
     assert render(columns, rows, "json") == '{"one": 1, "letter": "a"}'
     assert "(1 row)" in render(columns, rows)
-    for sql in ("INSERT INTO schema_versions (version) VALUES (99)",
-                "DROP TABLE event_log", "ALTER TABLE event_log DELETE WHERE 1"):
+    for sql in (
+        "INSERT INTO schema_versions (version) VALUES (99)",
+        "DROP TABLE event_log",
+        "ALTER TABLE event_log DELETE WHERE 1",
+    ):
         with pytest.raises(DatabaseError, match="readonly|READONLY"):
             run_readonly(client, sql)
-    assert client.query("SELECT count() FROM schema_versions WHERE version = 99"
-                        ).result_rows[0][0] == 0
+    assert (
+        client.query("SELECT count() FROM schema_versions WHERE version = 99").result_rows[0][0]
+        == 0
+    )
 
 
-async def test_verify_names_altered_deleted_and_inserted_rows(clickhouse_url, tmp_path,
-                                                              capsys):
+async def test_verify_names_altered_deleted_and_inserted_rows(clickhouse_url, tmp_path, capsys):
     writer = writer_for(clickhouse_url, tmp_path)
     await writer.start()
     for start in (0, 10, 20):
@@ -208,17 +254,20 @@ async def test_verify_names_altered_deleted_and_inserted_rows(clickhouse_url, tm
     assert verify_store(client, key).ok
 
     def event_at(seq: int) -> str:
-        return client.query(f"SELECT event_id FROM event_log WHERE chain_seq = {seq}"
-                            ).result_rows[0][0]
+        return client.query(f"SELECT event_id FROM event_log WHERE chain_seq = {seq}").result_rows[
+            0
+        ][0]
 
     altered, deleted = event_at(5), event_at(17)
     settings = {"mutations_sync": 2}
-    client.command("ALTER TABLE event_log UPDATE user = 'u-mallory' WHERE chain_seq = 5",
-                   settings=settings)
+    client.command(
+        "ALTER TABLE event_log UPDATE user = 'u-mallory' WHERE chain_seq = 5", settings=settings
+    )
     client.command("ALTER TABLE event_log DELETE WHERE chain_seq = 17", settings=settings)
     client.command(
         "INSERT INTO event_log SELECT * REPLACE ('forged-1' AS event_id, 'u-mallory' AS user) "
-        "FROM event_log WHERE chain_seq = 25")
+        "FROM event_log WHERE chain_seq = 25"
+    )
     report = verify_store(client, key)
     found = {(f.kind, f.chain_seq, f.event_id) for f in report.findings}
     assert ("altered", "5", altered) in found
@@ -227,8 +276,16 @@ async def test_verify_names_altered_deleted_and_inserted_rows(clickhouse_url, tm
     assert len(found) == 3 and not report.ok
     assert deleted not in {f.event_id for f in report.findings}
     # The same, as an auditor runs it.
-    assert audit_cli("verify", "--public-key", str(tmp_path / "audit-seal.pub"),
-                     "--clickhouse-url", clickhouse_url) == 1
+    assert (
+        audit_cli(
+            "verify",
+            "--public-key",
+            str(tmp_path / "audit-seal.pub"),
+            "--clickhouse-url",
+            clickhouse_url,
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert f"ALTERED   chain {writer.chain.chain_id} seq 5 event {altered}" in out
     assert "INSERTED  chain" in out and "forged-1" in out and "TAMPERED (3 finding(s))" in out

@@ -80,8 +80,12 @@ class LockedBus:
         async def on_error(exc: Exception) -> None:
             seen.append(str(exc))
 
-        nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False,
-                                **creds_reading.connect_options(creds))
+        nc = await nats.connect(
+            self.url,
+            error_cb=on_error,
+            allow_reconnect=False,
+            **creds_reading.connect_options(creds),
+        )
         self.clients.append(nc)
         return nc
 
@@ -91,12 +95,12 @@ class LockedBus:
 
     async def connect_agent(self, tenant: str, agent: str) -> Client:
         """A raw client of one agent identity; server errors land in errors["tenant.agent"]."""
-        return await self._login(f"{tenant}.{agent}",
-                                 nats_auth.agent_creds_path(self.data_dir, tenant, agent))
+        return await self._login(
+            f"{tenant}.{agent}", nats_auth.agent_creds_path(self.data_dir, tenant, agent)
+        )
 
     def server_violations(self) -> list[str]:
-        return [line for line in self.nats.log_path.read_text().splitlines()
-                if "Violation" in line]
+        return [line for line in self.nats.log_path.read_text().splitlines() if "Violation" in line]
 
     async def wait_for_error(self, who: str, fragment: str, timeout: float = 5.0) -> str:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -110,8 +114,9 @@ class LockedBus:
     async def refused_publish(self, who: str, subject: str) -> None:
         """The server's own word that `who` may not publish to `subject`."""
         await self.wait_for_error(who, f'permissions violation for publish to "{subject}"')
-        assert any(f'Publish Violation - Subject "{subject}"' in line
-                   for line in self.server_violations()), subject
+        assert any(
+            f'Publish Violation - Subject "{subject}"' in line for line in self.server_violations()
+        ), subject
 
 
 @pytest.fixture
@@ -127,8 +132,9 @@ def locked_nats(tmp_path: Path) -> Iterator[LockedBus]:
 
 @pytest.fixture
 async def locked(locked_nats: LockedBus) -> AsyncIterator[LockedBus]:
-    await apply_topology(locked_nats.url,
-                         **creds_reading.connect_options(locked_nats.creds.path("admin")))
+    await apply_topology(
+        locked_nats.url, **creds_reading.connect_options(locked_nats.creds.path("admin"))
+    )
     yield locked_nats
     for nc in locked_nats.clients:
         if not nc.is_closed:
@@ -136,21 +142,36 @@ async def locked(locked_nats: LockedBus) -> AsyncIterator[LockedBus]:
 
 
 def a_call(tool: str = "echo", principal: Principal = ALICE, **arguments: Any) -> ToolCall:
-    return ToolCall(call_id=new_call_id(), tool=tool, arguments=arguments or {"payload": 1},
-                    principal=principal)
+    return ToolCall(
+        call_id=new_call_id(), tool=tool, arguments=arguments or {"payload": 1}, principal=principal
+    )
 
 
 def forged_authorization(call: ToolCall) -> bytes:
     sha = arguments_sha256(call.arguments)
     p = call.principal
-    return encode_event(CallAuthorized(
-        event_id=f"forged-{call.call_id}", call_id=call.call_id, occurred_at=utc_now(),
-        service="policy", tool=call.tool, call=call, policy_version="v1",
-        authorization=Authorization(call_id=call.call_id, tool=call.tool,
-                                    arguments_sha256=sha, policy_version="v1",
-                                    expires_at=utc_now() + timedelta(minutes=5),
-                                    tenant=p.tenant, agent=p.agent, user=p.user,
-                                    session=p.session)))
+    return encode_event(
+        CallAuthorized(
+            event_id=f"forged-{call.call_id}",
+            call_id=call.call_id,
+            occurred_at=utc_now(),
+            service="policy",
+            tool=call.tool,
+            call=call,
+            policy_version="v1",
+            authorization=Authorization(
+                call_id=call.call_id,
+                tool=call.tool,
+                arguments_sha256=sha,
+                policy_version="v1",
+                expires_at=utc_now() + timedelta(minutes=5),
+                tenant=p.tenant,
+                agent=p.agent,
+                user=p.user,
+                session=p.session,
+            ),
+        )
+    )
 
 
 def user_permissions(creds: Path) -> dict[str, Any]:
@@ -198,7 +219,8 @@ def test_agent_creds_name_the_agent_and_allow_only_its_own_subjects(tmp_path: Pa
     results = subjects.agent_results_prefix(*ACME)
     assert claims["pub"]["allow"] == [
         subjects.calls_subject(*ACME),
-        f"{subjects.direct_get_prefix(subjects.RESULTS_STREAM)}.{results}.>"]
+        f"{subjects.direct_get_prefix(subjects.RESULTS_STREAM)}.{results}.>",
+    ]
     assert sorted(claims["sub"]["allow"]) == sorted(["_INBOX.>", f"{results}.>"])
     # Adding an agent again gives the same identity back; a bad name is refused.
     assert nats_auth.add_agent(tmp_path, *ACME)[0] == creds
@@ -226,7 +248,8 @@ def test_every_event_type_named_in_the_permissions_exists() -> None:
             if subject.startswith(subjects.EVENTS_PREFIX + "."):
                 name = subject.split(".")[2]
                 assert name in {"*", ">"} or isinstance(getattr(events, name, None), type), (
-                    f"{role.role}: {subject} names no event type")
+                    f"{role.role}: {subject} names no event type"
+                )
 
 
 # ---------------------------------------------------------------- an agent
@@ -234,16 +257,19 @@ def test_every_event_type_named_in_the_permissions_exists() -> None:
 
 async def test_connection_without_credentials_is_refused(locked: LockedBus) -> None:
     with pytest.raises((NoServersError, nats.errors.Error, OSError)):
-        await nats.connect(locked.url, allow_reconnect=False, max_reconnect_attempts=0,
-                           connect_timeout=2)
+        await nats.connect(
+            locked.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2
+        )
 
 
 async def test_agent_publishes_a_call_on_its_own_subject_and_gets_a_publish_ack(
-        locked: LockedBus) -> None:
+    locked: LockedBus,
+) -> None:
     js = (await locked.connect_agent(*ACME)).jetstream()
     call = a_call()
-    ack = await js.publish(subjects.calls_subject(*ACME), msgspec.json.encode(call),
-                           stream=subjects.CALLS_STREAM)
+    ack = await js.publish(
+        subjects.calls_subject(*ACME), msgspec.json.encode(call), stream=subjects.CALLS_STREAM
+    )
     assert ack.stream == subjects.CALLS_STREAM and ack.seq == 1
     assert locked.errors["acme.researcher"] == []
     # Stored in toolgate's stream under the subject the server let this agent use.
@@ -266,18 +292,22 @@ async def test_agent_cannot_publish_on_any_other_calls_subject(locked: LockedBus
     assert (await admin.stream_info(subjects.CALLS_STREAM)).state.messages == 0
 
 
-async def test_server_refuses_an_agent_publishing_to_an_executor_subject(
-        locked: LockedBus) -> None:
+async def test_server_refuses_an_agent_publishing_to_an_executor_subject(locked: LockedBus) -> None:
     agent = await locked.connect_agent(*ACME)
     call = a_call()
     forged = subjects.event_subject(CallAuthorized, "echo")  # toolgate.evt.CallAuthorized.echo
     with pytest.raises(NatsTimeout):  # no publish ack: the server dropped the message
-        await agent.jetstream().publish(forged, forged_authorization(call), timeout=REFUSED_S,
-                                        headers={"Nats-Msg-Id": f"forged-{call.call_id}"})
+        await agent.jetstream().publish(
+            forged,
+            forged_authorization(call),
+            timeout=REFUSED_S,
+            headers={"Nats-Msg-Id": f"forged-{call.call_id}"},
+        )
     await locked.refused_publish("acme.researcher", forged)
     # The server names the agent's own account in its log line.
-    assert any("/acme.researcher/" in line and forged in line
-               for line in locked.server_violations())
+    assert any(
+        "/acme.researcher/" in line and forged in line for line in locked.server_violations()
+    )
     assert agent.is_connected
 
     admin = (await locked.connect("admin")).jetstream()
@@ -287,28 +317,39 @@ async def test_server_refuses_an_agent_publishing_to_an_executor_subject(
 
 
 async def test_agent_cannot_read_internal_events_calls_or_other_agents_results(
-        locked: LockedBus) -> None:
+    locked: LockedBus,
+) -> None:
     agent = await locked.connect_agent(*ACME)
-    for subject in (f"{subjects.EVENTS_PREFIX}.>", f"{subjects.CALLS_PREFIX}.>",
-                    f"{subjects.RESULTS_PREFIX}.>",
-                    f"{subjects.agent_results_prefix(*WRITER)}.>",
-                    f"{subjects.agent_results_prefix(*GLOBEX)}.>", ">"):
+    for subject in (
+        f"{subjects.EVENTS_PREFIX}.>",
+        f"{subjects.CALLS_PREFIX}.>",
+        f"{subjects.RESULTS_PREFIX}.>",
+        f"{subjects.agent_results_prefix(*WRITER)}.>",
+        f"{subjects.agent_results_prefix(*GLOBEX)}.>",
+        ">",
+    ):
         await agent.subscribe(subject)
         await locked.wait_for_error("acme.researcher", f'subscription to "{subject}"')
     js = agent.jetstream(timeout=REFUSED_S)
     with pytest.raises(NatsTimeout):  # cannot make itself a consumer of the executor's queue
-        await js.pull_subscribe(subjects.event_filter(CallAuthorized, "echo"),
-                                durable="executor-echo", stream=subjects.EVENTS_STREAM)
-    await locked.wait_for_error("acme.researcher",
-                                "$js.api.consumer.info.toolgate_events.executor-echo")
+        await js.pull_subscribe(
+            subjects.event_filter(CallAuthorized, "echo"),
+            durable="executor-echo",
+            stream=subjects.EVENTS_STREAM,
+        )
+    await locked.wait_for_error(
+        "acme.researcher", "$js.api.consumer.info.toolgate_events.executor-echo"
+    )
     with pytest.raises(NatsTimeout):  # nor read toolgate's buckets
         await js.key_value(subjects.OUTCOMES_BUCKET)
-    await locked.refused_publish("acme.researcher",
-                                 f"$JS.API.STREAM.INFO.KV_{subjects.OUTCOMES_BUCKET}")
+    await locked.refused_publish(
+        "acme.researcher", f"$JS.API.STREAM.INFO.KV_{subjects.OUTCOMES_BUCKET}"
+    )
 
 
 async def test_agent_reads_its_results_and_pending_notices_and_no_one_else_does(
-        locked: LockedBus) -> None:
+    locked: LockedBus,
+) -> None:
     call_id = new_call_id()
     result = subjects.results_subject(*ACME, call_id)
     pending = subjects.pending_subject(*ACME, call_id)
@@ -348,18 +389,23 @@ async def test_agent_reads_its_results_and_pending_notices_and_no_one_else_does(
         await locked.wait_for_error(who, f'subscription to "{result}"')
         with pytest.raises((NatsTimeout, NoRespondersError)):
             await other.jetstream(timeout=REFUSED_S).get_last_msg(
-                subjects.RESULTS_STREAM, result, direct=True)
+                subjects.RESULTS_STREAM, result, direct=True
+            )
         await locked.refused_publish(who, direct)
 
 
-async def test_an_agent_added_while_the_server_runs_can_call_at_once(
-        locked: LockedBus) -> None:
+async def test_an_agent_added_while_the_server_runs_can_call_at_once(locked: LockedBus) -> None:
     """`toolgate agents add` on a running gateway: the account JWT is pushed, no restart."""
     tenant, name = ("initech", "planner")
     creds, token = nats_auth.add_agent(locked.data_dir, tenant, name)
     with pytest.raises((NoServersError, nats.errors.Error, OSError)):  # not yet pushed
-        await nats.connect(locked.url, allow_reconnect=False, max_reconnect_attempts=0,
-                           connect_timeout=2, **creds_reading.connect_options(creds))
+        await nats.connect(
+            locked.url,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=2,
+            **creds_reading.connect_options(creds),
+        )
     await nats_auth.push_account_jwts(locked.url, locked.data_dir, [token])
     js = (await locked.connect_agent(tenant, name)).jetstream()
     ack = await js.publish(subjects.calls_subject(tenant, name), b"{}")
@@ -375,21 +421,35 @@ async def test_an_agent_added_while_the_server_runs_can_call_at_once(
 async def test_validator_consumes_its_durable_and_emits_validated(locked: LockedBus) -> None:
     agent = (await locked.connect_agent(*ACME)).jetstream()
     call = a_call()
-    await agent.publish(subjects.calls_subject(*ACME), msgspec.json.encode(call),
-                        stream=subjects.CALLS_STREAM)
+    await agent.publish(
+        subjects.calls_subject(*ACME), msgspec.json.encode(call), stream=subjects.CALLS_STREAM
+    )
     validator = await locked.connect("validator")
     js = validator.jetstream()
-    sub = await js.pull_subscribe(subjects.CALLS_FILTER, durable="validator",
-                                  stream=subjects.CALLS_STREAM,
-                                  config=bus.consumer_config("validator", subjects.CALLS_FILTER))
+    sub = await js.pull_subscribe(
+        subjects.CALLS_FILTER,
+        durable="validator",
+        stream=subjects.CALLS_STREAM,
+        config=bus.consumer_config("validator", subjects.CALLS_FILTER),
+    )
     [msg] = await sub.fetch(1, timeout=5)
     assert msg.subject == subjects.calls_subject(*ACME)
     claims = await js.key_value(subjects.CALL_IDS_BUCKET)
     await claims.create(subjects.call_key(*ACME, call.call_id), b"1")
-    event = ArgumentsValidated(event_id="v1", call_id=call.call_id, occurred_at=utc_now(),
-                               service="validator", tool=call.tool, call=call)
-    ack = await js.publish(subjects.subject_of(event), encode_event(event),
-                           stream=subjects.EVENTS_STREAM, headers={"Nats-Msg-Id": "v1"})
+    event = ArgumentsValidated(
+        event_id="v1",
+        call_id=call.call_id,
+        occurred_at=utc_now(),
+        service="validator",
+        tool=call.tool,
+        call=call,
+    )
+    ack = await js.publish(
+        subjects.subject_of(event),
+        encode_event(event),
+        stream=subjects.EVENTS_STREAM,
+        headers={"Nats-Msg-Id": "v1"},
+    )
     assert ack.seq == 1
     await msg.in_progress()
     await msg.ack_sync()
@@ -407,8 +467,11 @@ async def test_validator_consumes_its_durable_and_emits_validated(locked: Locked
         await limited.publish(subjects.results_subject(*ACME, call.call_id), b"{}")
     await locked.refused_publish("validator", subjects.results_subject(*ACME, call.call_id))
     with pytest.raises(NatsTimeout):
-        await limited.pull_subscribe(subjects.event_filter(ArgumentsValidated),
-                                     durable="policy", stream=subjects.EVENTS_STREAM)
+        await limited.pull_subscribe(
+            subjects.event_filter(ArgumentsValidated),
+            durable="policy",
+            stream=subjects.EVENTS_STREAM,
+        )
     await locked.wait_for_error("validator", "$js.api.consumer.info.toolgate_events.policy")
 
 
@@ -418,10 +481,14 @@ async def test_executor_cannot_publish_calls_nor_widen_its_consumer(locked: Lock
         await js.publish(subjects.calls_subject(*ACME), msgspec.json.encode(a_call()))
     await locked.refused_publish("executor", subjects.calls_subject(*ACME))
     with pytest.raises(NatsTimeout):  # its durable, but over every tool's authorizations
-        await js.pull_subscribe(subjects.event_filter(CallAuthorized, "*"),
-                                durable="executor-echo", stream=subjects.EVENTS_STREAM)
+        await js.pull_subscribe(
+            subjects.event_filter(CallAuthorized, "*"),
+            durable="executor-echo",
+            stream=subjects.EVENTS_STREAM,
+        )
     await locked.wait_for_error(
-        "executor", "consumer.create.toolgate_events.executor-echo.toolgate.evt.callauthorized.*")
+        "executor", "consumer.create.toolgate_events.executor-echo.toolgate.evt.callauthorized.*"
+    )
 
 
 async def test_executor_keeps_outcomes_in_its_bucket_only(locked: LockedBus) -> None:
@@ -436,12 +503,10 @@ async def test_executor_keeps_outcomes_in_its_bucket_only(locked: LockedBus) -> 
     assert locked.errors["executor"] == [] and locked.server_violations() == []
     with pytest.raises(NatsTimeout):
         await nc.jetstream(timeout=REFUSED_S).key_value(subjects.APPROVALS_BUCKET)
-    await locked.refused_publish("executor",
-                                 f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
+    await locked.refused_publish("executor", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
 
 
-async def test_policy_reads_and_watches_policies_but_cannot_write_them(
-        locked: LockedBus) -> None:
+async def test_policy_reads_and_watches_policies_but_cannot_write_them(locked: LockedBus) -> None:
     admin = await (await locked.connect("admin")).jetstream().key_value("toolgate_policies")
     await admin.put("current", b"v1")
     js = (await locked.connect("policy")).jetstream()
@@ -488,8 +553,7 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     await locked.refused_publish("approver", granted)
     with pytest.raises((NatsTimeout, NoRespondersError)):
         await limited.key_value(subjects.APPROVALS_BUCKET)
-    await locked.refused_publish("approver",
-                                 f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
+    await locked.refused_publish("approver", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
     await approver.publish(f"$KV.{subjects.APPROVALS_BUCKET}.call_1", b"granted")
     await locked.refused_publish("approver", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
     # The approvals service may tell an agent it waits, but not give its result.
@@ -504,15 +568,21 @@ async def test_audit_reads_calls_and_events_and_publishes_nothing(locked: Locked
     await agent.publish(subjects.calls_subject(*ACME), b"{}", stream=subjects.CALLS_STREAM)
     audit = await locked.connect("audit")
     js = audit.jetstream()
-    sub = await js.pull_subscribe(subjects.CALLS_FILTER, durable="audit",
-                                  stream=subjects.CALLS_STREAM,
-                                  config=bus.consumer_config("audit", subjects.CALLS_FILTER))
+    sub = await js.pull_subscribe(
+        subjects.CALLS_FILTER,
+        durable="audit",
+        stream=subjects.CALLS_STREAM,
+        config=bus.consumer_config("audit", subjects.CALLS_FILTER),
+    )
     [msg] = await sub.fetch(1, timeout=5)
     await msg.ack_sync()
     assert locked.errors["audit"] == []
     limited = audit.jetstream(timeout=REFUSED_S)
-    for subject in (subjects.calls_subject(*ACME), subjects.event_subject(CallAuthorized, "echo"),
-                    subjects.results_subject(*ACME, "call_1")):
+    for subject in (
+        subjects.calls_subject(*ACME),
+        subjects.event_subject(CallAuthorized, "echo"),
+        subjects.results_subject(*ACME, "call_1"),
+    ):
         with pytest.raises(NatsTimeout):
             await limited.publish(subject, b"{}")
         await locked.refused_publish("audit", subject)
@@ -538,11 +608,14 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
     assert {role for role, *_ in consumers} == set(SERVICE_ROLES)
     for role, stream, durable, filter_subject in consumers:
         if stream == subjects.EVENTS_STREAM:
-            await admin.publish(filter_subject.replace("*", "echo").replace(">", "X.echo"),
-                                b"{}")
+            await admin.publish(filter_subject.replace("*", "echo").replace(">", "X.echo"), b"{}")
         js = (await locked.connect(role)).jetstream()
-        sub = await js.pull_subscribe(filter_subject, durable=durable, stream=stream,
-                                      config=bus.consumer_config(durable, filter_subject))
+        sub = await js.pull_subscribe(
+            filter_subject,
+            durable=durable,
+            stream=stream,
+            config=bus.consumer_config(durable, filter_subject),
+        )
         msgs = await sub.fetch(1, timeout=5)
         await msgs[0].ack_sync()
         assert locked.errors[role] == [], (role, durable)
@@ -553,7 +626,8 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
 
 
 async def test_the_pipeline_runs_with_each_service_on_its_own_credentials(
-        locked: LockedBus, tmp_path: Path) -> None:
+    locked: LockedBus, tmp_path: Path
+) -> None:
     """The real services, in this process, each logged in as its own role, serve two
     agents; each agent gets its own results and reads back only its own."""
     from toolgate.services.approvals.app import build_app as approvals_app
@@ -563,32 +637,49 @@ async def test_the_pipeline_runs_with_each_service_on_its_own_credentials(
     from toolgate.services.validator.app import build_app as validator_app
 
     def settings(role: str) -> GatewaySettings:
-        return GatewaySettings(nats_url=locked.url, data_dir=tmp_path / "data",
-                               nats_creds=locked.creds.path(role))
+        return GatewaySettings(
+            nats_url=locked.url, data_dir=tmp_path / "data", nats_creds=locked.creds.path(role)
+        )
 
-    apps = [policy_app(settings("policy")), approvals_app(settings("approvals")),
-            validator_app(settings("validator")),
-            executor_app(settings("executor"), concurrency=2),
-            attacher_app(settings("attacher"))]
+    apps = [
+        policy_app(settings("policy")),
+        approvals_app(settings("approvals")),
+        validator_app(settings("validator")),
+        executor_app(settings("executor"), concurrency=2),
+        attacher_app(settings("attacher")),
+    ]
     started = []
     try:
         for app in apps:
             await app.start()
             started.append(app)
         acme = await GatewayClient.connect(
-            locked.url, nats_auth.agent_creds_path(locked.data_dir, *ACME))
+            locked.url, nats_auth.agent_creds_path(locked.data_dir, *ACME)
+        )
         globex = await GatewayClient.connect(
-            locked.url, nats_auth.agent_creds_path(locked.data_dir, *GLOBEX))
+            locked.url, nats_auth.agent_creds_path(locked.data_dir, *GLOBEX)
+        )
         async with acme, globex:
             assert (acme.identity, globex.identity) == (ACME, GLOBEX)
-            ok = await acme.call("echo", {"payload": {"hello": "locked bus"}},
-                                 user="u-alice", session="s-1", timeout=20)
+            ok = await acme.call(
+                "echo",
+                {"payload": {"hello": "locked bus"}},
+                user="u-alice",
+                session="s-1",
+                timeout=20,
+            )
             assert ok.ok and ok.data == {"payload": {"hello": "locked bus"}}, ok
             bad = await acme.call("echo", {"nope": 1}, principal=ALICE, timeout=20)
             assert bad.status == "invalid_arguments", bad
             # The same call_id from another tenant's agent is its own call.
-            theirs = await globex.call("echo", {"payload": "globex"}, user="u-g",
-                                       session="s-g", call_id=ok.call_id, timeout=20)
+            theirs = await globex.call(
+                "echo",
+                {"payload": "globex"},
+                user="u-g",
+                session="s-g",
+                call_id=ok.call_id,
+                timeout=20,
+            )
             assert theirs.ok and theirs.data == {"payload": "globex"}, theirs
             assert await acme.result(ok.call_id) == ok
             assert await globex.result(ok.call_id) == theirs
@@ -597,7 +688,15 @@ async def test_the_pipeline_runs_with_each_service_on_its_own_credentials(
             await app.stop()
     assert locked.server_violations() == []
     admin = await locked.connect("admin")
-    stored = [json.loads((await admin.jetstream().get_last_msg(
-        subjects.RESULTS_STREAM, subjects.results_subject(*who, ok.call_id))).data or b"{}")
-        for who in (ACME, GLOBEX)]
+    stored = [
+        json.loads(
+            (
+                await admin.jetstream().get_last_msg(
+                    subjects.RESULTS_STREAM, subjects.results_subject(*who, ok.call_id)
+                )
+            ).data
+            or b"{}"
+        )
+        for who in (ACME, GLOBEX)
+    ]
     assert [s["data"] for s in stored] == [ok.data, theirs.data]

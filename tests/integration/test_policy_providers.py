@@ -19,8 +19,10 @@ from toolgate.infra.examples import orders
 from toolgate.services.policy.providers import EntityResolver, ProviderConfig
 
 PROVIDER: TypeAdapter[Any] = TypeAdapter(ProviderConfig)
-ORDER_QUERY = ("SELECT owner, tenant, status, amount, refunded, currency FROM orders "
-               "WHERE id = :id AND tenant = :tenant")
+ORDER_QUERY = (
+    "SELECT owner, tenant, status, amount, refunded, currency FROM orders "
+    "WHERE id = :id AND tenant = :tenant"
+)
 
 
 def provider(**fields: Any) -> Any:
@@ -38,37 +40,58 @@ def data_dir(tmp_path: Path) -> Path:
 
 
 def sql(**changes: Any) -> Any:
-    return provider(**{"provider": "sql", "database": str(orders.DATABASE),
-                       "query": ORDER_QUERY, "references": {"owner": "User"}, **changes})
+    return provider(
+        **{
+            "provider": "sql",
+            "database": str(orders.DATABASE),
+            "query": ORDER_QUERY,
+            "references": {"owner": "User"},
+            **changes,
+        }
+    )
 
 
 class TestSql:
     async def test_the_row_is_the_entity(self, data_dir: Path) -> None:
         seen = await resolver(data_dir, Order=sql()).resolve([("Order", "o-1001")], "acme")
         assert len(seen) == 1 and seen[0].found and not seen[0].error
-        assert seen[0].attributes == {"owner": "u-alice", "tenant": "acme", "status": "delivered",
-                                      "amount": 1200, "refunded": 0, "currency": "EUR"}
+        assert seen[0].attributes == {
+            "owner": "u-alice",
+            "tenant": "acme",
+            "status": "delivered",
+            "amount": 1200,
+            "refunded": 0,
+            "currency": "EUR",
+        }
         assert seen[0].provider == "sql" and seen[0].fetched_at is not None
 
     async def test_no_row_is_unknown_and_the_tenant_scopes_the_query(self, data_dir: Path) -> None:
         found = await resolver(data_dir, Order=sql()).resolve(
-            [("Order", "o-9999"), ("Order", "o-1001")], "globex")
-        assert [(s.id, s.found, s.error) for s in found] == [("o-9999", False, ""),
-                                                             ("o-1001", False, "")]
+            [("Order", "o-9999"), ("Order", "o-1001")], "globex"
+        )
+        assert [(s.id, s.found, s.error) for s in found] == [
+            ("o-9999", False, ""),
+            ("o-1001", False, ""),
+        ]
 
     async def test_a_missing_database_is_an_error_not_unknown(self, tmp_path: Path) -> None:
         seen = await resolver(tmp_path, Order=sql()).resolve([("Order", "o-1001")], "acme")
         assert not seen[0].found and "cannot open" in seen[0].error
 
     async def test_a_slow_query_times_out(self, data_dir: Path) -> None:
-        slow = sql(timeout_s=0.2, query=(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
-            "SELECT count(*) AS c FROM n WHERE :id = :id"))
+        slow = sql(
+            timeout_s=0.2,
+            query=(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+                "SELECT count(*) AS c FROM n WHERE :id = :id"
+            ),
+        )
         started = time.monotonic()
         seen = await resolver(data_dir, Order=slow).resolve([("Order", "o-1001")], "acme")
         assert time.monotonic() - started < 2
-        assert not seen[0].found and ("within 0.2 s" in seen[0].error
-                                      or "interrupted" in seen[0].error)
+        assert not seen[0].found and (
+            "within 0.2 s" in seen[0].error or "interrupted" in seen[0].error
+        )
 
     async def test_two_rows_for_one_id_is_an_error(self, data_dir: Path) -> None:
         ambiguous = sql(query="SELECT owner FROM orders WHERE :id != '' AND :tenant != ''")
@@ -120,13 +143,21 @@ def crm() -> Iterator[str]:
 
 
 def http(base: str, **changes: Any) -> Any:
-    return provider(**{"provider": "http", "url": base + "/customers/{tenant}/{id}",
-                       "pointer": "/data", "timeout_s": 0.3, **changes})
+    return provider(
+        **{
+            "provider": "http",
+            "url": base + "/customers/{tenant}/{id}",
+            "pointer": "/data",
+            "timeout_s": 0.3,
+            **changes,
+        }
+    )
 
 
 class TestHttp:
-    async def test_the_json_object_at_the_pointer_is_the_entity(self, crm: str,
-                                                                 tmp_path: Path) -> None:
+    async def test_the_json_object_at_the_pointer_is_the_entity(
+        self, crm: str, tmp_path: Path
+    ) -> None:
         lookup = resolver(tmp_path, Customer=http(crm))
         try:
             seen = await lookup.resolve([("Customer", "c-1"), ("Customer", "c-404")], "acme")
@@ -135,13 +166,17 @@ class TestHttp:
         assert seen[0].found and seen[0].attributes == {"owner": "u-alice", "tier": "gold"}
         assert not seen[1].found and not seen[1].error  # 404: unknown
 
-    @pytest.mark.parametrize(("customer", "why"), [
-        ("slow-1", "did not answer within 0.3 s"),
-        ("broken-1", "HTTP 500"),
-        ("text-1", "not JSON"),
-    ])
-    async def test_failures_are_errors(self, crm: str, tmp_path: Path, customer: str,
-                                       why: str) -> None:
+    @pytest.mark.parametrize(
+        ("customer", "why"),
+        [
+            ("slow-1", "did not answer within 0.3 s"),
+            ("broken-1", "HTTP 500"),
+            ("text-1", "not JSON"),
+        ],
+    )
+    async def test_failures_are_errors(
+        self, crm: str, tmp_path: Path, customer: str, why: str
+    ) -> None:
         lookup = resolver(tmp_path, Customer=http(crm))
         try:
             seen = await lookup.resolve([("Customer", customer)], "acme")
@@ -190,24 +225,28 @@ def python(name: str, **changes: Any) -> Any:
 class TestPythonAndTheResolver:
     async def test_a_function_is_a_provider(self, tmp_path: Path) -> None:
         seen = await resolver(tmp_path, Ticket=python("directory")).resolve(
-            [("Ticket", "t-1"), ("Ticket", "x-1")], "acme")
+            [("Ticket", "t-1"), ("Ticket", "x-1")], "acme"
+        )
         assert seen[0].found and seen[0].attributes == {"owner": "u-alice", "tenant": "acme"}
         assert not seen[1].found and not seen[1].error
 
-    @pytest.mark.parametrize(("name", "why"), [
-        ("raising", "RuntimeError: directory down"),
-        ("a_list", "answered a list, not an object"),
-        ("nowhere", "cannot load"),
-    ])
-    async def test_what_a_function_gets_wrong_is_an_error(self, tmp_path: Path, name: str,
-                                                          why: str) -> None:
+    @pytest.mark.parametrize(
+        ("name", "why"),
+        [
+            ("raising", "RuntimeError: directory down"),
+            ("a_list", "answered a list, not an object"),
+            ("nowhere", "cannot load"),
+        ],
+    )
+    async def test_what_a_function_gets_wrong_is_an_error(
+        self, tmp_path: Path, name: str, why: str
+    ) -> None:
         seen = await resolver(tmp_path, Ticket=python(name)).resolve([("Ticket", "t-1")], "acme")
         assert not seen[0].found and why in seen[0].error
 
     async def test_found_entities_are_cached_for_their_ttl_only(self, tmp_path: Path) -> None:
         now = [100.0]
-        lookup = resolver(tmp_path, clock=lambda: now[0],
-                          Ticket=python("directory", cache_ttl_s=5))
+        lookup = resolver(tmp_path, clock=lambda: now[0], Ticket=python("directory", cache_ttl_s=5))
         CALLS.clear()
         first = await lookup.resolve([("Ticket", "t-1"), ("Ticket", "x-1")], "acme")
         second = await lookup.resolve([("Ticket", "t-1"), ("Ticket", "x-1")], "acme")

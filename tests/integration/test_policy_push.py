@@ -28,17 +28,22 @@ from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
 from toolgate.services.policy.signing import PRIVATE_KEY_FILE, StoredBundle
 from toolgate.stack.nats_server import free_port
 
-NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
-           'forbid (principal, action, resource == Tool::"echo");\n')
-NO_SEARCH = ('@id("no-search") @error_code("TOOL_NOT_ALLOWED")\n'
-             'forbid (principal, action, resource == Tool::"search_sources");\n')
+NO_ECHO = (
+    '@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
+    'forbid (principal, action, resource == Tool::"echo");\n'
+)
+NO_SEARCH = (
+    '@id("no-search") @error_code("TOOL_NOT_ALLOWED")\n'
+    'forbid (principal, action, resource == Tool::"search_sources");\n'
+)
 
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Gateway]:
     """`toolgate up` in the folder tmp_path: its data in tmp_path/.toolgate."""
-    gateway = Gateway(data_dir=tmp_path / ".toolgate",
-                      registry_dir=make_test_registry(tmp_path / "registry")).start()
+    gateway = Gateway(
+        data_dir=tmp_path / ".toolgate", registry_dir=make_test_registry(tmp_path / "registry")
+    ).start()
     yield gateway
     gateway.stop()
 
@@ -52,8 +57,14 @@ def bundle_dir(where: Path, **extra: str) -> Path:
 
 def toolgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
-    return subprocess.run([sys.executable, "-m", "toolgate.cli.main", *args], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "toolgate.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def echo(client: GatewayClient) -> ToolResult:
@@ -80,7 +91,8 @@ def one_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 async def test_push_signs_and_takes_effect_and_a_bundle_put_by_anyone_else_is_refused(
-        up: Gateway, tmp_path: Path) -> None:
+    up: Gateway, tmp_path: Path
+) -> None:
     strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
     pushed = toolgate(tmp_path, "policy", "push", str(strict))
     assert pushed.returncode == 0, pushed.stderr
@@ -100,15 +112,17 @@ async def test_push_signs_and_takes_effect_and_a_bundle_put_by_anyone_else_is_re
         log_offset = up.service("policy").log_path.stat().st_size
         nc = await up.connect("admin")
         kv = await nc.jetstream().key_value(POLICIES_BUCKET)
-        await kv.put(ACTIVE_KEY, msgspec.json.encode(
-            StoredBundle(files=read_bundle_dir(DEFAULT_BUNDLE_DIR))))
+        await kv.put(
+            ACTIVE_KEY, msgspec.json.encode(StoredBundle(files=read_bundle_dir(DEFAULT_BUNDLE_DIR)))
+        )
         await nc.close()
         for _ in range(600):  # the running service says so, once, and keeps its bundle
             if " ERROR " in policy_log_since(up, log_offset):
                 break
             await client.result("none-such")  # a round trip, instead of a sleep
-        [refused] = [line for line in policy_log_since(up, log_offset).splitlines()
-                     if " ERROR " in line]
+        [refused] = [
+            line for line in policy_log_since(up, log_offset).splitlines() if " ERROR " in line
+        ]
         assert "not signed" in refused and f"keeping {version}" in refused
         assert (await echo(client)).status == "denied"
 
@@ -130,9 +144,12 @@ async def test_push_signs_and_takes_effect_and_a_bundle_put_by_anyone_else_is_re
         assert again.returncode == 0 and "created" not in again.stderr, again.stderr
         policy.start()
         assert (await echo(client)).ok
-        search = await client.call("search_sources", {
-            "query": "agents", "source_type": "any", "limit": 3},
-            user="u-alice", session="s-1")
+        search = await client.call(
+            "search_sources",
+            {"query": "agents", "source_type": "any", "limit": 3},
+            user="u-alice",
+            session="s-1",
+        )
         assert search.error is not None and search.error.code == "TOOL_NOT_ALLOWED"
         assert policy.alive()
 
@@ -140,21 +157,23 @@ async def test_push_signs_and_takes_effect_and_a_bundle_put_by_anyone_else_is_re
 def test_push_that_cannot_reach_the_bus_says_so_in_one_line(tmp_path: Path) -> None:
     strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
     nowhere = f"nats://127.0.0.1:{free_port()}"
-    result = toolgate(tmp_path, "policy", "push", str(strict), "--nats-url", nowhere,
-                      "--connect-timeout", "2")
+    result = toolgate(
+        tmp_path, "policy", "push", str(strict), "--nats-url", nowhere, "--connect-timeout", "2"
+    )
     assert result.returncode == 3
-    assert one_line(result).startswith(f"toolgate policy push: cannot connect to NATS at "
-                                       f"{nowhere}")
+    assert one_line(result).startswith(f"toolgate policy push: cannot connect to NATS at {nowhere}")
 
 
 async def test_push_with_creds_that_may_not_write_the_bucket_says_so_in_one_line(
-        up: Gateway, tmp_path: Path) -> None:
+    up: Gateway, tmp_path: Path
+) -> None:
     strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
     agent = await up.agent_creds()
     missing = tmp_path / "no-such.creds"
     for creds, words in ((agent, "cannot store the bundle"), (missing, "no credentials file")):
-        result = toolgate(tmp_path, "policy", "push", str(strict), "--creds", str(creds),
-                          "--connect-timeout", "2")
+        result = toolgate(
+            tmp_path, "policy", "push", str(strict), "--creds", str(creds), "--connect-timeout", "2"
+        )
         assert result.returncode == 3
         assert words in one_line(result)
 

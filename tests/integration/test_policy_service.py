@@ -58,8 +58,10 @@ from toolgate.stack.nats_server import EmbeddedNats
 
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 DEFAULT_VERSION = bundle_version(read_bundle_dir(DEFAULT_BUNDLE_DIR))
-NO_ECHO = ('@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
-           'forbid (principal, action, resource == Tool::"echo");\n')
+NO_ECHO = (
+    '@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
+    'forbid (principal, action, resource == Tool::"echo");\n'
+)
 NOOP = '@id("noop") forbid (principal, action, resource == Tool::"nothing");\n'
 DECIDED = (CallAuthorized, CallDenied, ApprovalRequested)
 
@@ -80,7 +82,8 @@ def settings(url: str, tmp_path: Path) -> GatewaySettings:
     echo = yaml.safe_load((BUILTIN_TOOLS_DIR / "echo.yaml").read_text())
     extra_tools: dict[str, dict[str, Any]] = {
         "critical_echo": {"risk": "critical"},
-        "limited_echo": {"rate_limit": {"calls": 3, "per_seconds": 3600}}}
+        "limited_echo": {"rate_limit": {"calls": 3, "per_seconds": 3600}},
+    }
     for name, changes in extra_tools.items():
         (registry / f"{name}.yaml").write_text(yaml.safe_dump({**echo, "name": name, **changes}))
     return GatewaySettings(nats_url=url, data_dir=tmp_path / "data", registry_dirs=(registry,))
@@ -104,28 +107,44 @@ async def push_files(settings: GatewaySettings, files: dict[str, str]) -> None:
 
 def validated(call: ToolCall) -> ArgumentsValidated:
     return ArgumentsValidated(
-        event_id=derive_event_id(f"test:{call.call_id}", "validated"), occurred_at=utc_now(),
-        service="validator", call=call, arguments_sha256=arguments_sha256(call.arguments),
-        **call_fields(call))
+        event_id=derive_event_id(f"test:{call.call_id}", "validated"),
+        occurred_at=utc_now(),
+        service="validator",
+        call=call,
+        arguments_sha256=arguments_sha256(call.arguments),
+        **call_fields(call),
+    )
 
 
-def granted(call: ToolCall, approvers: list[str], quorum: bool,
-            sha: str | None = None) -> ApprovalGranted:
+def granted(
+    call: ToolCall, approvers: list[str], quorum: bool, sha: str | None = None
+) -> ApprovalGranted:
     return ApprovalGranted(
         event_id=derive_event_id(f"test:{call.call_id}", f"granted/{approvers[-1]}"),
-        occurred_at=utc_now(), service="approvals", call=call, policy_version=DEFAULT_VERSION,
-        approver=approvers[-1], approvers=approvers, required_approvals=2,
-        quorum_reached=quorum, arguments_sha256=sha or arguments_sha256(call.arguments),
-        **call_fields(call))
+        occurred_at=utc_now(),
+        service="approvals",
+        call=call,
+        policy_version=DEFAULT_VERSION,
+        approver=approvers[-1],
+        approvers=approvers,
+        required_approvals=2,
+        quorum_reached=quorum,
+        arguments_sha256=sha or arguments_sha256(call.arguments),
+        **call_fields(call),
+    )
 
 
 def echo_call(call_id: str, tool: str = "echo") -> ToolCall:
-    return ToolCall(call_id=call_id, tool=tool, arguments={"payload": call_id},
-                    principal=ALICE, task_id="task_c04")
+    return ToolCall(
+        call_id=call_id,
+        tool=tool,
+        arguments={"payload": call_id},
+        principal=ALICE,
+        task_id="task_c04",
+    )
 
 
-async def decisions(url: str, call_id: str, count: int = 1,
-                    timeout: float = 15.0) -> list[Event]:
+async def decisions(url: str, call_id: str, count: int = 1, timeout: float = 15.0) -> list[Event]:
     """The policy's outcome events for `call_id`, once `count` of them exist."""
     for _ in range(int(timeout / 0.05)):
         found = [e for e in events_of(await read_events(url), call_id) if isinstance(e, DECIDED)]
@@ -151,7 +170,8 @@ async def first_decision_under(url: str, version: str, prefix: str) -> Event:
 
 class TestHotReload:
     async def test_pushed_bundle_switches_a_running_replica(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
         async with replica(settings):
             before = await decide(url, echo_call("before"))
@@ -162,7 +182,8 @@ class TestHotReload:
             assert after.error.code == "TOOL_NOT_ALLOWED"
 
     async def test_bad_pushed_bundle_is_ignored_and_later_pushes_still_apply(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
         await push_files(settings, strict)
         async with replica(settings):
@@ -180,7 +201,8 @@ class TestHotReload:
             assert isinstance(again, CallAuthorized)
 
     async def test_replica_started_after_a_push_decides_under_it_from_the_first_call(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
         await push_files(settings, strict)
         async with replica(settings):
@@ -189,8 +211,7 @@ class TestHotReload:
 
 
 class TestRateLimit:
-    async def test_limit_holds_across_replicas(self, url: str,
-                                               settings: GatewaySettings) -> None:
+    async def test_limit_holds_across_replicas(self, url: str, settings: GatewaySettings) -> None:
         # limited_echo allows 3 calls an hour per user: the count lives in JetStream,
         # so a replica that starts later, or runs beside another, continues it.
         calls = [echo_call(f"limited-{i}", tool="limited_echo") for i in range(8)]
@@ -211,17 +232,22 @@ class TestRateLimit:
         assert len(limited) == 5 and len(both) == 4 and all(e in limited for e in both)
         assert all(e.error.code == "RATE_LIMITED" and e.error.retryable for e in limited)
 
-    async def test_racing_limiters_admit_exactly_the_limit_and_a_call_once(
-            self, url: str) -> None:
+    async def test_racing_limiters_admit_exactly_the_limit_and_a_call_once(self, url: str) -> None:
         connections = [await nats.connect(url) for _ in range(2)]
-        limiters = [RateLimiter(await open_bucket(nc.jetstream(), rate_limits_bucket_config()),
-                                clock=lambda: 1000.0) for nc in connections]
+        limiters = [
+            RateLimiter(
+                await open_bucket(nc.jetstream(), rate_limits_bucket_config()), clock=lambda: 1000.0
+            )
+            for nc in connections
+        ]
         limit = RateLimit(calls=5, per_seconds=60)
         calls = [echo_call(f"race-{i}") for i in range(20)]
-        checks = await asyncio.gather(*(limiters[i % 2].admit(c, limit)
-                                        for i, c in enumerate(calls)))
-        again = await limiters[1].admit(next(c for c, ok in zip(calls, checks, strict=True)
-                                             if ok.admitted), limit)
+        checks = await asyncio.gather(
+            *(limiters[i % 2].admit(c, limit) for i, c in enumerate(calls))
+        )
+        again = await limiters[1].admit(
+            next(c for c, ok in zip(calls, checks, strict=True) if ok.admitted), limit
+        )
         for nc in connections:
             await nc.close()
         assert sum(check.admitted for check in checks) == 5
@@ -230,7 +256,8 @@ class TestRateLimit:
 
 class TestApproval:
     async def test_critical_call_waits_for_quorum_then_is_authorized_with_its_approvers(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         call = echo_call("crit", tool="critical_echo")
         async with replica(settings):
             requested = await decide(url, call)
@@ -247,22 +274,33 @@ class TestApproval:
         assert "approval-critical" in authorized.policy_ids
 
     async def test_approval_for_other_arguments_is_refused(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         call = echo_call("swapped", tool="critical_echo")
         tampered = msgspec.structs.replace(call, arguments={"payload": "rm -rf /"})
         async with replica(settings):
             await decide(url, call)
-            await publish_event(url, granted(tampered, ["ann", "bob"], quorum=True,
-                                       sha=arguments_sha256(call.arguments)))
+            await publish_event(
+                url,
+                granted(
+                    tampered, ["ann", "bob"], quorum=True, sha=arguments_sha256(call.arguments)
+                ),
+            )
             refused = (await decisions(url, call.call_id, count=2))[1]
         assert isinstance(refused, CallDenied) and "other arguments" in refused.error.message
 
     async def test_granted_call_is_decided_again_under_the_bundle_active_now(
-            self, url: str, settings: GatewaySettings) -> None:
+        self, url: str, settings: GatewaySettings
+    ) -> None:
         call = echo_call("changed", tool="critical_echo")
-        no_critical = bundle_files(**{"no-critical.cedar": (
-            '@id("no-critical-echo") forbid (principal, action, '
-            'resource == Tool::"critical_echo");\n')})
+        no_critical = bundle_files(
+            **{
+                "no-critical.cedar": (
+                    '@id("no-critical-echo") forbid (principal, action, '
+                    'resource == Tool::"critical_echo");\n'
+                )
+            }
+        )
         async with replica(settings):
             await decide(url, call)
             await push_files(settings, no_critical)
@@ -284,16 +322,19 @@ async def put_raw(url: str, value: bytes) -> None:
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "toolgate.policy" and r.levelno >= logging.ERROR]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "toolgate.policy" and r.levelno >= logging.ERROR
+    ]
 
 
 class TestPolicyState:
     """The policy state fails closed: never a silent fall-back to the default bundle."""
 
     async def test_garbled_bundle_at_restart_refuses_to_start_and_decides_nothing(
-            self, url: str, settings: GatewaySettings,
-            caplog: pytest.LogCaptureFixture) -> None:
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
         await push_files(settings, strict)
         async with replica(settings):
@@ -318,36 +359,45 @@ class TestPolicyState:
 
     @pytest.mark.parametrize("how", ["unsigned", "another key", "valid signature, bad bundle"])
     async def test_a_bundle_not_pushed_by_the_operator_refuses_to_start(
-            self, url: str, settings: GatewaySettings, how: str) -> None:
+        self, url: str, settings: GatewaySettings, how: str
+    ) -> None:
         operator, _ = ensure_signing_key(settings.keys_dir)
         default = bundle_files()
         value = {
             "unsigned": msgspec.json.encode(StoredBundle(files=default)),
-            "another key": msgspec.json.encode(sign_bundle(
-                default, DEFAULT_VERSION, Ed25519PrivateKey.generate())),
-            "valid signature, bad bundle": msgspec.json.encode(sign_bundle(
-                bundle_files(**{"bad.cedar": "permit (principal"}), "x", operator)),
+            "another key": msgspec.json.encode(
+                sign_bundle(default, DEFAULT_VERSION, Ed25519PrivateKey.generate())
+            ),
+            "valid signature, bad bundle": msgspec.json.encode(
+                sign_bundle(bundle_files(**{"bad.cedar": "permit (principal"}), "x", operator)
+            ),
         }[how]
         await put_raw(url, value)
         with pytest.raises(PolicyStateError) as raised:
             async with replica(settings):
                 pass
-        assert {"unsigned": "not signed", "another key": "not by the trusted key",
-                "valid signature, bad bundle": "bad.cedar:1"}[how] in raised.value.reason
+        assert {
+            "unsigned": "not signed",
+            "another key": "not by the trusted key",
+            "valid signature, bad bundle": "bad.cedar:1",
+        }[how] in raised.value.reason
 
     async def test_running_replica_keeps_its_last_good_bundle_through_bad_writes(
-            self, url: str, settings: GatewaySettings,
-            caplog: pytest.LogCaptureFixture) -> None:
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
         await push_files(settings, strict)
         default = bundle_files()
         async with replica(settings):
-            assert (await decide(url, echo_call("good"))).policy_version == \
-                bundle_version(strict)
+            assert (await decide(url, echo_call("good"))).policy_version == bundle_version(strict)
             # The attack of the issue: the approval-free default, without the operator.
             await put_raw(url, msgspec.json.encode(StoredBundle(files=default)))
-            await put_raw(url, msgspec.json.encode(sign_bundle(
-                default, DEFAULT_VERSION, Ed25519PrivateKey.generate())))
+            await put_raw(
+                url,
+                msgspec.json.encode(
+                    sign_bundle(default, DEFAULT_VERSION, Ed25519PrivateKey.generate())
+                ),
+            )
             await put_raw(url, b"\x00garbage")
             # A good push after them: once it is active, the bad writes were judged.
             later = bundle_files(**{"no-echo.cedar": NO_ECHO, "later.cedar": NOOP})

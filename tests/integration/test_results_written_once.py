@@ -22,7 +22,8 @@ ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-
 
 
 async def test_a_full_subject_is_ours_only_if_it_holds_our_message(
-        nats_server: EmbeddedNats) -> None:
+    nats_server: EmbeddedNats,
+) -> None:
     # The shortest duplicate window NATS allows, so a retry falls outside it.
     await apply_topology(nats_server.url, Topology(duplicate_window_s=0.1))
     broker = bus.make_broker(nats_server.url, "test-results")
@@ -41,9 +42,12 @@ async def test_a_full_subject_is_ours_only_if_it_holds_our_message(
     nc = await nats.connect(nats_server.url)
     try:
         stored = await nc.jetstream().get_last_msg(
-            subjects.RESULTS_STREAM, subjects.results_subject("acme", "researcher", "c1"),
-            direct=True)
-        assert stored.data == b'{"call_id":"c1","ok":true,"status":"ok","data":{"n":1},' \
-                              b'"error":null}'
+            subjects.RESULTS_STREAM,
+            subjects.results_subject("acme", "researcher", "c1"),
+            direct=True,
+        )
+        assert (
+            stored.data == b'{"call_id":"c1","ok":true,"status":"ok","data":{"n":1},"error":null}'
+        )
     finally:
         await nc.close()

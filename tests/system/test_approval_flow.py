@@ -64,8 +64,12 @@ def key(principal: Principal, call_id: str) -> str:
 
 
 def action(principal: Principal, amount: int, call_id: str | None = None) -> ToolCall:
-    return ToolCall(call_id=call_id or new_call_id(), tool="approved_action",
-                    arguments={"amount": amount}, principal=principal)
+    return ToolCall(
+        call_id=call_id or new_call_id(),
+        tool="approved_action",
+        arguments={"amount": amount},
+        principal=principal,
+    )
 
 
 async def waiting(approvals: ApprovalsClient, call: str) -> ApprovalView:
@@ -79,14 +83,19 @@ async def waiting(approvals: ApprovalsClient, call: str) -> ApprovalView:
 
 
 def of_call(events: list[Event], principal: Principal, call_id: str) -> list[Event]:
-    return [e for e in events_of(events, call_id) if e.principal is not None
-            and (e.principal.tenant, e.principal.agent) == (principal.tenant, principal.agent)]
+    return [
+        e
+        for e in events_of(events, call_id)
+        if e.principal is not None
+        and (e.principal.tenant, e.principal.agent) == (principal.tenant, principal.agent)
+    ]
 
 
 async def stored_on(gateway: Gateway, principal: Principal, subject: str) -> list[bytes]:
     """What the results stream holds on `subject`, read by the agent that owns it."""
-    nc = await nats.connect(gateway.url, **connect_options(
-        await gateway.agent_creds(principal.tenant, principal.agent)))
+    nc = await nats.connect(
+        gateway.url, **connect_options(await gateway.agent_creds(principal.tenant, principal.agent))
+    )
     try:
         msg = await nc.jetstream().get_last_msg(subjects.RESULTS_STREAM, subject, direct=True)
     except NotFoundError:
@@ -96,8 +105,9 @@ async def stored_on(gateway: Gateway, principal: Principal, subject: str) -> lis
     return [msg.data or b""]
 
 
-async def pending_notice(gateway: Gateway, principal: Principal,
-                         call_id: str) -> PendingNotice | None:
+async def pending_notice(
+    gateway: Gateway, principal: Principal, call_id: str
+) -> PendingNotice | None:
     subject = subjects.pending_subject(principal.tenant, principal.agent, call_id)
     for _ in range(100):
         found = await stored_on(gateway, principal, subject)
@@ -112,25 +122,32 @@ async def test_approved_call_runs_once_bound_to_its_approver(shared_gateway: Gat
     bob_as_approver = add_approver(shared_gateway.data_dir, "u-bob", ["acme"])
     call = action(BOB, 10)
     sha = arguments_sha256(call.arguments)
-    async with await shared_gateway.client() as client, \
-            await approvals_as(shared_gateway, carol) as approvals:
+    async with (
+        await shared_gateway.client() as client,
+        await approvals_as(shared_gateway, carol) as approvals,
+    ):
         submitted = asyncio.create_task(client.submit(call, timeout=120))
         state = await waiting(approvals, key(BOB, call.call_id))
         assert state.required_approvals == 1 and state.arguments_sha256 == sha
         assert call.call_id not in runs_of(shared_gateway.data_dir, "approved_action")
 
-        self_vote = await approvals.vote(state.key, "approve", arguments_sha256=sha,
-                                         reason="mine", token=bob_as_approver)
+        self_vote = await approvals.vote(
+            state.key, "approve", arguments_sha256=sha, reason="mine", token=bob_as_approver
+        )
         assert not self_vote.accepted and self_vote.code == Refusal.SELF_APPROVAL
-        other_args = await approvals.vote(state.key, "approve", reason="looks fine",
-                                          arguments_sha256=arguments_sha256({"amount": 99999}))
+        other_args = await approvals.vote(
+            state.key,
+            "approve",
+            reason="looks fine",
+            arguments_sha256=arguments_sha256({"amount": 99999}),
+        )
         assert not other_args.accepted and other_args.code == Refusal.ARGUMENTS_MISMATCH
-        granted = await approvals.vote(call.call_id, "approve", arguments_sha256=sha,
-                                       reason="refund checked")  # a bare call_id works too
+        granted = await approvals.vote(
+            call.call_id, "approve", arguments_sha256=sha, reason="refund checked"
+        )  # a bare call_id works too
         assert granted.accepted and granted.quorum_reached and granted.call == state.key
         result = await submitted
-        again = await approvals.vote(state.key, "approve", arguments_sha256=sha,
-                                     reason="twice")
+        again = await approvals.vote(state.key, "approve", arguments_sha256=sha, reason="twice")
     assert result.ok, result
     assert not again.accepted and again.code == Refusal.ALREADY_DECIDED  # single use
     assert runs_of(shared_gateway.data_dir, "approved_action").count(call.call_id) == 1
@@ -144,12 +161,15 @@ async def test_approved_call_runs_once_bound_to_its_approver(shared_gateway: Gat
 async def test_denied_approval_ends_the_call_without_running_it(shared_gateway: Gateway) -> None:
     dave = approver(shared_gateway, "dave", "acme")
     call = action(BOB, 5)
-    async with await shared_gateway.client() as client, \
-            await approvals_as(shared_gateway, dave) as approvals:
+    async with (
+        await shared_gateway.client() as client,
+        await approvals_as(shared_gateway, dave) as approvals,
+    ):
         submitted = asyncio.create_task(client.submit(call, timeout=120))
         state = await waiting(approvals, key(BOB, call.call_id))
-        denied = await approvals.vote(state.key, "deny", arguments_sha256=state.arguments_sha256,
-                                      reason="not this customer")
+        denied = await approvals.vote(
+            state.key, "deny", arguments_sha256=state.arguments_sha256, reason="not this customer"
+        )
         result = await submitted
     assert denied.accepted
     assert result.status == "approval_denied" and not result.ok
@@ -157,15 +177,18 @@ async def test_denied_approval_ends_the_call_without_running_it(shared_gateway: 
 
 
 async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     gus = approver(shared_gateway, "gus", "globex")
     erin = approver(shared_gateway, "erin", "acme")
     secret = 424242
     call = action(BOB, secret)
     sha = arguments_sha256(call.arguments)
-    async with await shared_gateway.client() as client, \
-            await approvals_as(shared_gateway, erin) as as_erin, \
-            await approvals_as(shared_gateway, gus) as as_gus:
+    async with (
+        await shared_gateway.client() as client,
+        await approvals_as(shared_gateway, erin) as as_erin,
+        await approvals_as(shared_gateway, gus) as as_gus,
+    ):
         submitted = asyncio.create_task(client.submit(call, timeout=120))
         state = await waiting(as_erin, key(BOB, call.call_id))
         assert state.call.arguments == {"amount": secret}
@@ -183,14 +206,19 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
             assert (shown.ok, shown.code, shown.approval) == (False, Refusal.UNKNOWN_CALL, None)
             assert str(secret) not in shown.message
         absent = await as_gus.show(key(BOB, "call_that_never_was"))
-        assert absent.message.replace("call_that_never_was", "X") == \
-            (await as_gus.show(state.key)).message.replace(call.call_id, "X")
+        assert absent.message.replace("call_that_never_was", "X") == (
+            await as_gus.show(state.key)
+        ).message.replace(call.call_id, "X")
 
         # Vote: neither approve (with the right hash) nor deny lands.
         for decision in ("approve", "deny"):
             for ref in (state.key, call.call_id):
-                out = await as_gus.vote(ref, decision, arguments_sha256=sha,  # type: ignore[arg-type]
-                                        reason="globex deciding acme's call")
+                out = await as_gus.vote(
+                    ref,
+                    decision,
+                    arguments_sha256=sha,  # type: ignore[arg-type]
+                    reason="globex deciding acme's call",
+                )
                 assert not out.accepted and out.code == Refusal.UNKNOWN_CALL
                 assert out.call == "" and out.approvers == []
         untouched = await as_erin.get(state.key)
@@ -210,7 +238,8 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
                 await nc.jetstream(timeout=2).key_value(subjects.APPROVALS_BUCKET)
             with pytest.raises((NatsError, asyncio.TimeoutError, TimeoutError)):
                 await nc.jetstream(timeout=2).get_last_msg(
-                    subjects.EVENTS_STREAM, subjects.event_filter(ApprovalRequested))
+                    subjects.EVENTS_STREAM, subjects.event_filter(ApprovalRequested)
+                )
             await nc.flush()
         finally:
             await nc.close()
@@ -230,13 +259,16 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
 
 
 async def test_one_call_id_from_two_agents_is_two_independent_approvals(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     fay = approver(shared_gateway, "fay", "acme")
     call_id = new_call_id()
     mine, walts = action(BOB, 11, call_id), action(WALT, 22, call_id)
-    async with await shared_gateway.client("acme", "researcher") as researcher, \
-            await shared_gateway.client("acme", "writer") as writer, \
-            await approvals_as(shared_gateway, fay) as approvals:
+    async with (
+        await shared_gateway.client("acme", "researcher") as researcher,
+        await shared_gateway.client("acme", "writer") as writer,
+        await approvals_as(shared_gateway, fay) as approvals,
+    ):
         first = asyncio.create_task(researcher.submit(mine, timeout=120))
         second = asyncio.create_task(writer.submit(walts, timeout=120))
         a = await waiting(approvals, key(BOB, call_id))
@@ -255,14 +287,16 @@ async def test_one_call_id_from_two_agents_is_two_independent_approvals(
         assert notice_a is not None and notice_a.expires_at == a.expires_at.isoformat()
         assert notice_b is not None and notice_b.expires_at == b.expires_at.isoformat()
 
-        granted = await approvals.vote(a.key, "approve", reason="researcher's is fine",
-                                       arguments_sha256=a.arguments_sha256)
+        granted = await approvals.vote(
+            a.key, "approve", reason="researcher's is fine", arguments_sha256=a.arguments_sha256
+        )
         assert granted.accepted and granted.quorum_reached
         result_a = await first
         still = await approvals.get(b.key)
         assert still is not None and still.status == "pending" and still.votes == []
-        denied = await approvals.vote(b.key, "deny", reason="writer's is not",
-                                      arguments_sha256=b.arguments_sha256)
+        denied = await approvals.vote(
+            b.key, "deny", reason="writer's is not", arguments_sha256=b.arguments_sha256
+        )
         assert denied.accepted
         result_b = await second
     assert result_a.ok and result_a.call_id == call_id
@@ -277,15 +311,18 @@ async def test_one_call_id_from_two_agents_is_two_independent_approvals(
 
 
 async def test_a_waiting_call_cannot_be_hijacked_by_another_agent_with_its_call_id(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     acme_approver = approver(shared_gateway, "hal", "acme")
     globex_approver = approver(shared_gateway, "ivy", "globex")
     call_id = new_call_id()
     victim = action(BOB, 7, call_id)
-    async with await shared_gateway.client("acme", "researcher") as researcher, \
-            await shared_gateway.client("globex", "researcher") as attacker, \
-            await approvals_as(shared_gateway, acme_approver) as as_acme, \
-            await approvals_as(shared_gateway, globex_approver) as as_globex:
+    async with (
+        await shared_gateway.client("acme", "researcher") as researcher,
+        await shared_gateway.client("globex", "researcher") as attacker,
+        await approvals_as(shared_gateway, acme_approver) as as_acme,
+        await approvals_as(shared_gateway, globex_approver) as as_globex,
+    ):
         submitted = asyncio.create_task(researcher.submit(victim, timeout=120))
         state = await waiting(as_acme, key(BOB, call_id))
         notice = await pending_notice(shared_gateway, BOB, call_id)
@@ -297,7 +334,8 @@ async def test_a_waiting_call_cannot_be_hijacked_by_another_agent_with_its_call_
         attack = asyncio.create_task(attacker.submit(hijack, timeout=120))
         forged = msgspec.structs.replace(hijack, principal=BOB)
         refused: ToolResult = await attacker.submit(
-            msgspec.structs.replace(forged, call_id=new_call_id()), timeout=60)
+            msgspec.structs.replace(forged, call_id=new_call_id()), timeout=60
+        )
         assert refused.status == "denied" and refused.error is not None
         assert refused.error.code == "PRINCIPAL_MISMATCH"
         theirs = await waiting(as_globex, key(MALLORY, call_id))
@@ -308,15 +346,25 @@ async def test_a_waiting_call_cannot_be_hijacked_by_another_agent_with_its_call_
         assert mine is not None and mine.call.arguments == {"amount": 7}
         assert mine.requested_at == state.requested_at and mine.votes == []
         assert await pending_notice(shared_gateway, BOB, call_id) == notice
-        assert len(await stored_on(shared_gateway, BOB, subjects.pending_subject(
-            BOB.tenant, BOB.agent, call_id))) == 1
+        assert (
+            len(
+                await stored_on(
+                    shared_gateway, BOB, subjects.pending_subject(BOB.tenant, BOB.agent, call_id)
+                )
+            )
+            == 1
+        )
         assert await researcher.result(call_id) is None
         # The victim's approver still sees only the victim's call under that id.
         assert (await as_acme.get(call_id)) == mine
 
         # Approving the victim's call runs the victim's call, for the victim only.
-        granted = await as_acme.vote(state.key, "approve", reason="victim's call checked",
-                                     arguments_sha256=arguments_sha256({"amount": 7}))
+        granted = await as_acme.vote(
+            state.key,
+            "approve",
+            reason="victim's call checked",
+            arguments_sha256=arguments_sha256({"amount": 7}),
+        )
         assert granted.accepted and granted.quorum_reached
         result = await submitted
         assert result.ok and result.call_id == call_id
@@ -324,15 +372,23 @@ async def test_a_waiting_call_cannot_be_hijacked_by_another_agent_with_its_call_
         assert await attacker.result(call_id) is None  # the attacker's call still waits
         left = await as_globex.get(key(MALLORY, call_id))
         assert left is not None and left.status == "pending"
-        assert (await as_globex.vote(left.key, "deny", reason="no",
-                                     arguments_sha256=left.arguments_sha256)).accepted
+        assert (
+            await as_globex.vote(
+                left.key, "deny", reason="no", arguments_sha256=left.arguments_sha256
+            )
+        ).accepted
         attacked = await attack
     assert attacked.status == "approval_denied"
     events = await shared_gateway.events()
     authorized = [e for e in of_call(events, BOB, call_id) if isinstance(e, CallAuthorized)]
     assert len(authorized) == 1
     assert (authorized[0].authorization.tenant, authorized[0].authorization.agent) == (
-        "acme", "researcher")
+        "acme",
+        "researcher",
+    )
     assert authorized[0].call.arguments == {"amount": 7}
-    assert not [e for e in of_call(events, MALLORY, call_id)
-                if isinstance(e, CallAuthorized | ExecutionSucceeded)]
+    assert not [
+        e
+        for e in of_call(events, MALLORY, call_id)
+        if isinstance(e, CallAuthorized | ExecutionSucceeded)
+    ]

@@ -39,13 +39,17 @@ pytestmark = pytest.mark.system
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCRIPT = "<script>alert(1)</script>"
-ARGS = {"task_id": "task_c04", "claim": SCRIPT,
-        "source_url": "https://example.org/a?b=1&c=\"<img src=x onerror=alert(2)>\""}
+ARGS = {
+    "task_id": "task_c04",
+    "claim": SCRIPT,
+    "source_url": 'https://example.org/a?b=1&c="<img src=x onerror=alert(2)>"',
+}
 
 needs_chromium = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="/usr/bin/chromium is missing: apt-get install -y chromium chromium-driver "
-           "(.ci/run installs it)")
+    "(.ci/run installs it)",
+)
 
 
 @pytest.fixture
@@ -56,13 +60,23 @@ def browser(tmp_path: Path) -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium'}"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER),
-                              log_output=str(tmp_path / "chromedriver.log")))
+    driver = webdriver.Chrome(
+        options=options,
+        service=Service(str(CHROMEDRIVER), log_output=str(tmp_path / "chromedriver.log")),
+    )
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
@@ -76,10 +90,24 @@ def inbox_process(shared_gateway: Gateway, tmp_path: Path) -> Iterator[tuple[str
     env.pop("TOOLGATE_NATS_CREDS", None)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "toolgate.cli", "approvals", "inbox", "--port", str(port),
-             "--nats-url", shared_gateway.url,
-             "--creds", str(shared_gateway.stack.creds_of("approver"))],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "toolgate.cli",
+                "approvals",
+                "inbox",
+                "--port",
+                str(port),
+                "--nats-url",
+                shared_gateway.url,
+                "--creds",
+                str(shared_gateway.stack.creds_of("approver")),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -103,7 +131,8 @@ def inbox_process(shared_gateway: Gateway, tmp_path: Path) -> Iterator[tuple[str
 
 @needs_chromium
 async def test_approver_logs_in_sees_the_call_safely_and_approves(
-        shared_gateway: Gateway, inbox_process: tuple[str, Path], browser: object) -> None:
+    shared_gateway: Gateway, inbox_process: tuple[str, Path], browser: object
+) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -114,12 +143,13 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
     tokens = approvers(data_dir, "bob")
     tokens |= approvers(data_dir, "gus", tenants=("globex",))
     admin = shared_gateway.admin
-    await publish_event(shared_gateway.url, approval_requested("call_browser", ARGS, n=1),
-                        **admin)
+    await publish_event(shared_gateway.url, approval_requested("call_browser", ARGS, n=1), **admin)
     # Wait until the service has it, so what gus does not see is really there.
     async with await ApprovalsClient.connect(
-            shared_gateway.url, token=tokens["bob"],
-            **connect_options(shared_gateway.stack.creds_of("approver"))) as approvals:
+        shared_gateway.url,
+        token=tokens["bob"],
+        **connect_options(shared_gateway.stack.creds_of("approver")),
+    ) as approvals:
         for _ in range(150):
             if await approvals.get("acme.researcher.call_browser") is not None:
                 break
@@ -130,7 +160,8 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
     def arrived(element_id: str) -> None:
         """Wait for the page a click navigates to (it has this element)."""
         WebDriverWait(driver, 15).until(  # type: ignore[arg-type]
-            expected_conditions.presence_of_element_located((By.ID, element_id)))
+            expected_conditions.presence_of_element_located((By.ID, element_id))
+        )
 
     # An approver of globex logs in and sees nothing of acme's call.
     driver.get(url + "/")  # type: ignore[attr-defined]
@@ -147,8 +178,11 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
 
     def page_shows_call() -> bool:
         driver.get(url + "/")  # type: ignore[attr-defined]
-        return bool(driver.find_elements(  # type: ignore[attr-defined]
-            By.CSS_SELECTOR, "article[data-call-id='call_browser']"))
+        return bool(
+            driver.find_elements(  # type: ignore[attr-defined]
+                By.CSS_SELECTOR, "article[data-call-id='call_browser']"
+            )
+        )
 
     # A wrong token is refused.
     driver.get(url + "/")  # type: ignore[attr-defined]
@@ -182,17 +216,24 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
     call.find_element(By.NAME, "reason").send_keys("Claim and source checked by hand.")
     call.find_element(By.CSS_SELECTOR, "button.approve").click()
     WebDriverWait(driver, 15).until(  # type: ignore[arg-type]
-        expected_conditions.text_to_be_present_in_element((By.ID, "flash"), "quorum"))
+        expected_conditions.text_to_be_present_in_element((By.ID, "flash"), "quorum")
+    )
     assert "approved" in driver.find_element(By.ID, "flash").text  # type: ignore[attr-defined]
-    assert driver.find_elements(  # type: ignore[attr-defined]
-        By.CSS_SELECTOR, "article[data-call-id='call_browser']") == []
+    assert (
+        driver.find_elements(  # type: ignore[attr-defined]
+            By.CSS_SELECTOR, "article[data-call-id='call_browser']"
+        )
+        == []
+    )
 
     events = await wait_for_events(
-        shared_gateway.url, "call_browser",
-        lambda es: any(isinstance(e, ApprovalGranted) for e in es), **admin)
+        shared_gateway.url,
+        "call_browser",
+        lambda es: any(isinstance(e, ApprovalGranted) for e in es),
+        **admin,
+    )
     [grant] = [e for e in events if isinstance(e, ApprovalGranted)]
     assert grant.approver == "bob" and grant.quorum_reached
     assert grant.reason == "Claim and source checked by hand."
     assert grant.arguments_sha256 == arguments_sha256(ARGS)
     assert grant.call.arguments == ARGS
-

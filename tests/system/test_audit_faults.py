@@ -36,15 +36,20 @@ OUTAGE_S = 20.0
 
 @pytest.fixture
 def audited(tmp_path: Path) -> Iterator[Gateway]:
-    gateway = Gateway(data_dir=tmp_path / "data", registry_dir=make_test_registry(
-        tmp_path / "registry"), with_audit=True).start()
+    gateway = Gateway(
+        data_dir=tmp_path / "data",
+        registry_dir=make_test_registry(tmp_path / "registry"),
+        with_audit=True,
+    ).start()
     yield gateway
     gateway.stop()
 
 
 def calls(prefix: str) -> list[ToolCall]:
-    return [ToolCall(call_id=f"{prefix}-{i:05d}", tool="echo", arguments={"payload": i},
-                     principal=BOB) for i in range(CALLS)]
+    return [
+        ToolCall(call_id=f"{prefix}-{i:05d}", tool="echo", arguments={"payload": i}, principal=BOB)
+        for i in range(CALLS)
+    ]
 
 
 def audited_rows(gateway: Gateway) -> int:
@@ -66,14 +71,18 @@ async def assert_each_event_once(gateway: Gateway) -> int:
     expected = await expected_rows(gateway)
     await until(lambda: audited_rows(gateway) >= expected)
     client = gateway.audit_client()
-    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
-                                   ).result_rows[0]
+    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0]
     assert count == distinct == expected
-    stored = {r[0] for r in client.query("SELECT event_id FROM events "
-                                         "WHERE source_stream = 'TOOLGATE_EVENTS'").result_rows}
+    stored = {
+        r[0]
+        for r in client.query(
+            "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'"
+        ).result_rows
+    }
     assert stored == await stream_event_ids(gateway)
-    requested = client.query("SELECT count() FROM events WHERE event_type = 'CallRequested'"
-                             ).result_rows[0][0]
+    requested = client.query(
+        "SELECT count() FROM events WHERE event_type = 'CallRequested'"
+    ).result_rows[0][0]
     assert requested == CALLS
     report = verify_store(client, load_seal_public_key(gateway.data_dir / "keys"))
     assert report.ok, [f.line() for f in report.tampered]
@@ -118,5 +127,7 @@ async def test_sink_killed_mid_batch_loses_and_doubles_nothing(audited: Gateway)
     expected = await assert_each_event_once(audited)
     assert 0 < killed_at < expected, "the kill must land mid-run"
     raw = audited.audit_client().query("SELECT count() FROM event_log").result_rows[0][0]
-    print(f"sink SIGKILLed at {killed_at} of {expected} rows; event_log holds {raw} physical "
-          "rows (copies of a batch inserted but not acked are read once)")
+    print(
+        f"sink SIGKILLed at {killed_at} of {expected} rows; event_log holds {raw} physical "
+        "rows (copies of a batch inserted but not acked are read once)"
+    )

@@ -28,8 +28,9 @@ SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "officia
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("audited")
-    gateway = Gateway(data_dir=base / "data", registry_dir=make_test_registry(base / "registry"),
-                      with_audit=True).start()
+    gateway = Gateway(
+        data_dir=base / "data", registry_dir=make_test_registry(base / "registry"), with_audit=True
+    ).start()
     yield gateway
     gateway.stop()
 
@@ -40,9 +41,11 @@ async def stream_event_ids(gateway: Gateway) -> set[str]:
     try:
         js = nc.jetstream()
         last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
-        sub = await js.pull_subscribe(f"{subjects.EVENTS_PREFIX}.>", stream=subjects.EVENTS_STREAM,
-                                      config=ConsumerConfig(ack_policy=AckPolicy.NONE,
-                                                            deliver_policy=DeliverPolicy.ALL))
+        sub = await js.pull_subscribe(
+            f"{subjects.EVENTS_PREFIX}.>",
+            stream=subjects.EVENTS_STREAM,
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+        )
         ids: set[str] = set()
         seen = 0
         while seen < last:
@@ -59,8 +62,12 @@ async def stored_messages(gateway: Gateway) -> int:
     """How many messages the calls and events streams hold (cheap: no reading)."""
     nc = await gateway.connect()
     js = nc.jetstream()
-    total = sum([(await js.stream_info(s)).state.messages
-                 for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)])
+    total = sum(
+        [
+            (await js.stream_info(s)).state.messages
+            for s in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)
+        ]
+    )
     await nc.close()
     return total
 
@@ -110,15 +117,19 @@ def story(audited: Gateway) -> dict[str, str]:
     async def run() -> None:
         async with await audited.client() as client:
             await client.call("search_sources", SEARCH, principal=ALICE, call_id=ids["search"])
-            await client.call("search_sources", {**SEARCH, "limit": 50}, principal=ALICE,
-                              call_id=ids["invalid"])
+            await client.call(
+                "search_sources", {**SEARCH, "limit": 50}, principal=ALICE, call_id=ids["invalid"]
+            )
             await client.call("broken_output", {}, principal=ALICE, call_id=ids["broken"])
-            await client.call("save_evidence", {"task_id": "other", "claim": "c",
-                                                "source_url": "https://x.org"},
-                              principal=ALICE, task_id="mine", call_id=ids["denied"])
+            await client.call(
+                "save_evidence",
+                {"task_id": "other", "claim": "c", "source_url": "https://x.org"},
+                principal=ALICE,
+                task_id="mine",
+                call_id=ids["denied"],
+            )
         nc = await audited.connect()
-        await nc.jetstream().publish(subjects.calls_subject(ALICE.tenant, ALICE.agent),
-                                     b"{garbage")
+        await nc.jetstream().publish(subjects.calls_subject(ALICE.tenant, ALICE.agent), b"{garbage")
         await nc.close()
         await wait_until_audited(audited)
 
@@ -129,12 +140,15 @@ def story(audited: Gateway) -> dict[str, str]:
 def test_every_event_reaches_clickhouse_exactly_once(audited, story):
     expected = asyncio.run(wait_until_audited(audited))
     client = audited.audit_client()
-    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events"
-                                   ).result_rows[0]
+    count, distinct = client.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0]
     assert count == distinct == expected
     stream_ids = asyncio.run(stream_event_ids(audited))
-    stored = {r[0] for r in client.query(
-        "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'").result_rows}
+    stored = {
+        r[0]
+        for r in client.query(
+            "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'"
+        ).result_rows
+    }
     assert stored == stream_ids
     final = dict(client.query("SELECT call_id, final_status FROM calls").result_rows)
     assert final[story["search"]] == "ok"
@@ -146,9 +160,15 @@ def test_every_event_reaches_clickhouse_exactly_once(audited, story):
 def test_trace_prints_the_story_in_order(audited, story, capsys):
     assert audit_cli("trace", story["search"], "--clickhouse-url", audited.stack.audit_url) == 0
     out = capsys.readouterr().out
-    order = ["requested search_sources by agent researcher", "arguments validated",
-             "policy decision: allowed", "execution started", "execution finished, succeeded",
-             "result checked against the output_schema: valid", "result attached: ok"]
+    order = [
+        "requested search_sources by agent researcher",
+        "arguments validated",
+        "policy decision: allowed",
+        "execution started",
+        "execution finished, succeeded",
+        "result checked against the output_schema: valid",
+        "result attached: ok",
+    ]
     positions = [out.index(phrase) for phrase in order]
     assert positions == sorted(positions), out
     audit_cli("trace", story["broken"], "--clickhouse-url", audited.stack.audit_url)
@@ -159,8 +179,10 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
     url = audited.stack.audit_url
     sql = f"SELECT call_id, final_status FROM calls WHERE call_id = '{story['invalid']}'"
     assert audit_cli("sql", sql, "--format", "json", "--clickhouse-url", url) == 0
-    assert json.loads(capsys.readouterr().out) == {"call_id": story["invalid"],
-                                                   "final_status": "invalid_arguments"}
+    assert json.loads(capsys.readouterr().out) == {
+        "call_id": story["invalid"],
+        "final_status": "invalid_arguments",
+    }
     assert audit_cli("sql", "SELECT 1 AS n", "--format", "csv", "--clickhouse-url", url) == 0
     assert capsys.readouterr().out == "n\n1\n"
     assert audit_cli("sql", "TRUNCATE TABLE event_log", "--clickhouse-url", url) == 2
@@ -169,29 +191,47 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
 
 def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
     url = audited.stack.audit_url
-    assert audit_cli("replay", story["search"], *operator_bus(audited),
-                     "--clickhouse-url", url) == 0
+    assert (
+        audit_cli("replay", story["search"], *operator_bus(audited), "--clickhouse-url", url) == 0
+    )
     out = capsys.readouterr().out
     assert "SAME result" in out and f"rp-{story['search']}-" in out
     asyncio.run(wait_until_audited(audited))
     client = audited.audit_client()
     [(call_id, tenant, agent, payload)] = client.query(
         "SELECT call_id, tenant, agent, payload FROM events WHERE event_type = 'CallRequested' "
-        f"AND startsWith(call_id, 'rp-{story['search']}')").result_rows
+        f"AND startsWith(call_id, 'rp-{story['search']}')"
+    ).result_rows
     assert json.loads(payload)["call"]["context"] == {"replay_of": story["search"]}
     # A new call of the same agent, on that agent's calls subject.
     assert (tenant, agent) == (ALICE.tenant, ALICE.agent)
-    statuses = [r[0] for r in client.query(
-        f"SELECT event_type FROM events WHERE call_id = '{call_id}'").result_rows]
+    statuses = [
+        r[0]
+        for r in client.query(
+            f"SELECT event_type FROM events WHERE call_id = '{call_id}'"
+        ).result_rows
+    ]
     assert {"ArgumentsValidated", "CallAuthorized", "ResultAttached"} <= set(statuses)
     # By time and filters: the one ok search_sources call (earlier replays are left out).
-    assert audit_cli("replay", "--since", "2000-01-01T00:00:00", "--tool", "search_sources",
-                     "--status", "ok", *operator_bus(audited), "--clickhouse-url", url) == 0
+    assert (
+        audit_cli(
+            "replay",
+            "--since",
+            "2000-01-01T00:00:00",
+            "--tool",
+            "search_sources",
+            "--status",
+            "ok",
+            *operator_bus(audited),
+            "--clickhouse-url",
+            url,
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("SAME result") == 1 and f'"call_id": "{story["search"]}"' in out
     # A call whose arguments were kept only as a hash cannot be replayed, and says why.
-    echo = ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": "x"},
-                    principal=ALICE)
+    echo = ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": "x"}, principal=ALICE)
 
     async def submit() -> None:
         async with await audited.client() as client:
@@ -199,19 +239,34 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
         await wait_until_audited(audited)
 
     asyncio.run(submit())
-    assert audit_cli("replay", echo.call_id, *operator_bus(audited),
-                     "--clickhouse-url", url) == 1
+    assert audit_cli("replay", echo.call_id, *operator_bus(audited), "--clickhouse-url", url) == 1
     assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
 
 
 def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys):
     url = audited.stack.audit_url
-    assert audit_cli("replay", story["search"], *agent_bus(audited, "acme", "researcher"),
-                     "--clickhouse-url", url) == 0
+    assert (
+        audit_cli(
+            "replay",
+            story["search"],
+            *agent_bus(audited, "acme", "researcher"),
+            "--clickhouse-url",
+            url,
+        )
+        == 0
+    )
     assert "SAME result" in capsys.readouterr().out
     # Another agent's creds cannot publish acme.researcher's call: refused before sending.
-    assert audit_cli("replay", story["search"], *agent_bus(audited, "acme", "writer"),
-                     "--clickhouse-url", url) == 1
+    assert (
+        audit_cli(
+            "replay",
+            story["search"],
+            *agent_bus(audited, "acme", "writer"),
+            "--clickhouse-url",
+            url,
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert "cannot replay: a call of acme.researcher" in out and "acme.writer" in out
     assert "SAME result" not in out
@@ -233,20 +288,30 @@ def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
     shared = new_call_id()
 
     async def both() -> None:
-        async with await audited.client("acme", "researcher") as researcher, \
-                await audited.client("acme", "writer") as writer:
-            first = await researcher.call("search_sources", SEARCH, user="u-alice",
-                                          session="s-1", call_id=shared)
-            second = await writer.call("search_sources", {**SEARCH, "limit": 50},
-                                       user="u-carol", session="s-2", call_id=shared)
+        async with (
+            await audited.client("acme", "researcher") as researcher,
+            await audited.client("acme", "writer") as writer,
+        ):
+            first = await researcher.call(
+                "search_sources", SEARCH, user="u-alice", session="s-1", call_id=shared
+            )
+            second = await writer.call(
+                "search_sources",
+                {**SEARCH, "limit": 50},
+                user="u-carol",
+                session="s-2",
+                call_id=shared,
+            )
         assert (first.status, second.status) == ("ok", "invalid_arguments")
         await wait_until_audited(audited)
 
     asyncio.run(both())
     assert audit_cli("trace", shared, "--clickhouse-url", url) == 2
     assert "acme.researcher, acme.writer" in capsys.readouterr().err
-    assert audit_cli("trace", shared, "--tenant", "acme", "--agent", "writer",
-                     "--clickhouse-url", url) == 0
+    assert (
+        audit_cli("trace", shared, "--tenant", "acme", "--agent", "writer", "--clickhouse-url", url)
+        == 0
+    )
     out = capsys.readouterr().out
     assert "requested search_sources by agent writer for user u-carol" in out
     assert "arguments rejected: invalid_arguments" in out and "researcher" not in out
@@ -256,14 +321,16 @@ def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
 
 
 def test_verify_finds_the_chains_intact(audited, story, capsys):
-    code = audit_cli("verify", "--data-dir", str(audited.data_dir),
-                     "--clickhouse-url", audited.stack.audit_url)
+    code = audit_cli(
+        "verify", "--data-dir", str(audited.data_dir), "--clickhouse-url", audited.stack.audit_url
+    )
     out = capsys.readouterr().out
     assert code == 0 and out.strip().splitlines()[-1].startswith("OK"), out
 
 
-def test_verify_and_policy_test_need_no_flags_where_toolgate_up_ran(audited, story, capsys,
-                                                                     monkeypatch, tmp_path):
+def test_verify_and_policy_test_need_no_flags_where_toolgate_up_ran(
+    audited, story, capsys, monkeypatch, tmp_path
+):
     """In the folder where `toolgate up` ran (its state in ./.toolgate), the seal key and the
     ClickHouse URL come from there: no flag, no variable."""
     from toolgate.cli.main import main
@@ -275,8 +342,9 @@ def test_verify_and_policy_test_need_no_flags_where_toolgate_up_ran(audited, sto
     monkeypatch.chdir(tmp_path)
     assert audit_cli("verify") == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("OK")
-    assert main(["policy", "test", str(DEFAULT_BUNDLE_DIR), "--since", "1h",
-                 "--format", "json"]) == 0
+    assert (
+        main(["policy", "test", str(DEFAULT_BUNDLE_DIR), "--since", "1h", "--format", "json"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["calls"] >= 2
 
 
@@ -284,20 +352,44 @@ def test_replay_shows_progress_when_it_takes_a_while(audited, story, capsys, mon
     from toolgate.services.audit import progress
 
     monkeypatch.setattr(progress, "INTERVAL_S", 0.0)  # every step counts as "a while"
-    assert audit_cli("replay", "--since", "1h", "--tool", "search_sources", "--status", "ok",
-                     *operator_bus(audited), "--clickhouse-url", audited.stack.audit_url) == 0
+    assert (
+        audit_cli(
+            "replay",
+            "--since",
+            "1h",
+            "--tool",
+            "search_sources",
+            "--status",
+            "ok",
+            *operator_bus(audited),
+            "--clickhouse-url",
+            audited.stack.audit_url,
+        )
+        == 0
+    )
     err = capsys.readouterr().err.splitlines()
-    assert err and err[-1].startswith("toolgate audit replay: ") and "calls replayed (100%)" \
-        in err[-1], err
+    assert (
+        err and err[-1].startswith("toolgate audit replay: ") and "calls replayed (100%)" in err[-1]
+    ), err
 
 
 def test_replay_with_no_gateway_is_one_line(audited, story, capsys):
     from toolgate.stack.clickhouse_server import free_port
 
     nats_url = f"nats://127.0.0.1:{free_port()}"
-    assert audit_cli("replay", story["search"], "--nats-url", nats_url,
-                     "--connect-timeout", "0.5", "--clickhouse-url",
-                     audited.stack.audit_url) == 3
+    assert (
+        audit_cli(
+            "replay",
+            story["search"],
+            "--nats-url",
+            nats_url,
+            "--connect-timeout",
+            "0.5",
+            "--clickhouse-url",
+            audited.stack.audit_url,
+        )
+        == 3
+    )
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith(f"toolgate audit replay: no NATS at {nats_url}")
@@ -307,6 +399,7 @@ def test_malformed_call_is_recorded(audited, story):
     client = audited.audit_client()
     [(note, payload)] = client.query(
         "SELECT note, payload FROM events WHERE event_type = 'CallRequested' "
-        "AND note LIKE 'not a decodable%'").result_rows
+        "AND note LIKE 'not a decodable%'"
+    ).result_rows
     assert json.loads(payload)["excerpt"] == "{garbage"
     assert msgspec.json.decode(payload)["bytes"] == 8

@@ -23,19 +23,25 @@ SERVICES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 def bench(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     # A folder of its own, and no TOOLGATE_* variables: the bench starts a private gateway.
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
-    return subprocess.run([sys.executable, "-m", "toolgate.cli.main", "bench", *flags],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    return subprocess.run(
+        [sys.executable, "-m", "toolgate.cli.main", "bench", *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def assert_line(out: str, label: str, numbers: int) -> None:
     pattern = rf"^\s*{re.escape(label)}" + NUMBER * numbers + r"x?"
-    assert re.search(pattern, out, re.MULTILINE), \
+    assert re.search(pattern, out, re.MULTILINE), (
         f"no `{label}` line with {numbers} figures:\n{out}"
+    )
 
 
 def assert_cpu_table(out: str, columns: int, extra: tuple[str, ...] = ()) -> None:
-    for name in (*SERVICES, "nats-server", "clickhouse", "client", *extra, "total",
-                 "cores busy"):
+    for name in (*SERVICES, "nats-server", "clickhouse", "client", *extra, "total", "cores busy"):
         assert_line(out, name, columns)
 
 
@@ -71,8 +77,9 @@ def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert re.search(r"^open loop\s+20 calls/s for 1 s \(20 calls", out, re.MULTILINE), out
-    assert re.search(r"^latency ms\s+p50" + NUMBER + r"\s+p90" + NUMBER + r"\s+p99" + NUMBER,
-                     out, re.MULTILINE), out
+    assert re.search(
+        r"^latency ms\s+p50" + NUMBER + r"\s+p90" + NUMBER + r"\s+p99" + NUMBER, out, re.MULTILINE
+    ), out
     assert re.search(r"^throughput\s+\d+ calls/s done; 0 lost", out, re.MULTILINE), out
     assert_cpu_table(out, 1)
 

@@ -42,9 +42,9 @@ async def _wait_for(predicate, timeout: float = 60.0) -> None:  # type: ignore[n
 
 
 async def test_same_call_id_twice_runs_once_and_gets_the_same_result(
-        shared_gateway: Gateway) -> None:
-    call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={},
-                    principal=BOB)
+    shared_gateway: Gateway,
+) -> None:
+    call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     async with await shared_gateway.client() as client:
         first = await client.submit(call)
         second = await client.submit(call)
@@ -53,7 +53,8 @@ async def test_same_call_id_twice_runs_once_and_gets_the_same_result(
 
 
 async def test_republish_by_the_same_agent_emits_nothing_and_keeps_the_first_result(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     """v2: no Nats-Msg-Id; the validator's claim on (tenant, agent, call_id) stops it.
 
     (v1 let the second copy through to the executor, which replayed its recorded
@@ -63,10 +64,13 @@ async def test_republish_by_the_same_agent_emits_nothing_and_keeps_the_first_res
     async with await shared_gateway.client() as client:
         first = await client.submit(call)
         # The agent's own raw publish, as any NATS client of that identity would send it.
-        nc = await nats.connect(shared_gateway.url, **connect_options(
-            await shared_gateway.agent_creds(BOB.tenant, BOB.agent)))
-        ack = await nc.jetstream().publish(subjects.calls_subject(BOB.tenant, BOB.agent),
-                                           msgspec.json.encode(call))
+        nc = await nats.connect(
+            shared_gateway.url,
+            **connect_options(await shared_gateway.agent_creds(BOB.tenant, BOB.agent)),
+        )
+        ack = await nc.jetstream().publish(
+            subjects.calls_subject(BOB.tenant, BOB.agent), msgspec.json.encode(call)
+        )
         await nc.close()
         assert not ack.duplicate  # stored: the stream itself does not dedupe calls
 
@@ -82,37 +86,47 @@ async def test_republish_by_the_same_agent_emits_nothing_and_keeps_the_first_res
     assert types["ResultAttached"] == 1
 
 
-async def test_the_same_call_id_from_another_agent_is_another_call(
-        shared_gateway: Gateway) -> None:
+async def test_the_same_call_id_from_another_agent_is_another_call(shared_gateway: Gateway) -> None:
     call_id = new_call_id()
-    async with await shared_gateway.client("acme", "researcher") as researcher, \
-            await shared_gateway.client("acme", "writer") as writer:
-        mine = await researcher.call("count_runs", {}, user="u-bob", session="s-9",
-                                     call_id=call_id)
-        theirs = await writer.call("count_runs", {"n": 2}, user="u-carol", session="s-2",
-                                   call_id=call_id)
+    async with (
+        await shared_gateway.client("acme", "researcher") as researcher,
+        await shared_gateway.client("acme", "writer") as writer,
+    ):
+        mine = await researcher.call("count_runs", {}, user="u-bob", session="s-9", call_id=call_id)
+        theirs = await writer.call(
+            "count_runs", {"n": 2}, user="u-carol", session="s-2", call_id=call_id
+        )
         assert mine.ok and theirs.ok
         # Each agent reads its own result under the shared call_id, and only its own.
         assert await researcher.result(call_id) == mine
         assert await writer.result(call_id) == theirs
     assert runs_of(shared_gateway.data_dir).count(call_id) == 2
-    senders = {(e.principal.tenant, e.principal.agent)
-               for e in events_of(await shared_gateway.events(), call_id)
-               if type(e).__name__ == "ExecutionSucceeded" and e.principal}
+    senders = {
+        (e.principal.tenant, e.principal.agent)
+        for e in events_of(await shared_gateway.events(), call_id)
+        if type(e).__name__ == "ExecutionSucceeded" and e.principal
+    }
     assert senders == {("acme", "researcher"), ("acme", "writer")}
 
 
 async def test_a_second_authorization_of_a_finished_call_replays_instead_of_running(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     """Invariant 2: a genuine authorization delivered again (a redelivery, a copy under
     another event id) replays the recorded outcome; the stored result stays the first."""
     call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     async with await shared_gateway.client() as client:
         first = await client.submit(call)
-        genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
-                       if isinstance(e, CallAuthorized))
-        await publish_event(shared_gateway.url, msgspec.structs.replace(
-            genuine, event_id=new_call_id()), **shared_gateway.admin)
+        genuine = next(
+            e
+            for e in events_of(await shared_gateway.events(), call.call_id)
+            if isinstance(e, CallAuthorized)
+        )
+        await publish_event(
+            shared_gateway.url,
+            msgspec.structs.replace(genuine, event_id=new_call_id()),
+            **shared_gateway.admin,
+        )
 
         async def replayed() -> bool:
             events = events_of(await shared_gateway.events(), call.call_id)
@@ -121,8 +135,9 @@ async def test_a_second_authorization_of_a_finished_call_replays_instead_of_runn
         await _wait_for(replayed)
 
         async def attacher_done() -> bool:
-            return await shared_gateway.settled(subjects.EVENTS_STREAM,
-                                                "attacher-ExecutionSucceeded")
+            return await shared_gateway.settled(
+                subjects.EVENTS_STREAM, "attacher-ExecutionSucceeded"
+            )
 
         await _wait_for(attacher_done)
         again = await client.result(call.call_id)
@@ -136,24 +151,38 @@ async def test_a_second_authorization_of_a_finished_call_replays_instead_of_runn
 
 
 async def test_executor_killed_mid_run_every_call_one_result_evidence_once(
-        gateway: Gateway) -> None:
-    calls = [ToolCall(call_id=f"ev-{i:03d}", tool="save_evidence", arguments={
-        "task_id": "task_kill", "claim": f"claim {i}", "source_url": "https://example.org"},
-        principal=BOB, task_id="task_kill") for i in range(200)]
+    gateway: Gateway,
+) -> None:
+    calls = [
+        ToolCall(
+            call_id=f"ev-{i:03d}",
+            tool="save_evidence",
+            arguments={
+                "task_id": "task_kill",
+                "claim": f"claim {i}",
+                "source_url": "https://example.org",
+            },
+            principal=BOB,
+            task_id="task_kill",
+        )
+        for i in range(200)
+    ]
     executor = gateway.service("executor")
     async with await gateway.client() as client:
         for call in calls:
             await client.publish(call)
 
         async def some_ran() -> bool:
-            evidence = read_evidence(gateway.data_dir / "tools" / "save_evidence",
-                                     "acme", "task_kill")
+            evidence = read_evidence(
+                gateway.data_dir / "tools" / "save_evidence", "acme", "task_kill"
+            )
             return len(evidence) >= 20
 
         await _wait_for(some_ran)
         executor.kill()
-        stored_at_kill = len(read_evidence(gateway.data_dir / "tools" / "save_evidence",
-                                           "acme", "task_kill"))
+        stored_at_kill = len(
+            read_evidence(gateway.data_dir / "tools" / "save_evidence", "acme", "task_kill")
+        )
         executor.start()
         results = await asyncio.gather(*(client.submit(call, timeout=120) for call in calls))
     assert stored_at_kill < 200, "the kill must land mid-run to prove anything"
@@ -166,8 +195,9 @@ async def test_executor_killed_mid_run_every_call_one_result_evidence_once(
 
 
 async def test_interrupted_non_idempotent_call_is_not_run_again(gateway: Gateway) -> None:
-    call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={"sleep_s": 30},
-                    principal=BOB)
+    call = ToolCall(
+        call_id=new_call_id(), tool="count_runs", arguments={"sleep_s": 30}, principal=BOB
+    )
     async with await gateway.client() as client:
         await client.publish(call)
 
@@ -184,10 +214,13 @@ async def test_interrupted_non_idempotent_call_is_not_run_again(gateway: Gateway
 
 
 async def test_malformed_oversized_and_deep_calls_get_clear_answers(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     # What any NATS client of the agent's identity can publish on its own calls subject.
-    nc = await nats.connect(shared_gateway.url, **connect_options(
-        await shared_gateway.agent_creds(BOB.tenant, BOB.agent)))
+    nc = await nats.connect(
+        shared_gateway.url,
+        **connect_options(await shared_gateway.agent_creds(BOB.tenant, BOB.agent)),
+    )
     js = nc.jetstream()
     mine = subjects.calls_subject(BOB.tenant, BOB.agent)
     missing_tool_id = new_call_id()
@@ -195,14 +228,22 @@ async def test_malformed_oversized_and_deep_calls_get_clear_answers(
         waiting = asyncio.create_task(_result_of(client, missing_tool_id))
         await js.publish(mine, b"{not json at all")
         await js.publish(mine, b'{"call_id": "bad.id.with.dots", "tool": "echo"}')
-        await js.publish(mine, msgspec.json.encode(
-            {"call_id": missing_tool_id, "arguments": {}, "principal": msgspec.to_builtins(BOB)}))
+        await js.publish(
+            mine,
+            msgspec.json.encode(
+                {"call_id": missing_tool_id, "arguments": {}, "principal": msgspec.to_builtins(BOB)}
+            ),
+        )
         missing_tool = await waiting
 
         # v2: a call over MAX_CALL_BYTES is refused by the server before it is stored
         # (v1 stored 5 MB and the validator answered); the client answers it locally.
-        big = ToolCall(call_id=new_call_id(), tool="echo",
-                       arguments={"payload": "x" * (5 * 1024 * 1024)}, principal=BOB)
+        big = ToolCall(
+            call_id=new_call_id(),
+            tool="echo",
+            arguments={"payload": "x" * (5 * 1024 * 1024)},
+            principal=BOB,
+        )
         with pytest.raises(APIError) as refused:
             await js.publish(mine, msgspec.json.encode(big))
         assert refused.value.err_code == MESSAGE_TOO_LARGE_ERR_CODE
@@ -245,83 +286,116 @@ async def _result_of(client, call_id: str):  # type: ignore[no-untyped-def]
     raise TimeoutError(call_id)
 
 
-async def test_forged_executor_message_is_refused_and_never_runs(
-        shared_gateway: Gateway) -> None:
+async def test_forged_executor_message_is_refused_and_never_runs(shared_gateway: Gateway) -> None:
     call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     forged = CallAuthorized(
-        event_id=new_call_id(), call_id=call.call_id, occurred_at=utc_now(), service="attacker",
-        tool="count_runs", principal=BOB, call=call, policy_version="made-up",
+        event_id=new_call_id(),
+        call_id=call.call_id,
+        occurred_at=utc_now(),
+        service="attacker",
+        tool="count_runs",
+        principal=BOB,
+        call=call,
+        policy_version="made-up",
         authorization=Authorization(
-            call_id=call.call_id, tool="count_runs",
-            arguments_sha256=arguments_sha256(call.arguments), policy_version="made-up",
-            expires_at=utc_now() + timedelta(hours=1), signature="Zm9yZ2Vk"))
+            call_id=call.call_id,
+            tool="count_runs",
+            arguments_sha256=arguments_sha256(call.arguments),
+            policy_version="made-up",
+            expires_at=utc_now() + timedelta(hours=1),
+            signature="Zm9yZ2Vk",
+        ),
+    )
     nc = await shared_gateway.connect()
-    await nc.jetstream().publish(subjects.event_subject(CallAuthorized, "count_runs"),
-                                 encode_event(forged))
+    await nc.jetstream().publish(
+        subjects.event_subject(CallAuthorized, "count_runs"), encode_event(forged)
+    )
     await nc.close()
 
     async def refused() -> bool:
-        return any(isinstance(e, ExecutionRefused)
-                   for e in events_of(await shared_gateway.events(), call.call_id))
+        return any(
+            isinstance(e, ExecutionRefused)
+            for e in events_of(await shared_gateway.events(), call.call_id)
+        )
 
     await _wait_for(refused)
     assert call.call_id not in runs_of(shared_gateway.data_dir)
 
 
-async def test_arguments_altered_after_authorization_are_refused(
-        shared_gateway: Gateway) -> None:
+async def test_arguments_altered_after_authorization_are_refused(shared_gateway: Gateway) -> None:
     """Take a real, signed authorization and change the arguments it carries."""
-    call = ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": "safe"},
-                    principal=BOB)
+    call = ToolCall(
+        call_id=new_call_id(), tool="echo", arguments={"payload": "safe"}, principal=BOB
+    )
     async with await shared_gateway.client() as client:
         assert (await client.submit(call)).ok
-    genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
-                   if isinstance(e, CallAuthorized))
-    altered_call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={},
-                            principal=BOB)
+    genuine = next(
+        e
+        for e in events_of(await shared_gateway.events(), call.call_id)
+        if isinstance(e, CallAuthorized)
+    )
+    altered_call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     tampered = msgspec.structs.replace(
-        genuine, event_id=new_call_id(), call_id=altered_call.call_id, call=altered_call,
-        tool="count_runs")
+        genuine,
+        event_id=new_call_id(),
+        call_id=altered_call.call_id,
+        call=altered_call,
+        tool="count_runs",
+    )
     nc = await shared_gateway.connect()
-    await nc.jetstream().publish(subjects.event_subject(CallAuthorized, "count_runs"),
-                                 encode_event(tampered))
+    await nc.jetstream().publish(
+        subjects.event_subject(CallAuthorized, "count_runs"), encode_event(tampered)
+    )
     await nc.close()
 
     async def refused() -> bool:
-        return any(isinstance(e, ExecutionRefused) for e in
-                   events_of(await shared_gateway.events(), altered_call.call_id))
+        return any(
+            isinstance(e, ExecutionRefused)
+            for e in events_of(await shared_gateway.events(), altered_call.call_id)
+        )
 
     await _wait_for(refused)
     assert altered_call.call_id not in runs_of(shared_gateway.data_dir)
 
 
 async def test_a_genuine_authorization_moved_to_another_principal_is_refused(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     """v2: the policy signs the six-tuple, and the outcome key is (tenant, agent, call_id):
     a signed decision for BOB's call, moved to another tenant's identity, must not run
     as a new call of that tenant."""
     call = ToolCall(call_id=new_call_id(), tool="count_runs", arguments={}, principal=BOB)
     async with await shared_gateway.client() as client:
         assert (await client.submit(call)).ok
-    genuine = next(e for e in events_of(await shared_gateway.events(), call.call_id)
-                   if isinstance(e, CallAuthorized))
+    genuine = next(
+        e
+        for e in events_of(await shared_gateway.events(), call.call_id)
+        if isinstance(e, CallAuthorized)
+    )
     other = msgspec.structs.replace(BOB, tenant="globex")
     moved = msgspec.structs.replace(
-        genuine, event_id=new_call_id(), principal=other,
-        call=msgspec.structs.replace(genuine.call, principal=other))
+        genuine,
+        event_id=new_call_id(),
+        principal=other,
+        call=msgspec.structs.replace(genuine.call, principal=other),
+    )
     await publish_event(shared_gateway.url, moved, **shared_gateway.admin)
 
     async def refused() -> bool:
-        return any(isinstance(e, ExecutionRefused) and e.principal == other
-                   for e in events_of(await shared_gateway.events(), call.call_id))
+        return any(
+            isinstance(e, ExecutionRefused) and e.principal == other
+            for e in events_of(await shared_gateway.events(), call.call_id)
+        )
 
     await _wait_for(refused)
     assert runs_of(shared_gateway.data_dir).count(call.call_id) == 1
 
 
 async def test_nats_server_restart_loses_no_call(gateway: Gateway) -> None:
-    calls = [ToolCall(call_id=f"nr-{i:03d}", tool="echo", arguments={"payload": i},
-                      principal=BOB) for i in range(100)]
+    calls = [
+        ToolCall(call_id=f"nr-{i:03d}", tool="echo", arguments={"payload": i}, principal=BOB)
+        for i in range(100)
+    ]
     async with await gateway.client() as client:
         for call in calls[:50]:
             await client.publish(call)

@@ -42,12 +42,18 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
 
 
-def toolgate(args: list[str], cwd: Path, env: dict[str, str] | None = None,
-             deadline: float = DEADLINE_S) -> subprocess.CompletedProcess[str]:
+def toolgate(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, deadline: float = DEADLINE_S
+) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
-    return subprocess.run([sys.executable, "-m", "toolgate.cli", *args], cwd=cwd,
-                          env={**clean, **(env or {})}, capture_output=True, text=True,
-                          timeout=deadline)
+    return subprocess.run(
+        [sys.executable, "-m", "toolgate.cli", *args],
+        cwd=cwd,
+        env={**clean, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=deadline,
+    )
 
 
 def one_line(done: subprocess.CompletedProcess[str]) -> str:
@@ -107,14 +113,18 @@ def bad_creds(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_no_nats(folder: Path, nobody: str) -> None:
     """Nothing listens: every one-shot command says where it looked and exits 3."""
-    said = ("no NATS at " + nobody, "connection refused", "is toolgate up running?",
-            "(--nats-url)")
-    for args in (["call", "echo", "{}"], ["result", "call_1"],
-                 ["approvals", "list", "--token", "t"],
-                 ["approvals", "approve", "acme.a.c1", "--reason", "r", "--token", "t"],
-                 ["bench", "-n", "1", "--burst", "1", "--nats-url", nobody]):
-        check(toolgate([*args, "--nats-url", nobody] if args[0] != "bench" else args, folder),
-              Case(tuple(args), 3, said))
+    said = ("no NATS at " + nobody, "connection refused", "is toolgate up running?", "(--nats-url)")
+    for args in (
+        ["call", "echo", "{}"],
+        ["result", "call_1"],
+        ["approvals", "list", "--token", "t"],
+        ["approvals", "approve", "acme.a.c1", "--reason", "r", "--token", "t"],
+        ["bench", "-n", "1", "--burst", "1", "--nats-url", nobody],
+    ):
+        check(
+            toolgate([*args, "--nats-url", nobody] if args[0] != "bench" else args, folder),
+            Case(tuple(args), 3, said),
+        )
 
 
 def test_no_nats_names_where_the_url_came_from(folder: Path, nobody: str) -> None:
@@ -131,8 +141,12 @@ def test_serve_keeps_trying_in_one_line(folder: Path, nobody: str) -> None:
     """A service is not a command: with no NATS it keeps trying, saying so, until stopped."""
     service = subprocess.Popen(
         [sys.executable, "-m", "toolgate.cli", "serve", "validator", "--nats-url", nobody],
-        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")})
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")},
+    )
     try:
         time.sleep(8)
         assert service.poll() is None, service.communicate()
@@ -141,33 +155,40 @@ def test_serve_keeps_trying_in_one_line(folder: Path, nobody: str) -> None:
         out, err = service.communicate(timeout=DEADLINE_S)
     assert "Traceback" not in out + err, out + err
     lines = [line for line in (out + err).splitlines() if line.strip()]
-    assert len(lines) == 1 and f"no NATS at {nobody}" in lines[0] \
-        and "trying again" in lines[0], lines
+    assert len(lines) == 1 and f"no NATS at {nobody}" in lines[0] and "trying again" in lines[0], (
+        lines
+    )
 
 
 # ---------------------------------------------------------------- wrong URLs
 
 
-@pytest.mark.parametrize("args", [
-    ["call", "echo", "{}", "--nats-url", "http://127.0.0.1:4222"],
-    ["result", "c1", "--nats-url", "nats://host:port"],
-    ["approvals", "list", "--token", "t", "--nats-url", "https://example.com"],
-    ["up", "--nats-url", "http://127.0.0.1:4222"],
-    ["serve", "attacher", "--nats-url", "http://127.0.0.1:4222"],
-    ["agents", "add", "acme", "a", "--nats-url", "http://x", "--offline"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["call", "echo", "{}", "--nats-url", "http://127.0.0.1:4222"],
+        ["result", "c1", "--nats-url", "nats://host:port"],
+        ["approvals", "list", "--token", "t", "--nats-url", "https://example.com"],
+        ["up", "--nats-url", "http://127.0.0.1:4222"],
+        ["serve", "attacher", "--nats-url", "http://127.0.0.1:4222"],
+        ["agents", "add", "acme", "a", "--nats-url", "http://x", "--offline"],
+    ],
+)
 def test_not_a_nats_url(folder: Path, args: list[str]) -> None:
     if args[0] == "agents":  # --offline never talks to NATS: it mints and says so
         done = toolgate(args, folder)
         assert done.returncode == 0 and "--offline" in one_line(done)
         return
-    check(toolgate(args, folder), Case((), 2, ("is not a NATS URL: expected nats://HOST:PORT",
-                                               "(--nats-url)")))
+    check(
+        toolgate(args, folder),
+        Case((), 2, ("is not a NATS URL: expected nats://HOST:PORT", "(--nats-url)")),
+    )
 
 
 def test_something_else_on_the_port(folder: Path, silent_url: str) -> None:
-    done = toolgate(["call", "echo", "{}", "--nats-url", silent_url,
-                     "--connect-timeout", "2"], folder)
+    done = toolgate(
+        ["call", "echo", "{}", "--nats-url", silent_url, "--connect-timeout", "2"], folder
+    )
     check(done, Case((), 3, (f"no NATS at {silent_url}", "nothing answered as NATS in time")))
 
 
@@ -179,18 +200,33 @@ def test_creds_files_that_cannot_work(gateway: Gateway, folder: Path, bad_creds:
     approver = gateway.stack.creds_of("approver")
     assert approver is not None
     cases = [
-        (["call", "echo", "{}", "--creds", str(folder / "missing.creds")], 2,
-         ("no creds file at", "(--creds")),
-        (["call", "echo", "{}", "--creds", str(bad_creds)], 2,
-         ("is not a NATS creds file", "(--creds)")),
+        (
+            ["call", "echo", "{}", "--creds", str(folder / "missing.creds")],
+            2,
+            ("no creds file at", "(--creds"),
+        ),
+        (
+            ["call", "echo", "{}", "--creds", str(bad_creds)],
+            2,
+            ("is not a NATS creds file", "(--creds)"),
+        ),
         (["call", "echo", "{}", "--creds", str(folder)], 2, ("is a directory",)),
-        (["call", "echo", "{}", "--creds", str(approver)], 2,
-         ("is not an agent's creds", "toolgate agents add")),
+        (
+            ["call", "echo", "{}", "--creds", str(approver)],
+            2,
+            ("is not an agent's creds", "toolgate agents add"),
+        ),
         (["result", "c1", "--creds", str(bad_creds)], 2, ("is not a NATS creds file",)),
-        (["approvals", "list", "--token", "t", "--creds", str(bad_creds)], 2,
-         ("is not a NATS creds file",)),
-        (["serve", "validator", "--creds", str(folder / "missing.creds")], 2,
-         ("no creds file at",)),
+        (
+            ["approvals", "list", "--token", "t", "--creds", str(bad_creds)],
+            2,
+            ("is not a NATS creds file",),
+        ),
+        (
+            ["serve", "validator", "--creds", str(folder / "missing.creds")],
+            2,
+            ("no creds file at",),
+        ),
         # A locked bus and no creds at all: the server says no.
         (["call", "echo", "{}"], 3, (f"authorization refused at {url}", "(--creds)")),
     ]
@@ -205,22 +241,52 @@ def test_revoked_creds_are_refused(gateway: Gateway, folder: Path) -> None:
     added = toolgate(["agents", "add", "acme", "mallory"], folder, env)
     assert added.returncode == 0, added.stderr
     shutil.copy(creds, kept)
-    assert toolgate(["call", "echo", '{"payload": 1}', "--creds", str(kept)], folder,
-                    env).returncode == 0
+    assert (
+        toolgate(["call", "echo", '{"payload": 1}', "--creds", str(kept)], folder, env).returncode
+        == 0
+    )
     revoked = toolgate(["agents", "revoke", "acme", "mallory"], folder, env)
     assert revoked.returncode == 0, revoked.stderr
     done = toolgate(["call", "echo", "{}", "--creds", str(kept)], folder, env)
-    check(done, Case((), 3, (f"authorization refused at {gateway.url}",
-                             "wrong, revoked or missing creds", "(--creds)")))
+    check(
+        done,
+        Case(
+            (),
+            3,
+            (
+                f"authorization refused at {gateway.url}",
+                "wrong, revoked or missing creds",
+                "(--creds)",
+            ),
+        ),
+    )
 
 
-def test_creds_of_another_role_reach_no_approvals_service(gateway: Gateway,
-                                                          folder: Path) -> None:
+def test_creds_of_another_role_reach_no_approvals_service(gateway: Gateway, folder: Path) -> None:
     agent = gateway.stack.creds_of("agent")
-    done = toolgate(["approvals", "list", "--token", "t", "--timeout", "1",
-                     "--nats-url", gateway.url, "--creds", str(agent)], folder)
-    check(done, Case((), 3, (f"no approvals service answered at {gateway.url}",
-                             "are --creds the approver's?")))
+    done = toolgate(
+        [
+            "approvals",
+            "list",
+            "--token",
+            "t",
+            "--timeout",
+            "1",
+            "--nats-url",
+            gateway.url,
+            "--creds",
+            str(agent),
+        ],
+        folder,
+    )
+    check(
+        done,
+        Case(
+            (),
+            3,
+            (f"no approvals service answered at {gateway.url}", "are --creds the approver's?"),
+        ),
+    )
 
 
 # ---------------------------------------------------------------- data dir and registry
@@ -229,17 +295,32 @@ def test_creds_of_another_role_reach_no_approvals_service(gateway: Gateway,
 def test_missing_data_dir_and_registry(folder: Path) -> None:
     missing = str(folder / "no-such-dir")
     cases = [
-        (["agents", "list", "--data-dir", missing], 2,
-         ("no gateway data dir at", "run toolgate up first", "--data-dir")),
-        (["agents", "add", "acme", "a", "--data-dir", missing], 2,
-         ("no gateway data dir at", "--offline")),
+        (
+            ["agents", "list", "--data-dir", missing],
+            2,
+            ("no gateway data dir at", "run toolgate up first", "--data-dir"),
+        ),
+        (
+            ["agents", "add", "acme", "a", "--data-dir", missing],
+            2,
+            ("no gateway data dir at", "--offline"),
+        ),
         (["agents", "revoke", "acme", "a", "--data-dir", missing], 2, ("no gateway data dir",)),
-        (["approvals", "add-approver", "alice", "--tenant", "acme", "--data-dir", missing], 2,
-         ("no gateway data dir at", "approvers.yaml")),
-        (["up", "--registry", missing], 2, ("toolgate up: no registry directory at",
-                                            "(--registry)")),
-        (["up", "--data-dir", "/proc/no/such", "--no-audit"], 2,
-         ("toolgate up: cannot use /proc/no/such as the data dir", "(--data-dir)")),
+        (
+            ["approvals", "add-approver", "alice", "--tenant", "acme", "--data-dir", missing],
+            2,
+            ("no gateway data dir at", "approvers.yaml"),
+        ),
+        (
+            ["up", "--registry", missing],
+            2,
+            ("toolgate up: no registry directory at", "(--registry)"),
+        ),
+        (
+            ["up", "--data-dir", "/proc/no/such", "--no-audit"],
+            2,
+            ("toolgate up: cannot use /proc/no/such as the data dir", "(--data-dir)"),
+        ),
         (["serve", "validator", "--registry", missing], 2, ("registry error",)),
     ]
     for args, code, says in cases:
@@ -265,11 +346,17 @@ def test_bad_input_and_clear_failures(gateway: Gateway, folder: Path) -> None:
         (["call", "echo", "[1, 2]"], 2, ("arguments must be a JSON object",)),
         (["result", "never-called"], 1, ("no result stored for never-called",)),
         (["approvals", "list"], 2, ("an approver token is needed",)),
-        (["approvals", "show", "acme.a.c1", "--token", "tgap_wrong"], 1,
-         ("refused (INVALID_TOKEN)",)),
+        (
+            ["approvals", "show", "acme.a.c1", "--token", "tgap_wrong"],
+            1,
+            ("refused (INVALID_TOKEN)",),
+        ),
         (["agents", "revoke", "acme", "nobody"], 2, ("no agent acme.nobody",)),
-        (["call", "echo", '{"payload": 1}', "--timeout", "0.001"], 3,
-         ("no result for", "toolgate result", "--timeout")),
+        (
+            ["call", "echo", '{"payload": 1}', "--timeout", "0.001"],
+            3,
+            ("no result for", "toolgate result", "--timeout"),
+        ),
     ]
     for args, code, says in cases:
         check(toolgate(args, folder, env), Case(tuple(args), code, says))

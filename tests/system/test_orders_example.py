@@ -90,24 +90,37 @@ class OrdersGateway(Gateway):
 @pytest.fixture(scope="module")
 def example(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OrdersGateway]:
     base = tmp_path_factory.mktemp("orders")
-    gateway = OrdersGateway(data_dir=base / "data", registry_dir=make_test_registry(
-        base / "registry"), policy_dir=night_bundle(base / "bundle"))
+    gateway = OrdersGateway(
+        data_dir=base / "data",
+        registry_dir=make_test_registry(base / "registry"),
+        policy_dir=night_bundle(base / "bundle"),
+    )
     gateway.start()
     yield gateway
     gateway.stop()
 
 
-async def ask(gateway: Gateway, tool: str, arguments: dict[str, object], user: str = "u-alice",
-              session_kind: str | None = None, timeout: float = 30) -> ToolResult:
+async def ask(
+    gateway: Gateway,
+    tool: str,
+    arguments: dict[str, object],
+    user: str = "u-alice",
+    session_kind: str | None = None,
+    timeout: float = 30,
+) -> ToolResult:
     async with await gateway.client("acme", "support") as client:
         context = {} if session_kind is None else {"session_kind": session_kind}
-        return await client.call(tool, arguments, user=user, session="s-1", context=context,
-                                 timeout=timeout)
+        return await client.call(
+            tool, arguments, user=user, session="s-1", context=context, timeout=timeout
+        )
 
 
 def decision_of(events: list[Event], call_id: str) -> Event:
-    return next(e for e in events_of(events, call_id)
-                if isinstance(e, CallAuthorized | CallDenied | ApprovalRequested))
+    return next(
+        e
+        for e in events_of(events, call_id)
+        if isinstance(e, CallAuthorized | CallDenied | ApprovalRequested)
+    )
 
 
 async def test_alice_reads_her_own_order(example: OrdersGateway) -> None:
@@ -171,31 +184,42 @@ async def pending_approval(approvals: ApprovalsClient, key: str) -> ApprovalView
 
 
 async def test_a_900_refund_from_an_automated_session_at_night_waits_for_two_approvers(
-        example: OrdersGateway) -> None:
-    tokens = [add_approver(example.data_dir, f"{name}-{uuid.uuid4().hex[:6]}", ["acme"])
-              for name in ("ann", "bea")]
+    example: OrdersGateway,
+) -> None:
+    tokens = [
+        add_approver(example.data_dir, f"{name}-{uuid.uuid4().hex[:6]}", ["acme"])
+        for name in ("ann", "bea")
+    ]
     arguments = {"order_id": "o-1001", "amount": 900, "reason": "damaged in transit"}
     call_id = new_call_id()
     options = connect_options(example.stack.creds_of("approver"))
-    async with await example.client("acme", "support") as client, \
-            await ApprovalsClient.connect(example.url, token=tokens[0], **options) as approvals:
-        call = ToolCall(call_id=call_id, tool="refund_order", arguments=arguments,
-                        principal=client.principal("u-alice", "s-night"),
-                        context={"session_kind": "automated"})
+    async with (
+        await example.client("acme", "support") as client,
+        await ApprovalsClient.connect(example.url, token=tokens[0], **options) as approvals,
+    ):
+        call = ToolCall(
+            call_id=call_id,
+            tool="refund_order",
+            arguments=arguments,
+            principal=client.principal("u-alice", "s-night"),
+            context={"session_kind": "automated"},
+        )
         submitted = asyncio.create_task(client.submit(call, timeout=120))
         state = await pending_approval(approvals, f"acme.support.{call_id}")
         assert state.required_approvals == 2
         requested = decision_of(await example.events(), call_id)
         assert isinstance(requested, ApprovalRequested) and requested.required_approvals == 2
-        assert {"refund-two-approvers-above-500",
-                "refund-automated-off-hours"} <= set(requested.policy_ids)
+        assert {"refund-two-approvers-above-500", "refund-automated-off-hours"} <= set(
+            requested.policy_ids
+        )
         assert requested.resources[0].attributes["amount"] == 1200
         sha = arguments_sha256(arguments)
         first = await approvals.vote(state.key, "approve", arguments_sha256=sha, reason="ok")
         assert first.accepted and not first.quorum_reached
         assert not submitted.done()
-        second = await approvals.vote(state.key, "approve", arguments_sha256=sha,
-                                      reason="ok", token=tokens[1])
+        second = await approvals.vote(
+            state.key, "approve", arguments_sha256=sha, reason="ok", token=tokens[1]
+        )
         assert second.accepted and second.quorum_reached
         result = await submitted
     assert result.ok, result
@@ -207,18 +231,25 @@ async def test_a_900_refund_from_an_automated_session_at_night_waits_for_two_app
 
 
 async def test_at_night_an_automated_small_refund_needs_two_an_interactive_one(
-        example: OrdersGateway) -> None:
+    example: OrdersGateway,
+) -> None:
     async def required(session_kind: str) -> ApprovalRequested:
         call_id = new_call_id()
         async with await example.client("acme", "support") as client:
-            call = ToolCall(call_id=call_id, tool="refund_order",
-                            arguments={"order_id": "o-2002", "amount": 10},
-                            principal=client.principal("u-bob", "s-2"),
-                            context={"session_kind": session_kind})
+            call = ToolCall(
+                call_id=call_id,
+                tool="refund_order",
+                arguments={"order_id": "o-2002", "amount": 10},
+                principal=client.principal("u-bob", "s-2"),
+                context={"session_kind": session_kind},
+            )
             await client.publish(call)
         for _ in range(300):
-            found = [e for e in events_of(await example.events(), call_id)
-                     if isinstance(e, ApprovalRequested | CallDenied)]
+            found = [
+                e
+                for e in events_of(await example.events(), call_id)
+                if isinstance(e, ApprovalRequested | CallDenied)
+            ]
             if found:
                 assert isinstance(found[0], ApprovalRequested), found[0]
                 return found[0]
@@ -237,9 +268,24 @@ def test_toolgate_up_example_orders_from_the_command_line(tmp_path: Path) -> Non
     """What the README tells an operator to run, and the call it suggests."""
     data = tmp_path / "data"
     up = subprocess.Popen(
-        [sys.executable, "-m", "toolgate.cli.main", "up", "--example", "orders",
-         "--nats-port", "0", "--no-audit", "--data-dir", str(data)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "toolgate.cli.main",
+            "up",
+            "--example",
+            "orders",
+            "--nats-port",
+            "0",
+            "--no-audit",
+            "--data-dir",
+            str(data),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert up.stdout is not None
         printed = []
@@ -255,19 +301,48 @@ def test_toolgate_up_example_orders_from_the_command_line(tmp_path: Path) -> Non
 
         def call(order_id: str) -> dict[str, object]:
             done = subprocess.run(
-                [sys.executable, "-m", "toolgate.cli.main", "call", "query_order",
-                 json.dumps({"order_id": order_id}), "--user", "u-alice",
-                 "--creds", str(creds), "--timeout", "60"],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+                [
+                    sys.executable,
+                    "-m",
+                    "toolgate.cli.main",
+                    "call",
+                    "query_order",
+                    json.dumps({"order_id": order_id}),
+                    "--user",
+                    "u-alice",
+                    "--creds",
+                    str(creds),
+                    "--timeout",
+                    "60",
+                ],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
             assert done.returncode in (0, 1), done.stderr
             return json.loads(done.stdout)  # type: ignore[no-any-return]
 
         assert call("o-1001")["status"] == "ok"
         assert call("o-2002")["status"] == "denied"
         search = subprocess.run(  # the built-in tools are still there
-            [sys.executable, "-m", "toolgate.cli.main", "call", "echo",
-             '{"payload": "hi"}', "--timeout", "60"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+            [
+                sys.executable,
+                "-m",
+                "toolgate.cli.main",
+                "call",
+                "echo",
+                '{"payload": "hi"}',
+                "--timeout",
+                "60",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert search.returncode == 0, search.stdout + search.stderr
     finally:
         up.send_signal(signal.SIGTERM)

@@ -43,11 +43,14 @@ async def stored_calls(gateway: Gateway, tenant: str, agent: str) -> int:
 
 
 async def test_an_agent_over_its_quota_is_refused_and_others_are_not(
-        small_quota_gateway: Gateway) -> None:
+    small_quota_gateway: Gateway,
+) -> None:
     gateway = small_quota_gateway
     async with await gateway.client("globex", "flooder") as flooder:
-        answers = [await flooder.call("echo", {"payload": f"n{i}"}, user="u-1", session="s")
-                   for i in range(QUOTA + 2)]
+        answers = [
+            await flooder.call("echo", {"payload": f"n{i}"}, user="u-1", session="s")
+            for i in range(QUOTA + 2)
+        ]
     assert [a.status for a in answers[:QUOTA]] == ["ok"] * QUOTA
     for refused in answers[QUOTA:]:
         assert refused.status == "denied" and refused.error is not None
@@ -55,18 +58,19 @@ async def test_an_agent_over_its_quota_is_refused_and_others_are_not(
     assert await stored_calls(gateway, "globex", "flooder") == QUOTA
 
     async with await gateway.client("acme", "researcher") as victim:
-        mine = await victim.call("echo", {"payload": "still served"}, user="u-alice",
-                                 session="s-1")
+        mine = await victim.call("echo", {"payload": "still served"}, user="u-alice", session="s-1")
     assert mine.ok and mine.data == {"payload": "still served"}
 
 
 async def test_a_call_over_the_size_cap_is_refused_before_it_is_stored(
-        small_quota_gateway: Gateway) -> None:
+    small_quota_gateway: Gateway,
+) -> None:
     gateway = small_quota_gateway
     before = await stored_calls(gateway, "acme", "big")
     async with await gateway.client("acme", "big") as client:
-        result = await client.call("echo", {"payload": "x" * (MAX_CALL_BYTES + 10)},
-                                   user="u", session="s")
+        result = await client.call(
+            "echo", {"payload": "x" * (MAX_CALL_BYTES + 10)}, user="u", session="s"
+        )
     assert result.status == "invalid_arguments" and result.error is not None
     assert result.error.code == "PAYLOAD_TOO_LARGE"
     assert await stored_calls(gateway, "acme", "big") == before == 0

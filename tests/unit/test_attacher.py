@@ -10,9 +10,16 @@ PRINCIPAL = Principal(tenant="acme", user="u", agent="researcher", session="s")
 
 
 def succeeded(output: object, tool: str = "search_sources") -> ExecutionSucceeded:
-    return ExecutionSucceeded(event_id="e", call_id="c1", occurred_at=utc_now(),
-                              service="executor", tool=tool, principal=PRINCIPAL,
-                              output=output, duration_ms=1.0)
+    return ExecutionSucceeded(
+        event_id="e",
+        call_id="c1",
+        occurred_at=utc_now(),
+        service="executor",
+        tool=tool,
+        principal=PRINCIPAL,
+        output=output,
+        duration_ms=1.0,
+    )
 
 
 def test_output_matching_its_schema_is_passed_on() -> None:
@@ -33,8 +40,14 @@ def test_output_of_a_tool_without_known_schema_is_withheld() -> None:
 
 
 def test_failure_keeps_its_status_and_retryability() -> None:
-    event = ExecutionFailed(event_id="e", call_id="c1", occurred_at=utc_now(),
-                            service="executor", tool="fetch_document", status="timeout",
-                            error=ToolError(code="TOOL_TIMEOUT", message="slow", retryable=True))
+    event = ExecutionFailed(
+        event_id="e",
+        call_id="c1",
+        occurred_at=utc_now(),
+        service="executor",
+        tool="fetch_document",
+        status="timeout",
+        error=ToolError(code="TOOL_TIMEOUT", message="slow", retryable=True),
+    )
     result = BUILDER.result_for(event)
     assert result.status == "timeout" and result.error is not None and result.error.retryable

@@ -23,18 +23,31 @@ BUILDER = RowBuilder(load_registry())
 
 
 def rows(n: int, start: int = 1) -> list[dict]:  # type: ignore[type-arg]
-    return [BUILDER.row_for(StoredMessage(
-        "TOOLGATE_CALLS", seq, T0, "toolgate.calls.acme.a", msgspec.json.encode(ToolCall(
-            call_id=f"c-{seq}", tool="search_sources", arguments={"n": seq}, principal=P))))
-        for seq in range(start, start + n)]
+    return [
+        BUILDER.row_for(
+            StoredMessage(
+                "TOOLGATE_CALLS",
+                seq,
+                T0,
+                "toolgate.calls.acme.a",
+                msgspec.json.encode(
+                    ToolCall(
+                        call_id=f"c-{seq}", tool="search_sources", arguments={"n": seq}, principal=P
+                    )
+                ),
+            )
+        )
+        for seq in range(start, start + n)
+    ]
 
 
 def seal(chain: Chain, final: bool = False, key: Ed25519PrivateKey = KEY) -> Checkpoint:
     return sign_checkpoint(Checkpoint(chain.chain_id, chain.seq, chain.head, final, "w", T0), key)
 
 
-def written(batches: tuple[int, ...] = (4, 3, 5), final: bool = False,
-            chain_id: str = "sink-a") -> tuple[list[dict], list[Checkpoint]]:  # type: ignore[type-arg]
+def written(
+    batches: tuple[int, ...] = (4, 3, 5), final: bool = False, chain_id: str = "sink-a"
+) -> tuple[list[dict], list[Checkpoint]]:  # type: ignore[type-arg]
     """A chain as a sink writes it: genesis checkpoint, then a checkpoint per batch."""
     chain, table, marks = Chain(chain_id), [], []
     marks.append(seal(chain))
@@ -100,16 +113,36 @@ def test_an_inserted_row_is_named_wherever_it_claims_to_be():
     table, marks = written(final=True)
     forged = rows(1, start=99)[0]
     in_no_chain = {**forged, "chain_id": "", "chain_seq": 0, "chain_hash": ""}
-    unsigned_chain = {**forged, "event_id": "f2", "chain_id": "sink-x", "chain_seq": 1,
-                      "chain_hash": link_hash("x", 1, forged)}
-    second_at_3 = {**forged, "event_id": "f3", "chain_id": "sink-a", "chain_seq": 3,
-                   "chain_hash": table[2]["chain_hash"]}
-    after_final = {**forged, "event_id": "f4", "chain_id": "sink-a", "chain_seq": 13,
-                   "chain_hash": link_hash(table[-1]["chain_hash"], 13, forged)}
+    unsigned_chain = {
+        **forged,
+        "event_id": "f2",
+        "chain_id": "sink-x",
+        "chain_seq": 1,
+        "chain_hash": link_hash("x", 1, forged),
+    }
+    second_at_3 = {
+        **forged,
+        "event_id": "f3",
+        "chain_id": "sink-a",
+        "chain_seq": 3,
+        "chain_hash": table[2]["chain_hash"],
+    }
+    after_final = {
+        **forged,
+        "event_id": "f4",
+        "chain_id": "sink-a",
+        "chain_seq": 13,
+        "chain_hash": link_hash(table[-1]["chain_hash"], 13, forged),
+    }
     report = check(table + [in_no_chain, unsigned_chain, second_at_3, after_final], marks)
-    assert sorted(kinds(report)) == sorted([
-        ("inserted", "0", forged["event_id"]), ("inserted", "1", "f2"),
-        ("inserted", "3", "f3"), ("inserted", "13", "f4")])
+    assert sorted(kinds(report)) == sorted(
+        [
+            ("inserted", "0", forged["event_id"]),
+            ("inserted", "1", "f2"),
+            ("inserted", "3", "f3"),
+            ("inserted", "13", "f4"),
+        ]
+    )
 
 
 def test_rehashing_without_the_key_disagrees_with_the_signature():

@@ -17,8 +17,11 @@ class Clock:
 
 def progress(total: int | None = 10) -> tuple[Progress, Clock, io.StringIO]:
     clock, out = Clock(), io.StringIO()
-    return Progress("toolgate audit verify", "rows read", total, out=out, interval_s=2.0,
-                    clock=clock), clock, out
+    return (
+        Progress("toolgate audit verify", "rows read", total, out=out, interval_s=2.0, clock=clock),
+        clock,
+        out,
+    )
 
 
 def test_quick_work_prints_nothing():
@@ -37,10 +40,12 @@ def test_slow_work_prints_a_line_per_interval_and_the_last_count():
         p.advance()
     p.finish()
     lines = out.getvalue().splitlines()
-    assert lines == ["toolgate audit verify: 3/10 rows read (30%), 3 s",
-                     "toolgate audit verify: 6/10 rows read (60%), 5 s",
-                     "toolgate audit verify: 9/10 rows read (90%), 8 s",
-                     "toolgate audit verify: 10/10 rows read (100%), 9 s"]
+    assert lines == [
+        "toolgate audit verify: 3/10 rows read (30%), 3 s",
+        "toolgate audit verify: 6/10 rows read (60%), 5 s",
+        "toolgate audit verify: 9/10 rows read (90%), 8 s",
+        "toolgate audit verify: 10/10 rows read (100%), 9 s",
+    ]
 
 
 def test_a_line_even_when_nothing_finishes_and_counts_without_a_total():
@@ -59,4 +64,5 @@ def test_counted_advances_as_items_are_taken():
         taken.append((item, p.done))
     assert taken == [("a", 0), ("b", 1), ("c", 2)] and p.done == 3
     assert [line.split(" (")[0] for line in out.getvalue().splitlines()] == [
-        f"toolgate audit verify: {n}/3 rows read" for n in (1, 2, 3)]
+        f"toolgate audit verify: {n}/3 rows read" for n in (1, 2, 3)
+    ]

@@ -46,10 +46,16 @@ def registry() -> Registry:
     echo = builtin.get("echo")
     assert echo is not None
     tools = {spec.name: spec for spec in builtin}
-    tools["vault"] = echo.model_copy(update={
-        "name": "vault", "risk": "high", "audit": AuditSpec(arguments="none", result="none")})
-    tools["open_echo"] = echo.model_copy(update={
-        "name": "open_echo", "audit": AuditSpec(arguments="full", result="full")})
+    tools["vault"] = echo.model_copy(
+        update={
+            "name": "vault",
+            "risk": "high",
+            "audit": AuditSpec(arguments="none", result="none"),
+        }
+    )
+    tools["open_echo"] = echo.model_copy(
+        update={"name": "open_echo", "audit": AuditSpec(arguments="full", result="full")}
+    )
     return Registry(tools)
 
 
@@ -58,8 +64,9 @@ def builder() -> RowBuilder:
     return RowBuilder(registry(), max_call_bytes=4096)
 
 
-def stored_call(call: ToolCall | bytes, seq: int = 7,
-                subject: str = "toolgate.calls.acme.researcher") -> StoredMessage:
+def stored_call(
+    call: ToolCall | bytes, seq: int = 7, subject: str = "toolgate.calls.acme.researcher"
+) -> StoredMessage:
     """A call as the calls stream stores it: under the subject of the agent that sent it."""
     data = call if isinstance(call, bytes) else msgspec.json.encode(call)
     return StoredMessage("TOOLGATE_CALLS", seq, T0, subject, data)
@@ -70,13 +77,23 @@ def stored_event(event: Event, seq: int = 9) -> StoredMessage:
 
 
 def call_of(tool: str, arguments: dict | None = None) -> ToolCall:  # type: ignore[type-arg]
-    return ToolCall(call_id="c-1", tool=tool, arguments=arguments or dict(SECRET),
-                    principal=ALICE, task_id="task-1")
+    return ToolCall(
+        call_id="c-1",
+        tool=tool,
+        arguments=arguments or dict(SECRET),
+        principal=ALICE,
+        task_id="task-1",
+    )
 
 
 def common(call: ToolCall, event_id: str = "e-1") -> dict:  # type: ignore[type-arg]
-    return dict(event_id=event_id, occurred_at=T0, service="svc",
-                arguments_sha256=arguments_sha256(call.arguments), **call_fields(call))
+    return dict(
+        event_id=event_id,
+        occurred_at=T0,
+        service="svc",
+        arguments_sha256=arguments_sha256(call.arguments),
+        **call_fields(call),
+    )
 
 
 class TestCallRequested:
@@ -84,9 +101,15 @@ class TestCallRequested:
         call = call_of("open_echo")
         row = builder.row_for(stored_call(call))
         assert row["event_type"] == CALL_REQUESTED
-        assert (row["call_id"], row["tool"], row["tenant"], row["user"], row["agent"],
-                row["session"], row["task_id"]) == ("c-1", "open_echo", "acme", "u-alice",
-                                                    "researcher", "s-1", "task-1")
+        assert (
+            row["call_id"],
+            row["tool"],
+            row["tenant"],
+            row["user"],
+            row["agent"],
+            row["session"],
+            row["task_id"],
+        ) == ("c-1", "open_echo", "acme", "u-alice", "researcher", "s-1", "task-1")
         assert row["arguments_sha256"] == arguments_sha256(call.arguments)
         assert json.loads(row["payload"])["call"]["arguments"] == SECRET
         assert row["occurred_at"] == T0 and row["source_seq"] == 7
@@ -111,9 +134,12 @@ class TestCallRequested:
         assert json.loads(row["payload"])["excerpt"] == "[redacted]"
 
     def test_tenant_and_agent_are_the_senders_not_the_payloads(self, builder):
-        spoof = ToolCall(call_id="c-1", tool="open_echo", arguments={"payload": 1},
-                         principal=Principal(tenant="globex", user="u-mallory",
-                                             agent="admin", session="s-x"))
+        spoof = ToolCall(
+            call_id="c-1",
+            tool="open_echo",
+            arguments={"payload": 1},
+            principal=Principal(tenant="globex", user="u-mallory", agent="admin", session="s-x"),
+        )
         row = builder.row_for(stored_call(spoof, subject="toolgate.calls.acme.researcher"))
         assert (row["tenant"], row["agent"]) == ("acme", "researcher")
         assert (row["user"], row["session"]) == ("u-mallory", "s-x")  # the platform's word
@@ -153,10 +179,17 @@ class TestRedaction:
     def test_none_keeps_neither_arguments_nor_their_hash(self, builder):
         call = call_of("vault")
         authorized = CallAuthorized(
-            **common(call), call=call, policy_version="p1",
-            authorization=Authorization(call_id="c-1", tool="vault",
-                                        arguments_sha256=arguments_sha256(SECRET),
-                                        policy_version="p1", expires_at=T0))
+            **common(call),
+            call=call,
+            policy_version="p1",
+            authorization=Authorization(
+                call_id="c-1",
+                tool="vault",
+                arguments_sha256=arguments_sha256(SECRET),
+                policy_version="p1",
+                expires_at=T0,
+            ),
+        )
         for row in (builder.row_for(stored_call(call)), builder.row_for(stored_event(authorized))):
             assert row["arguments_sha256"] == ""
             assert "launch code" not in row["payload"]
@@ -167,21 +200,36 @@ class TestRedaction:
         output = {"payload": "secret output"}
         for tool, kept in (("open_echo", True), ("echo", False), ("vault", False)):
             call = call_of(tool)
-            succeeded = builder.row_for(stored_event(ExecutionSucceeded(
-                **common(call), output=output, duration_ms=1.5)))
-            attached = builder.row_for(stored_event(ResultAttached(
-                **common(call, "e-2"), result=ToolResult(call_id="c-1", ok=True, status="ok",
-                                                         data=output))))
+            succeeded = builder.row_for(
+                stored_event(ExecutionSucceeded(**common(call), output=output, duration_ms=1.5))
+            )
+            attached = builder.row_for(
+                stored_event(
+                    ResultAttached(
+                        **common(call, "e-2"),
+                        result=ToolResult(call_id="c-1", ok=True, status="ok", data=output),
+                    )
+                )
+            )
             for row in (succeeded, attached):
                 assert ("secret output" in row["payload"]) is kept, (tool, row["payload"])
                 assert row["result_sha256"] == ("" if tool == "vault" else sha256_of(output))
 
     def test_validation_messages_quoting_hashed_arguments_are_redacted(self, builder):
         call = call_of("echo")
-        row = builder.row_for(stored_event(ArgumentsRejected(
-            **common(call), status="invalid_arguments", error=ToolError(
-                code="SCHEMA_VALIDATION_FAILED", message="bad",
-                details=[{"path": "/payload", "message": "'the launch code' is bad"}]))))
+        row = builder.row_for(
+            stored_event(
+                ArgumentsRejected(
+                    **common(call),
+                    status="invalid_arguments",
+                    error=ToolError(
+                        code="SCHEMA_VALIDATION_FAILED",
+                        message="bad",
+                        details=[{"path": "/payload", "message": "'the launch code' is bad"}],
+                    ),
+                )
+            )
+        )
         assert "launch code" not in row["payload"]
         assert json.loads(row["payload"])["error"]["details"][0]["path"] == "/payload"
 
@@ -189,44 +237,95 @@ class TestRedaction:
 class TestEventColumns:
     def test_policy_decision_columns(self, builder):
         call = call_of("open_echo")
-        row = builder.row_for(stored_event(CallDenied(
-            **common(call), status="denied", policy_version="pv-3",
-            error=ToolError(code="TOOL_NOT_ALLOWED", message="no"))))
-        assert (row["event_type"], row["decision"], row["status"], row["error_code"],
-                row["policy_version"]) == ("CallDenied", "denied", "denied",
-                                           "TOOL_NOT_ALLOWED", "pv-3")
+        row = builder.row_for(
+            stored_event(
+                CallDenied(
+                    **common(call),
+                    status="denied",
+                    policy_version="pv-3",
+                    error=ToolError(code="TOOL_NOT_ALLOWED", message="no"),
+                )
+            )
+        )
+        assert (
+            row["event_type"],
+            row["decision"],
+            row["status"],
+            row["error_code"],
+            row["policy_version"],
+        ) == ("CallDenied", "denied", "denied", "TOOL_NOT_ALLOWED", "pv-3")
 
     def test_approval_and_execution_columns(self, builder):
         call = call_of("open_echo")
-        granted = builder.row_for(stored_event(ApprovalGranted(
-            **common(call), call=call, policy_version="pv-3", approver="u-bob",
-            quorum_reached=True)))
+        granted = builder.row_for(
+            stored_event(
+                ApprovalGranted(
+                    **common(call),
+                    call=call,
+                    policy_version="pv-3",
+                    approver="u-bob",
+                    quorum_reached=True,
+                )
+            )
+        )
         assert (granted["decision"], granted["approver"]) == ("approved", "u-bob")
-        failed = builder.row_for(stored_event(ExecutionFailed(
-            **common(call), status="timeout", duration_ms=500.25,
-            error=ToolError(code="TOOL_TIMEOUT", message="slow"))))
+        failed = builder.row_for(
+            stored_event(
+                ExecutionFailed(
+                    **common(call),
+                    status="timeout",
+                    duration_ms=500.25,
+                    error=ToolError(code="TOOL_TIMEOUT", message="slow"),
+                )
+            )
+        )
         assert (failed["status"], failed["error_code"], failed["duration_ms"]) == (
-            "timeout", "TOOL_TIMEOUT", 500.25)
+            "timeout",
+            "TOOL_TIMEOUT",
+            500.25,
+        )
         validated = builder.row_for(stored_event(ArgumentsValidated(**common(call), call=call)))
         assert validated["duration_ms"] is None and validated["decision"] == ""
 
     def test_result_attached_carries_the_final_status(self, builder):
         call = call_of("open_echo")
-        row = builder.row_for(stored_event(ResultAttached(**common(call), result=ToolResult(
-            call_id="c-1", ok=False, status="invalid_tool_result",
-            error=ToolError(code="OUTPUT_SCHEMA_VIOLATION", message="x")))))
-        assert (row["status"], row["error_code"]) == ("invalid_tool_result",
-                                                      "OUTPUT_SCHEMA_VIOLATION")
+        row = builder.row_for(
+            stored_event(
+                ResultAttached(
+                    **common(call),
+                    result=ToolResult(
+                        call_id="c-1",
+                        ok=False,
+                        status="invalid_tool_result",
+                        error=ToolError(code="OUTPUT_SCHEMA_VIOLATION", message="x"),
+                    ),
+                )
+            )
+        )
+        assert (row["status"], row["error_code"]) == (
+            "invalid_tool_result",
+            "OUTPUT_SCHEMA_VIOLATION",
+        )
 
     def test_a_dead_letter_of_a_call_names_the_sender_of_that_call(self, builder):
         letter = MessageDeadLettered(
-            event_id="d-1", call_id="c-7", occurred_at=T0, service="validator",
-            reason="malformed ToolCall", source_subject="toolgate.calls.globex.writer")
+            event_id="d-1",
+            call_id="c-7",
+            occurred_at=T0,
+            service="validator",
+            reason="malformed ToolCall",
+            source_subject="toolgate.calls.globex.writer",
+        )
         row = builder.row_for(stored_event(letter))
         assert (row["call_id"], row["tenant"], row["agent"]) == ("c-7", "globex", "writer")
         other = MessageDeadLettered(
-            event_id="d-2", call_id="", occurred_at=T0, service="executor",
-            reason="gave up", source_subject="toolgate.evt.CallAuthorized.echo")
+            event_id="d-2",
+            call_id="",
+            occurred_at=T0,
+            service="executor",
+            reason="gave up",
+            source_subject="toolgate.evt.CallAuthorized.echo",
+        )
         assert builder.row_for(stored_event(other))["tenant"] == ""
 
     def test_an_undecodable_event_is_recorded(self, builder):
@@ -247,8 +346,9 @@ class TestEventColumns:
 
     def test_times_outside_datetime64_are_clamped(self, builder):
         call = call_of("open_echo")
-        event = ArgumentsValidated(**{**common(call), "occurred_at": T0 - timedelta(
-            days=365 * 200)}, call=call)
+        event = ArgumentsValidated(
+            **{**common(call), "occurred_at": T0 - timedelta(days=365 * 200)}, call=call
+        )
         assert builder.row_for(stored_event(event))["occurred_at"].year == 1900
 
 
@@ -262,10 +362,13 @@ class _AckedMessage:
         self.reply = reply
 
 
-@pytest.mark.parametrize("reply", [
-    "$JS.ACK.TOOLGATE_CALLS.audit.1.42.40.1767322445678901234.7",
-    "$JS.ACK.hub.ACCHASH.TOOLGATE_CALLS.audit.1.42.40.1767322445678901234.7.tok",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.TOOLGATE_CALLS.audit.1.42.40.1767322445678901234.7",
+        "$JS.ACK.hub.ACCHASH.TOOLGATE_CALLS.audit.1.42.40.1767322445678901234.7.tok",
+    ],
+)
 def test_stored_message_is_read_from_the_ack_subject(reply):
     from toolgate.services.audit.writer import stored_message
 

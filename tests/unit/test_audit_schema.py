@@ -17,9 +17,9 @@ def test_every_statement_is_idempotent():
     for ddl_set in DDL_SETS:
         for ddl in load_ddl(ddl_set):
             for statement in ddl.statements("c1"):
-                assert "IF NOT EXISTS" in statement \
-                    or statement.startswith("CREATE OR REPLACE VIEW"), \
-                    (ddl_set, ddl.name, statement[:60])
+                assert "IF NOT EXISTS" in statement or statement.startswith(
+                    "CREATE OR REPLACE VIEW"
+                ), (ddl_set, ddl.name, statement[:60])
 
 
 def test_the_calls_view_in_force_groups_by_the_calls_identity():
@@ -27,8 +27,12 @@ def test_the_calls_view_in_force_groups_by_the_calls_identity():
     all three, in both sets (004 grouped by call_id alone; applied files are never edited)."""
     view = re.compile(r"CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?(\w+)")
     for ddl_set in DDL_SETS:
-        defining = [statement for ddl in load_ddl(ddl_set) for statement in ddl.statements("c")
-                    if (found := view.match(statement)) and found[1] == "calls"]
+        defining = [
+            statement
+            for ddl in load_ddl(ddl_set)
+            for statement in ddl.statements("c")
+            if (found := view.match(statement)) and found[1] == "calls"
+        ]
         assert len(defining) >= 2 and defining[-1].startswith("CREATE OR REPLACE VIEW calls")
         assert defining[-1].endswith("GROUP BY tenant, agent, call_id"), defining[-1][-60:]
 

@@ -17,10 +17,18 @@ from toolgate.contracts.events import Authorization, utc_now
 
 
 def authorization(**changes: object) -> Authorization:
-    auth = Authorization(call_id="c1", tool="save_evidence",
-                         arguments_sha256=arguments_sha256({"a": 1}), policy_version="v1",
-                         expires_at=utc_now() + timedelta(minutes=5), tenant="acme",
-                         agent="researcher", user="u-alice", session="s-1", task_id="task-1")
+    auth = Authorization(
+        call_id="c1",
+        tool="save_evidence",
+        arguments_sha256=arguments_sha256({"a": 1}),
+        policy_version="v1",
+        expires_at=utc_now() + timedelta(minutes=5),
+        tenant="acme",
+        agent="researcher",
+        user="u-alice",
+        session="s-1",
+        task_id="task-1",
+    )
     return msgspec.structs.replace(auth, **changes)
 
 
@@ -34,12 +42,19 @@ def test_signed_authorization_verifies_and_any_change_breaks_it(tmp_path: Path) 
     signed = sign(authorization(), load_private_key(tmp_path))
     public = load_public_key(tmp_path)
     assert verify(signed, public)
-    for change in ({"tool": "echo"}, {"arguments_sha256": arguments_sha256({"a": 2})},
-                   {"policy_version": "v2"}, {"approvals": ["mallory"]},
-                   {"expires_at": signed.expires_at + timedelta(days=1)},
-                   # v2: the whole six-tuple is signed, not only the call.
-                   {"tenant": "globex"}, {"agent": "writer"}, {"user": "u-mallory"},
-                   {"session": "s-other"}, {"task_id": "task-other"}):
+    for change in (
+        {"tool": "echo"},
+        {"arguments_sha256": arguments_sha256({"a": 2})},
+        {"policy_version": "v2"},
+        {"approvals": ["mallory"]},
+        {"expires_at": signed.expires_at + timedelta(days=1)},
+        # v2: the whole six-tuple is signed, not only the call.
+        {"tenant": "globex"},
+        {"agent": "writer"},
+        {"user": "u-mallory"},
+        {"session": "s-other"},
+        {"task_id": "task-other"},
+    ):
         assert not verify(msgspec.structs.replace(signed, **change), public), change
 
 

@@ -30,10 +30,15 @@ def test_a_process_cpu_grows_by_what_it_burns() -> None:
 
 
 def test_children_count_unless_told_not_to() -> None:
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import time\nend = time.process_time() + 0.3\n"
-                              "while time.process_time() < end: pass\n"
-                              "time.sleep(30)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.process_time() + 0.3\n"
+            "while time.process_time() < end: pass\n"
+            "time.sleep(30)",
+        ]
+    )
     try:
         watched = procs.Processes()
         watched.add("tree", os.getpid())

@@ -38,8 +38,13 @@ POOL = ThreadPoolExecutor(4)
 
 
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(call_id="c1", tool="echo", principal=Principal("t", "u", "a", "s"),
-                       task_id=None, data_dir=tmp_path)
+    return ToolContext(
+        call_id="c1",
+        tool="echo",
+        principal=Principal("t", "u", "a", "s"),
+        task_id=None,
+        data_dir=tmp_path,
+    )
 
 
 def sleeps(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -68,14 +73,18 @@ async def async_ok(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any
     return {"payload": arguments}
 
 
-@pytest.mark.parametrize(("function", "status", "code", "retryable"), [
-    (refuses, "execution_error", "TOOL_REFUSED", False),
-    (unavailable, "execution_error", "TOOL_RAISED", True),
-    (buggy, "execution_error", "TOOL_RAISED", True),
-    (not_json, "invalid_tool_result", "OUTPUT_SCHEMA_VIOLATION", False),
-])
-async def test_tool_failures_are_classified(tmp_path: Path, function: Any, status: str,
-                                            code: str, retryable: bool) -> None:
+@pytest.mark.parametrize(
+    ("function", "status", "code", "retryable"),
+    [
+        (refuses, "execution_error", "TOOL_REFUSED", False),
+        (unavailable, "execution_error", "TOOL_RAISED", True),
+        (buggy, "execution_error", "TOOL_RAISED", True),
+        (not_json, "invalid_tool_result", "OUTPUT_SCHEMA_VIOLATION", False),
+    ],
+)
+async def test_tool_failures_are_classified(
+    tmp_path: Path, function: Any, status: str, code: str, retryable: bool
+) -> None:
     assert SPEC is not None
     outcome = await run_tool(function, {}, ctx(tmp_path), SPEC, POOL)
     assert (outcome.status, outcome.error.code if outcome.error else None) == (status, code)
@@ -98,54 +107,84 @@ async def test_async_tool_runs_on_the_loop(tmp_path: Path) -> None:
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 
 
-def authorized(tmp_path: Path, call: ToolCall, signed_for: ToolCall | None = None,
-               event_principal: Principal | None = None) -> CallAuthorized:
+def authorized(
+    tmp_path: Path,
+    call: ToolCall,
+    signed_for: ToolCall | None = None,
+    event_principal: Principal | None = None,
+) -> CallAuthorized:
     """A CallAuthorized carrying `call`, signed by the policy key for `signed_for`."""
     ensure_keypair(tmp_path)
     basis = signed_for or call
     p = basis.principal
-    auth = sign(Authorization(
-        call_id=basis.call_id, tool=basis.tool, arguments_sha256=arguments_sha256(
-            basis.arguments), policy_version="v1", expires_at=utc_now(), tenant=p.tenant,
-        agent=p.agent, user=p.user, session=p.session, task_id=basis.task_id),
-        load_private_key(tmp_path))
-    return CallAuthorized(event_id="e1", call_id=call.call_id, occurred_at=utc_now(),
-                          service="policy", tool=call.tool, call=call,
-                          principal=event_principal or call.principal,
-                          policy_version="v1", authorization=auth)
+    auth = sign(
+        Authorization(
+            call_id=basis.call_id,
+            tool=basis.tool,
+            arguments_sha256=arguments_sha256(basis.arguments),
+            policy_version="v1",
+            expires_at=utc_now(),
+            tenant=p.tenant,
+            agent=p.agent,
+            user=p.user,
+            session=p.session,
+            task_id=basis.task_id,
+        ),
+        load_private_key(tmp_path),
+    )
+    return CallAuthorized(
+        event_id="e1",
+        call_id=call.call_id,
+        occurred_at=utc_now(),
+        service="policy",
+        tool=call.tool,
+        call=call,
+        principal=event_principal or call.principal,
+        policy_version="v1",
+        authorization=auth,
+    )
 
 
 class TestRefusalReason:
-    CALL = ToolCall(call_id="c1", tool="echo", arguments={"payload": 1}, principal=ALICE,
-                    task_id="task-1")
+    CALL = ToolCall(
+        call_id="c1", tool="echo", arguments={"payload": 1}, principal=ALICE, task_id="task-1"
+    )
 
     def test_the_call_it_was_signed_for_runs(self, tmp_path: Path) -> None:
-        assert refusal_reason(authorized(tmp_path, self.CALL), load_public_key(tmp_path),
-                              "echo") is None
+        assert (
+            refusal_reason(authorized(tmp_path, self.CALL), load_public_key(tmp_path), "echo")
+            is None
+        )
 
-    @pytest.mark.parametrize("change", [
-        {"tenant": "globex"}, {"agent": "writer"}, {"user": "u-mallory"},
-        {"session": "s-other"}])
+    @pytest.mark.parametrize(
+        "change",
+        [{"tenant": "globex"}, {"agent": "writer"}, {"user": "u-mallory"}, {"session": "s-other"}],
+    )
     def test_a_signed_authorization_moved_to_another_principal_is_refused(
-            self, tmp_path: Path, change: dict[str, str]) -> None:
+        self, tmp_path: Path, change: dict[str, str]
+    ) -> None:
         moved = msgspec.structs.replace(
-            self.CALL, principal=msgspec.structs.replace(ALICE, **change))
-        reason = refusal_reason(authorized(tmp_path, moved, signed_for=self.CALL),
-                                load_public_key(tmp_path), "echo")
+            self.CALL, principal=msgspec.structs.replace(ALICE, **change)
+        )
+        reason = refusal_reason(
+            authorized(tmp_path, moved, signed_for=self.CALL), load_public_key(tmp_path), "echo"
+        )
         assert reason == "authorization was issued for another principal, session or task"
 
-    def test_a_signed_authorization_moved_to_another_task_is_refused(
-            self, tmp_path: Path) -> None:
+    def test_a_signed_authorization_moved_to_another_task_is_refused(self, tmp_path: Path) -> None:
         moved = msgspec.structs.replace(self.CALL, task_id="task-other")
-        assert "another principal, session or task" in str(refusal_reason(
-            authorized(tmp_path, moved, signed_for=self.CALL), load_public_key(tmp_path),
-            "echo"))
+        assert "another principal, session or task" in str(
+            refusal_reason(
+                authorized(tmp_path, moved, signed_for=self.CALL), load_public_key(tmp_path), "echo"
+            )
+        )
 
     def test_an_event_principal_other_than_the_calls_is_refused(self, tmp_path: Path) -> None:
         other = msgspec.structs.replace(ALICE, tenant="globex")
         event = authorized(tmp_path, self.CALL, event_principal=other)
         assert refusal_reason(event, load_public_key(tmp_path), "echo") == (
-            "the event's principal differs from the authorized call's")
+            "the event's principal differs from the authorized call's"
+        )
 
 
 class TestWhatToDoWithARecordedCall:
@@ -153,10 +192,16 @@ class TestWhatToDoWithARecordedCall:
 
     sha = "a" * 64
 
-    def record(self, state: str, sha: str | None = None, attempt: int = 1,
-               event: bytes | None = None) -> OutcomeRecord:
-        return OutcomeRecord(state=state, arguments_sha256=sha or self.sha,  # type: ignore[arg-type]
-                             attempt=attempt, worker="w", event=event)
+    def record(
+        self, state: str, sha: str | None = None, attempt: int = 1, event: bytes | None = None
+    ) -> OutcomeRecord:
+        return OutcomeRecord(
+            state=state,
+            arguments_sha256=sha or self.sha,  # type: ignore[arg-type]
+            attempt=attempt,
+            worker="w",
+            event=event,
+        )
 
     def test_a_finished_call_replays_its_recorded_event(self) -> None:
         step = step_for_recorded(self.record("done", event=b"stored"), self.sha, SPEC)
@@ -181,12 +226,22 @@ class TestWhatToDoWithARecordedCall:
     def test_a_claimed_call_runs_unless_its_authorization_ran_out(self) -> None:
         now = utc_now()
         event = CallAuthorized(
-            event_id="e", call_id="c1", occurred_at=now, service="policy",
-            call=ToolCall(call_id="c1", tool="echo", arguments={},
-                          principal=Principal("t", "u", "a", "s")),
-            policy_version="v", authorization=Authorization(
-                call_id="c1", tool="echo", arguments_sha256=self.sha, policy_version="v",
-                expires_at=now + timedelta(seconds=5)))
+            event_id="e",
+            call_id="c1",
+            occurred_at=now,
+            service="policy",
+            call=ToolCall(
+                call_id="c1", tool="echo", arguments={}, principal=Principal("t", "u", "a", "s")
+            ),
+            policy_version="v",
+            authorization=Authorization(
+                call_id="c1",
+                tool="echo",
+                arguments_sha256=self.sha,
+                policy_version="v",
+                expires_at=now + timedelta(seconds=5),
+            ),
+        )
         assert step_once_claimed(event, 1, now) == Run(1)
         late = step_once_claimed(event, 1, now + timedelta(seconds=6))
         assert isinstance(late, Conclude) and late.outcome.error is not None

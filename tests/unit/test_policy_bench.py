@@ -8,7 +8,8 @@ from toolgate.bench.policy import run_resource_bench
 
 
 def test_the_resource_bench_reports_cached_and_uncached_lookups(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     figures = run_resource_bench(200)
     for kind in ("none", "cached", "uncached"):
         assert figures[f"resource_{kind}_p50_us"] > 0

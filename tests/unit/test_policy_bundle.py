@@ -34,8 +34,13 @@ def rejection(files: dict[str, str]) -> str:
 class TestVersion:
     def test_default_bundle_loads_with_every_policy_named(self) -> None:
         bundle = load_bundle()
-        assert set(bundle.policies) >= {"registered-tool", "allowed-agents", "task-scope",
-                                        "tenant-isolation", "approval-critical"}
+        assert set(bundle.policies) >= {
+            "registered-tool",
+            "allowed-agents",
+            "task-scope",
+            "tenant-isolation",
+            "approval-critical",
+        }
         assert bundle.policies["task-scope"].error_code == "TASK_SCOPE_VIOLATION"
 
     def test_version_is_the_content_hash_of_the_files(self) -> None:
@@ -52,21 +57,26 @@ class TestVersion:
 
 class TestRejection:
     def test_syntax_error_names_file_and_line(self) -> None:
-        text = ('// header\n\n@id("ok")\npermit (principal, action, resource);\n\n'
-                '@id("broken")\npermit (principal, action, resource)\n'
-                'when { context.risk = "low" };\n')
+        text = (
+            '// header\n\n@id("ok")\npermit (principal, action, resource);\n\n'
+            '@id("broken")\npermit (principal, action, resource)\n'
+            'when { context.risk = "low" };\n'
+        )
         message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": GOOD, "b.cedar": text})
         assert message.startswith("b.cedar:6: ") and "not a valid operator" in message
 
     def test_type_error_against_the_schema_names_file_and_line(self) -> None:
-        text = GOOD + '\n@id("typo")\nforbid (principal, action, resource)\n' \
-                      'when { context.tool.riskk == "high" };\n'
+        text = (
+            GOOD + '\n@id("typo")\nforbid (principal, action, resource)\n'
+            'when { context.tool.riskk == "high" };\n'
+        )
         message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": text})
         assert message.startswith("a.cedar:4: ") and "riskk" in message
 
     def test_policy_without_an_id_is_refused(self) -> None:
-        message = rejection({SCHEMA_FILE: SCHEMA,
-                             "a.cedar": GOOD + "\npermit (principal, action, resource);\n"})
+        message = rejection(
+            {SCHEMA_FILE: SCHEMA, "a.cedar": GOOD + "\npermit (principal, action, resource);\n"}
+        )
         assert message.startswith("a.cedar:4: ") and "@id" in message
 
     def test_id_used_in_two_files_is_refused(self) -> None:
@@ -74,8 +84,12 @@ class TestRejection:
         assert message.startswith("b.cedar:1: ") and "used twice" in message
 
     def test_approvers_on_a_permit_is_refused(self) -> None:
-        message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": '@id("x") @approvers("2")\n'
-                             "permit (principal, action, resource);"})
+        message = rejection(
+            {
+                SCHEMA_FILE: SCHEMA,
+                "a.cedar": '@id("x") @approvers("2")\npermit (principal, action, resource);',
+            }
+        )
         assert message.startswith("a.cedar:1: ") and "@approvers" in message
 
     def test_schema_error_names_the_schema_line(self) -> None:
@@ -94,8 +108,9 @@ class TestRejection:
         assert "no policy file" in rejection({SCHEMA_FILE: SCHEMA})
 
     def test_bad_bundle_settings_are_refused(self) -> None:
-        message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": GOOD,
-                             "bundle.yaml": "approval_ttl_s: -1\n"})
+        message = rejection(
+            {SCHEMA_FILE: SCHEMA, "a.cedar": GOOD, "bundle.yaml": "approval_ttl_s: -1\n"}
+        )
         assert message.startswith("bundle.yaml: ")
 
 
@@ -105,14 +120,16 @@ class TestCheckCommand:
         assert capsys.readouterr().out.startswith(bundle_version(DEFAULT_FILES))
 
     def test_check_refuses_a_bad_bundle_naming_file_and_line(
-            self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         (tmp_path / SCHEMA_FILE).write_text(SCHEMA)
         (tmp_path / "a.cedar").write_text(GOOD + "permit (principal, action resource);\n")
         assert cmd_check(argparse.Namespace(directory=tmp_path)) == 2
         assert "a.cedar:3: " in capsys.readouterr().err
 
     def test_push_refuses_a_bad_bundle_before_connecting(
-            self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         (tmp_path / SCHEMA_FILE).write_text(SCHEMA)
         (tmp_path / "a.cedar").write_text("permit (principal, action, resource);\n")
         nowhere = "nats://127.0.0.1:1"  # nothing listens: a connection attempt would fail

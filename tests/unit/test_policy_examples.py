@@ -17,10 +17,16 @@ from toolgate.services.validator.logic import CallChecker, Identity, Rejected, V
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "infra/policies/examples/refund_payment.cedar"
 REFUND = ToolSpec(
-    name="refund_payment", description="Refund a payment.", function="x.y:z",
+    name="refund_payment",
+    description="Refund a payment.",
+    function="x.y:z",
     input_schema={"type": "object", "properties": {"amount": {"type": "integer"}}},
-    output_schema={"type": "object"}, read_only=False, timeout_s=5, risk="medium",
-    allowed_agents=["support", "researcher"])
+    output_schema={"type": "object"},
+    read_only=False,
+    timeout_s=5,
+    risk="medium",
+    allowed_agents=["support", "researcher"],
+)
 
 
 def engine() -> CedarEngine:
@@ -30,8 +36,12 @@ def engine() -> CedarEngine:
 
 
 def refund(amount: int, agent: str = "support") -> ToolCall:
-    return ToolCall(call_id="c1", tool="refund_payment", arguments={"amount": amount},
-                    principal=Principal("acme", "u-carol", agent, "s-1"))
+    return ToolCall(
+        call_id="c1",
+        tool="refund_payment",
+        arguments={"amount": amount},
+        principal=Principal("acme", "u-carol", agent, "s-1"),
+    )
 
 
 def test_small_refund_by_support_agent_is_allowed() -> None:
@@ -60,8 +70,13 @@ SUPPORT = Identity(tenant="acme", agent="support")
 
 def refund_raw(amount: bytes) -> bytes:
     principal = msgspec.json.encode(Principal("acme", "u-carol", "support", "s-1"))
-    return (b'{"call_id": "c1", "tool": "refund_payment", "arguments": {"amount": '
-            + amount + b'}, "principal": ' + principal + b"}")
+    return (
+        b'{"call_id": "c1", "tool": "refund_payment", "arguments": {"amount": '
+        + amount
+        + b'}, "principal": '
+        + principal
+        + b"}"
+    )
 
 
 def validated_then_decided(amount: bytes) -> Rejected | Decision:
@@ -96,8 +111,9 @@ def test_amounts_that_are_not_integers_never_reach_the_policy(amount: bytes) -> 
     assert isinstance(outcome, Rejected) and outcome.status == "invalid_arguments"
 
 
-@pytest.mark.parametrize("amount", [900.0, 9e2, 1e20, 10**20, "9" * 300, "x" * 300,
-                                    "9" * (MAX_ARGUMENT_CHARS + 1)])
+@pytest.mark.parametrize(
+    "amount", [900.0, 9e2, 1e20, 10**20, "9" * 300, "x" * 300, "9" * (MAX_ARGUMENT_CHARS + 1)]
+)
 def test_engine_alone_never_allows_an_amount_it_cannot_compare(amount: object) -> None:
     # Past a schema that does not say "integer" (an upstream tool, a lax registry
     # entry): the policy itself denies, with or without approvers.

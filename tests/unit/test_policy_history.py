@@ -25,23 +25,28 @@ from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, build_bundle, re
 from toolgate.services.policy.rules import Decision
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
-FORBID = ('@id("no-search-for-researcher")\n@error_code("POLICY_DENIED")\n'
-          '@reason("researchers may not search")\nforbid (principal, action, resource)\n'
-          'when { context.agent == Agent::"researcher" && '
-          'resource == Tool::"search_sources" };\n')
+FORBID = (
+    '@id("no-search-for-researcher")\n@error_code("POLICY_DENIED")\n'
+    '@reason("researchers may not search")\nforbid (principal, action, resource)\n'
+    'when { context.agent == Agent::"researcher" && '
+    'resource == Tool::"search_sources" };\n'
+)
 
 ALLOWED = Decision(allowed=True, policy_version="v")
 DENIED = Decision(allowed=False, policy_version="v", error=ToolError(code="X", message="x"))
 GATED = Decision(allowed=False, policy_version="v", requires_approval=True, required_approvals=2)
 
 
-def recorded(call_id: str, tool: str, agent: str, decision: str, code: str = "",
-             with_call: bool = True) -> Recorded:
-    call = ToolCall(call_id=call_id, tool=tool, principal=Principal(
-        tenant="acme", user="u", agent=agent, session="s"),
-        arguments={"query": "cedar", "source_type": "any", "limit": 3})
-    return Recorded(call_id, tool, agent, decision, code, 0,
-                    call if with_call else None, NOW)
+def recorded(
+    call_id: str, tool: str, agent: str, decision: str, code: str = "", with_call: bool = True
+) -> Recorded:
+    call = ToolCall(
+        call_id=call_id,
+        tool=tool,
+        principal=Principal(tenant="acme", user="u", agent=agent, session="s"),
+        arguments={"query": "cedar", "source_type": "any", "limit": 3},
+    )
+    return Recorded(call_id, tool, agent, decision, code, 0, call if with_call else None, NOW)
 
 
 def bundles():  # type: ignore[no-untyped-def]
@@ -49,21 +54,29 @@ def bundles():  # type: ignore[no-untyped-def]
     return build_bundle(files), build_bundle({**files, "candidate.cedar": FORBID})
 
 
-@pytest.mark.parametrize(("old", "new", "kind"), [
-    (ALLOW, ALLOWED, UNCHANGED), (DENY, DENIED, UNCHANGED), (APPROVAL, GATED, UNCHANGED),
-    (ALLOW, DENIED, "allow -> deny"), (DENY, ALLOWED, "deny -> allow"),
-    (ALLOW, GATED, "allow -> approval (approval newly required)"),
-    (DENY, GATED, "deny -> approval (approval newly required)"),
-    (APPROVAL, ALLOWED, "approval -> allow (approval no longer required)"),
-    (APPROVAL, DENIED, "approval -> deny (approval no longer required)"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "kind"),
+    [
+        (ALLOW, ALLOWED, UNCHANGED),
+        (DENY, DENIED, UNCHANGED),
+        (APPROVAL, GATED, UNCHANGED),
+        (ALLOW, DENIED, "allow -> deny"),
+        (DENY, ALLOWED, "deny -> allow"),
+        (ALLOW, GATED, "allow -> approval (approval newly required)"),
+        (DENY, GATED, "deny -> approval (approval newly required)"),
+        (APPROVAL, ALLOWED, "approval -> allow (approval no longer required)"),
+        (APPROVAL, DENIED, "approval -> deny (approval no longer required)"),
+    ],
+)
 def test_classify(old, new, kind):
     assert classify(Recorded("c", "t", "a", old), new) == kind
 
 
 def test_classify_approver_count_change():
-    assert classify(Recorded("c", "t", "a", APPROVAL, required_approvals=1), GATED) \
+    assert (
+        classify(Recorded("c", "t", "a", APPROVAL, required_approvals=1), GATED)
         == "approvals 1 -> 2"
+    )
 
 
 def test_parse_since():
@@ -77,18 +90,26 @@ def test_parse_since():
 
 def test_candidate_bundle_changes_and_counts():
     default, candidate = bundles()
-    calls = [recorded("r1", "search_sources", "researcher", ALLOW),
-             recorded("r2", "search_sources", "researcher", ALLOW),
-             recorded("w1", "search_sources", "writer", ALLOW),
-             recorded("e1", "echo", "researcher", ALLOW),
-             recorded("h1", "search_sources", "researcher", ALLOW, with_call=False),
-             recorded("rl", "search_sources", "researcher", DENY, code="RATE_LIMITED"),
-             recorded("gone", "retired_tool", "researcher", ALLOW)]
+    calls = [
+        recorded("r1", "search_sources", "researcher", ALLOW),
+        recorded("r2", "search_sources", "researcher", ALLOW),
+        recorded("w1", "search_sources", "writer", ALLOW),
+        recorded("e1", "echo", "researcher", ALLOW),
+        recorded("h1", "search_sources", "researcher", ALLOW, with_call=False),
+        recorded("rl", "search_sources", "researcher", DENY, code="RATE_LIMITED"),
+        recorded("gone", "retired_tool", "researcher", ALLOW),
+    ]
     report = evaluate_history(candidate, load_registry(), calls, NOW)
     kinds = {o.recorded.call_id: o.kind for o in report.outcomes}
-    assert kinds == {"r1": "allow -> deny", "r2": "allow -> deny", "w1": UNCHANGED,
-                     "e1": UNCHANGED, "h1": SKIPPED, "rl": NOT_COMPARABLE,
-                     "gone": NOT_REGISTERED}
+    assert kinds == {
+        "r1": "allow -> deny",
+        "r2": "allow -> deny",
+        "w1": UNCHANGED,
+        "e1": UNCHANGED,
+        "h1": SKIPPED,
+        "rl": NOT_COMPARABLE,
+        "gone": NOT_REGISTERED,
+    }
     assert report.summary()["allow -> deny"] == 2
     assert report.by("tool") == {"search_sources": {"allow -> deny": 2}}
     assert report.by("agent") == {"researcher": {"allow -> deny": 2}}

@@ -10,8 +10,12 @@ LIMIT = RateLimit(calls=3, per_seconds=60)
 
 
 def call(user: str = "u-alice", tool: str = "search_sources", tenant: str = "acme") -> ToolCall:
-    return ToolCall(call_id="c", tool=tool, arguments={},
-                    principal=Principal(tenant=tenant, user=user, agent="a", session="s"))
+    return ToolCall(
+        call_id="c",
+        tool=tool,
+        arguments={},
+        principal=Principal(tenant=tenant, user=user, agent="a", session="s"),
+    )
 
 
 def test_calls_of_one_user_and_tool_in_one_window_share_a_counter() -> None:
@@ -20,8 +24,10 @@ def test_calls_of_one_user_and_tool_in_one_window_share_a_counter() -> None:
 
 
 def test_tenant_user_and_tool_each_get_their_own_counter() -> None:
-    keys = {window_key(c, LIMIT, 0.0)[0] for c in
-            (call(), call(user="u-bob"), call(tool="echo"), call(tenant="globex"))}
+    keys = {
+        window_key(c, LIMIT, 0.0)[0]
+        for c in (call(), call(user="u-bob"), call(tool="echo"), call(tenant="globex"))
+    }
     assert len(keys) == 4
 
 

@@ -48,27 +48,48 @@ SATURDAY_NOON = at("2026-12-05T11:00:00+00:00")
 
 
 def engine(now: float = WORKING_HOURS, files: dict[str, str] | None = None) -> CedarEngine:
-    return CedarEngine(build_bundle(files or read_bundle_dir(orders.POLICY_DIR)),
-                       clock=lambda: now)
+    return CedarEngine(build_bundle(files or read_bundle_dir(orders.POLICY_DIR)), clock=lambda: now)
 
 
-def order(order_id: str, owner: str, amount: int = 1200, refunded: int = 0,
-          tenant: str = "acme", **extra: Any) -> ResourceSeen:
-    return ResourceSeen(type="Order", id=order_id, found=True, provider="sql",
-                        attributes={"owner": owner, "tenant": tenant, "status": "delivered",
-                                    "amount": amount, "refunded": refunded, "currency": "EUR",
-                                    **extra},
-                        fetched_at=datetime.now(UTC))
+def order(
+    order_id: str,
+    owner: str,
+    amount: int = 1200,
+    refunded: int = 0,
+    tenant: str = "acme",
+    **extra: Any,
+) -> ResourceSeen:
+    return ResourceSeen(
+        type="Order",
+        id=order_id,
+        found=True,
+        provider="sql",
+        attributes={
+            "owner": owner,
+            "tenant": tenant,
+            "status": "delivered",
+            "amount": amount,
+            "refunded": refunded,
+            "currency": "EUR",
+            **extra,
+        },
+        fetched_at=datetime.now(UTC),
+    )
 
 
 O1001 = order("o-1001", "u-alice")
 O2002 = order("o-2002", "u-bob", amount=300)
 
 
-def call(tool: str, arguments: dict[str, Any], principal: Principal = ALICE,
-         context: dict[str, Any] | None = None) -> ToolCall:
-    return ToolCall(call_id="c1", tool=tool, arguments=arguments, principal=principal,
-                    context=context or {})
+def call(
+    tool: str,
+    arguments: dict[str, Any],
+    principal: Principal = ALICE,
+    context: dict[str, Any] | None = None,
+) -> ToolCall:
+    return ToolCall(
+        call_id="c1", tool=tool, arguments=arguments, principal=principal, context=context or {}
+    )
 
 
 def refund(amount: int, session_kind: str | None = None, order_id: str = "o-1001") -> ToolCall:
@@ -87,19 +108,22 @@ class TestRegistry:
         assert builtin.get("save_evidence").action_class == "write"  # type: ignore[union-attr]
         assert all(spec.resources == [] for spec in builtin)
 
-    @pytest.mark.parametrize(("change", "problem"), [
-        ({"read_only": True, "action": "delete"}, "a read_only tool cannot declare action"),
-        ({"action": "launch"}, "action"),
-        ({"resources": [{"type": "Order", "id": "/nope"}]}, "must point at a string"),
-        ({"resources": [{"type": "Order", "id": "/amount"}]}, "must point at a string"),
-        ({"resources": [{"type": "Order", "id": "order_id"}]}, "resources.0.id"),
-        ({"resources": [{"type": "Task", "id": "/order_id"}]}, "built by the policy engine"),
-        ({"resources": [{"type": "order", "id": "/order_id"}]}, "resources.0.type"),
-        ({"resources": [{"type": "Order", "id": "/order_id"}] * 2}, "declared twice"),
-    ])
-    def test_a_bad_declaration_stops_start_up_naming_it(self, tmp_path: Path,
-                                                       change: dict[str, Any],
-                                                       problem: str) -> None:
+    @pytest.mark.parametrize(
+        ("change", "problem"),
+        [
+            ({"read_only": True, "action": "delete"}, "a read_only tool cannot declare action"),
+            ({"action": "launch"}, "action"),
+            ({"resources": [{"type": "Order", "id": "/nope"}]}, "must point at a string"),
+            ({"resources": [{"type": "Order", "id": "/amount"}]}, "must point at a string"),
+            ({"resources": [{"type": "Order", "id": "order_id"}]}, "resources.0.id"),
+            ({"resources": [{"type": "Task", "id": "/order_id"}]}, "built by the policy engine"),
+            ({"resources": [{"type": "order", "id": "/order_id"}]}, "resources.0.type"),
+            ({"resources": [{"type": "Order", "id": "/order_id"}] * 2}, "declared twice"),
+        ],
+    )
+    def test_a_bad_declaration_stops_start_up_naming_it(
+        self, tmp_path: Path, change: dict[str, Any], problem: str
+    ) -> None:
         import yaml
 
         raw = yaml.safe_load((orders.REGISTRY_DIR / "refund_order.yaml").read_text())
@@ -111,10 +135,17 @@ class TestRegistry:
 
     def test_a_list_of_ids_names_several_resources(self) -> None:
         spec = REFUND.model_copy(update={"resources": []})
-        schema = {"type": "object", "properties": {
-            "order_ids": {"type": "array", "items": {"type": "string"}}}}
-        several = ToolSpec.model_validate({**spec.model_dump(), "input_schema": schema,
-                                           "resources": [{"type": "Order", "id": "/order_ids"}]})
+        schema = {
+            "type": "object",
+            "properties": {"order_ids": {"type": "array", "items": {"type": "string"}}},
+        }
+        several = ToolSpec.model_validate(
+            {
+                **spec.model_dump(),
+                "input_schema": schema,
+                "resources": [{"type": "Order", "id": "/order_ids"}],
+            }
+        )
         refs = resource_refs(call("x", {"order_ids": ["o-1", "o-2", "o-1"]}), several)
         assert refs == [("Order", "o-1"), ("Order", "o-2")]
         with pytest.raises(ResourceProblem, match="names no Order"):
@@ -127,33 +158,38 @@ class TestOwnership:
     """The seed: a support agent acting for user X reads order Z only if Z is X's."""
 
     def test_alice_reads_her_own_order(self) -> None:
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=[O1001])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=[O1001]
+        )
         assert decision.allowed and not decision.requires_approval, decision
         assert decision.policy_ids == ["registered-tool"]
 
     def test_alice_cannot_read_bobs_order(self) -> None:
-        decision = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY,
-                                   resources=[O2002])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-2002"}), QUERY, resources=[O2002]
+        )
         assert not decision.allowed and not decision.awaits_approval
         assert decision.error is not None and decision.error.code == "NOT_RESOURCE_OWNER"
         assert "belongs to another user" in decision.error.message
         assert "resource Order 'o-2002'" in decision.error.message
         assert decision.policy_ids == ["orders-owner-only"]
-        mine = engine().decide(call("query_order", {"order_id": "o-2002"}, principal=BOB),
-                               QUERY, resources=[O2002])
+        mine = engine().decide(
+            call("query_order", {"order_id": "o-2002"}, principal=BOB), QUERY, resources=[O2002]
+        )
         assert mine.allowed
 
     def test_an_order_of_another_tenant_is_denied_even_with_the_same_user_id(self) -> None:
         foreign = order("o-1001", "u-alice", tenant="globex")
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=[foreign])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=[foreign]
+        )
         assert not decision.allowed and decision.policy_ids == ["orders-tenant-isolation"]
 
     def test_only_the_support_agent_works_on_orders(self) -> None:
         other = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}, principal=other),
-                                   QUERY, resources=[O1001])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}, principal=other), QUERY, resources=[O1001]
+        )
         assert not decision.allowed and decision.error is not None
         assert decision.error.code == "TOOL_NOT_ALLOWED"
 
@@ -161,48 +197,59 @@ class TestOwnership:
 class TestFailClosed:
     def test_an_unknown_order_is_denied(self) -> None:
         unknown = ResourceSeen(type="Order", id="o-9999", provider="sql")
-        decision = engine().decide(call("query_order", {"order_id": "o-9999"}), QUERY,
-                                   resources=[unknown])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-9999"}), QUERY, resources=[unknown]
+        )
         assert not decision.allowed and decision.error is not None
         assert decision.error.code == "POLICY_DENIED" and not decision.error.retryable
         assert "Order 'o-9999' is not known" in decision.error.message
 
     def test_a_failed_lookup_is_a_retryable_deny_with_its_reason(self) -> None:
-        failed = ResourceSeen(type="Order", id="o-1001", provider="sql",
-                              error="the sql provider failed: cannot open orders.sqlite3")
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=[failed])
+        failed = ResourceSeen(
+            type="Order",
+            id="o-1001",
+            provider="sql",
+            error="the sql provider failed: cannot open orders.sqlite3",
+        )
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=[failed]
+        )
         assert not decision.allowed and decision.error is not None
         assert decision.error.code == "POLICY_ERROR" and decision.error.retryable
         assert "cannot open orders.sqlite3" in decision.error.message
 
     @pytest.mark.parametrize("resources", [None, [], [order("o-2002", "u-alice")]])
     def test_a_resource_nobody_looked_up_is_denied(
-            self, resources: list[ResourceSeen] | None) -> None:
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=resources)
+        self, resources: list[ResourceSeen] | None
+    ) -> None:
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=resources
+        )
         assert not decision.allowed and decision.error is not None
         assert "'o-1001' was not looked up" in decision.error.message
 
     def test_an_attribute_cedar_cannot_hold_is_a_deny(self) -> None:
         odd = order("o-1001", "u-alice", weight=1.23456789)
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=[odd])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=[odd]
+        )
         assert not decision.allowed and decision.error is not None
         assert "attribute weight of Order 'o-1001'" in decision.error.message
 
     def test_a_null_attribute_is_absent_so_a_policy_reading_it_denies(self) -> None:
         ownerless = order("o-1001", None)  # type: ignore[arg-type]
-        decision = engine().decide(call("query_order", {"order_id": "o-1001"}), QUERY,
-                                   resources=[ownerless])
+        decision = engine().decide(
+            call("query_order", {"order_id": "o-1001"}), QUERY, resources=[ownerless]
+        )
         assert not decision.allowed and decision.error is not None
         assert decision.error.code == "POLICY_ERROR"
 
     def test_a_session_kind_the_policy_does_not_know_is_denied(self) -> None:
         decision = engine().decide(refund(10, session_kind="batch"), REFUND, resources=[O1001])
         assert not decision.allowed and decision.error is not None
-        assert "context.session_kind must be one of interactive, automated" \
-            in decision.error.message
+        assert (
+            "context.session_kind must be one of interactive, automated" in decision.error.message
+        )
 
 
 class TestRefunds:
@@ -215,8 +262,9 @@ class TestRefunds:
         decision = engine().decide(refund(900, "interactive"), REFUND, resources=[O1001])
         assert decision.awaits_approval and decision.required_approvals == 2
         assert "refund-two-approvers-above-500" in decision.policy_ids
-        assert "refunds above 500 need two approvers" in (decision.error.message
-                                                          if decision.error else "")
+        assert "refunds above 500 need two approvers" in (
+            decision.error.message if decision.error else ""
+        )
 
     @pytest.mark.parametrize("now", [NIGHT, SATURDAY_NOON])
     def test_an_automated_refund_outside_working_hours_needs_two(self, now: float) -> None:
@@ -231,37 +279,45 @@ class TestRefunds:
         assert decision.required_approvals == 2
 
     def test_an_automated_refund_in_working_hours_needs_one(self) -> None:
-        decision = engine(WORKING_HOURS).decide(refund(100, "automated"), REFUND,
-                                                resources=[O1001])
+        decision = engine(WORKING_HOURS).decide(refund(100, "automated"), REFUND, resources=[O1001])
         assert decision.required_approvals == 1
 
     def test_working_hours_are_the_tenants_own(self) -> None:
         # 07:30 UTC is 08:30 in Berlin (acme): working hours there, not in UTC.
         files = read_bundle_dir(orders.POLICY_DIR)
         morning = at("2026-12-02T07:30:00+00:00")
-        assert engine(morning, files).decide(
-            refund(100, "automated"), REFUND, resources=[O1001]).required_approvals == 1
+        assert (
+            engine(morning, files)
+            .decide(refund(100, "automated"), REFUND, resources=[O1001])
+            .required_approvals
+            == 1
+        )
         files[SETTINGS_FILE] = files[SETTINGS_FILE].replace("acme: Europe/Berlin", "acme: UTC")
-        assert engine(morning, files).decide(
-            refund(100, "automated"), REFUND, resources=[O1001]).required_approvals == 2
+        assert (
+            engine(morning, files)
+            .decide(refund(100, "automated"), REFUND, resources=[O1001])
+            .required_approvals
+            == 2
+        )
 
     def test_two_approvers_allow_the_900_night_refund(self) -> None:
-        decision = engine(NIGHT).decide(refund(900, "automated"), REFUND, ["ann", "bea"],
-                                        resources=[O1001])
+        decision = engine(NIGHT).decide(
+            refund(900, "automated"), REFUND, ["ann", "bea"], resources=[O1001]
+        )
         assert decision.allowed and decision.required_approvals == 2
         one = engine(NIGHT).decide(refund(900, "automated"), REFUND, ["ann"], resources=[O1001])
         assert one.awaits_approval
 
     def test_a_refund_beyond_what_is_left_is_denied_without_asking(self) -> None:
         mostly_refunded = order("o-1001", "u-alice", amount=1200, refunded=1000)
-        decision = engine().decide(refund(300, "interactive"), REFUND,
-                                   resources=[mostly_refunded])
+        decision = engine().decide(refund(300, "interactive"), REFUND, resources=[mostly_refunded])
         assert not decision.allowed and not decision.awaits_approval
         assert decision.policy_ids == ["refund-within-order"]
 
     def test_refunding_bobs_order_is_denied_whatever_the_approvals(self) -> None:
-        decision = engine().decide(refund(100, "interactive", order_id="o-2002"), REFUND,
-                                   ["ann", "bea"], resources=[O2002])
+        decision = engine().decide(
+            refund(100, "interactive", order_id="o-2002"), REFUND, ["ann", "bea"], resources=[O2002]
+        )
         assert not decision.allowed and decision.policy_ids == ["orders-owner-only"]
 
 
@@ -271,19 +327,31 @@ class TestSideEffectRule:
 
     @pytest.mark.parametrize("action", ["write", "delete", "send", "publish", "execute"])
     def test_side_effects_at_high_risk_need_a_human(self, action: str) -> None:
-        spec = REFUND.model_copy(update={"action": action, "resources": [],
-                                         "requires_approval": False})
+        spec = REFUND.model_copy(
+            update={"action": action, "resources": [], "requires_approval": False}
+        )
         assert registry_approvers(spec) == 1
-        lax = CedarEngine(build_bundle({
-            SCHEMA_FILE: read_bundle_dir(DEFAULT_BUNDLE_DIR)[SCHEMA_FILE],
-            "lax.cedar": '@id("all") permit (principal, action, resource);'}))
+        lax = CedarEngine(
+            build_bundle(
+                {
+                    SCHEMA_FILE: read_bundle_dir(DEFAULT_BUNDLE_DIR)[SCHEMA_FILE],
+                    "lax.cedar": '@id("all") permit (principal, action, resource);',
+                }
+            )
+        )
         decision = lax.decide(call("refund_order", {"order_id": "o", "amount": 1}), spec)
         assert decision.awaits_approval and decision.required_approvals == 1
 
     def test_the_default_bundle_names_the_rule(self) -> None:
         default = CedarEngine(build_bundle(read_bundle_dir(DEFAULT_BUNDLE_DIR)))
-        spec = REFUND.model_copy(update={"action": "publish", "risk": "critical",
-                                         "resources": [], "allowed_agents": ["*"]})
+        spec = REFUND.model_copy(
+            update={
+                "action": "publish",
+                "risk": "critical",
+                "resources": [],
+                "allowed_agents": ["*"],
+            }
+        )
         decision = default.decide(call("refund_order", {"order_id": "o", "amount": 1}), spec)
         assert "approval-side-effects" in decision.policy_ids
         assert decision.required_approvals == 2  # critical: two
@@ -296,13 +364,20 @@ class TestSideEffectRule:
 class TestSchemas:
     def test_a_bundle_written_before_session_kind_and_local_time_still_loads(self) -> None:
         schema = read_bundle_dir(DEFAULT_BUNDLE_DIR)[SCHEMA_FILE]
-        old = schema.replace("  session_kind: String,\n", "") \
-                    .replace("  local_time: LocalTime,\n", "") \
-                    .replace("action read, write, send, delete, publish, execute in",
-                             "action read, write, send, delete in")
+        old = (
+            schema.replace("  session_kind: String,\n", "")
+            .replace("  local_time: LocalTime,\n", "")
+            .replace(
+                "action read, write, send, delete, publish, execute in",
+                "action read, write, send, delete in",
+            )
+        )
         assert old != schema
-        engine = CedarEngine(build_bundle({SCHEMA_FILE: old, "a.cedar": (
-            '@id("all") permit (principal, action, resource);')}))
+        engine = CedarEngine(
+            build_bundle(
+                {SCHEMA_FILE: old, "a.cedar": ('@id("all") permit (principal, action, resource);')}
+            )
+        )
         assert not engine.features.session_kind and not engine.features.local_time
         assert "publish" not in engine.features.actions
         spec = load_registry().get("echo")
@@ -310,12 +385,16 @@ class TestSchemas:
 
     def test_a_policy_may_read_the_local_time_and_session_kind(self) -> None:
         schema = read_bundle_dir(DEFAULT_BUNDLE_DIR)[SCHEMA_FILE]
-        files = {SCHEMA_FILE: schema, "a.cedar": (
-            '@id("all") permit (principal, action, resource);\n'
-            '@id("weekend") forbid (principal, action, resource)\n'
-            'when { context.local_time.weekday == "saturday" && '
-            'context.session_kind == "automated" };'),
-            SETTINGS_FILE: "time_zone: Pacific/Auckland\n"}
+        files = {
+            SCHEMA_FILE: schema,
+            "a.cedar": (
+                '@id("all") permit (principal, action, resource);\n'
+                '@id("weekend") forbid (principal, action, resource)\n'
+                'when { context.local_time.weekday == "saturday" && '
+                'context.session_kind == "automated" };'
+            ),
+            SETTINGS_FILE: "time_zone: Pacific/Auckland\n",
+        }
         spec = load_registry().get("echo")
         # Friday 2026-12-04 12:00 UTC is Saturday 01:00 in Auckland.
         friday_utc = CedarEngine(build_bundle(files), clock=lambda: at("2026-12-04T12:00:00Z"))
@@ -330,9 +409,11 @@ class TestSchemas:
 
     def test_a_bad_time_zone_or_provider_is_refused_at_load(self) -> None:
         files = read_bundle_dir(orders.POLICY_DIR)
-        for bad, why in (("acme: Europe/Berlin", "acme: Mars/Olympus"),
-                         ("provider: sql", "provider: ftp"),
-                         ("WHERE id = :id", "WHERE id = 'o-1001'")):
+        for bad, why in (
+            ("acme: Europe/Berlin", "acme: Mars/Olympus"),
+            ("provider: sql", "provider: ftp"),
+            ("WHERE id = :id", "WHERE id = 'o-1001'"),
+        ):
             with pytest.raises(BundleError, match=SETTINGS_FILE):
                 build_bundle({**files, SETTINGS_FILE: files[SETTINGS_FILE].replace(bad, why)})
 
@@ -343,14 +424,20 @@ def test_a_recorded_decision_is_decided_again_on_what_was_known_then() -> None:
     from toolgate.contracts.events import CallDenied
     from toolgate.services.policy.resources import recorded_resources
 
-    denied = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY,
-                             resources=[O2002])
-    event = CallDenied(event_id="e", call_id="c1", occurred_at=datetime.now(UTC),
-                       service="policy", status="denied", error=denied.error,  # type: ignore[arg-type]
-                       resources=[O2002])
+    denied = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY, resources=[O2002])
+    event = CallDenied(
+        event_id="e",
+        call_id="c1",
+        occurred_at=datetime.now(UTC),
+        service="policy",
+        status="denied",
+        error=denied.error,  # type: ignore[arg-type]
+        resources=[O2002],
+    )
     document = msgspec.json.decode(msgspec.json.encode(event))  # as the audit stores it
-    again = engine().decide(call("query_order", {"order_id": "o-2002"}), QUERY,
-                            resources=recorded_resources(document))
+    again = engine().decide(
+        call("query_order", {"order_id": "o-2002"}), QUERY, resources=recorded_resources(document)
+    )
     assert again.policy_ids == denied.policy_ids == ["orders-owner-only"]
     assert recorded_resources({"resources": []}) is None
 
@@ -359,8 +446,7 @@ def test_policy_test_re_decides_on_the_resources_the_decision_recorded() -> None
     from toolgate.cli.policy_history import ALLOW, DENY, UNCHANGED, Recorded, compare
 
     read_own = call("query_order", {"order_id": "o-1001"})
-    recorded = Recorded("c1", "query_order", "support", ALLOW, call=read_own,
-                        resources=[O1001])
+    recorded = Recorded("c1", "query_order", "support", ALLOW, call=read_own, resources=[O1001])
     assert compare(recorded, engine(), ORDERS).kind == UNCHANGED
     # Without what was known then, the candidate could not see the owner: a deny.
     blind = Recorded("c1", "query_order", "support", ALLOW, call=read_own)

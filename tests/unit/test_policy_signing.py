@@ -27,8 +27,10 @@ from toolgate.services.policy.signing import (
 )
 
 DEFAULT = read_bundle_dir(DEFAULT_BUNDLE_DIR)
-STRICT = {**DEFAULT, "no-echo.cedar": '@id("no-echo") forbid (principal, action, '
-                                      'resource == Tool::"echo");\n'}
+STRICT = {
+    **DEFAULT,
+    "no-echo.cedar": '@id("no-echo") forbid (principal, action, resource == Tool::"echo");\n',
+}
 
 
 def signed(files: dict[str, str], key: Ed25519PrivateKey) -> bytes:
@@ -63,9 +65,11 @@ class TestSignatures:
     def test_changed_files_or_a_changed_date_break_the_signature(self) -> None:
         key = Ed25519PrivateKey.generate()
         good = sign_bundle(DEFAULT, bundle_version(DEFAULT), key)
-        for forged in (msgspec.structs.replace(good, files=STRICT),
-                       msgspec.structs.replace(good, signed_at="2099-01-01T00:00:00+00:00"),
-                       msgspec.structs.replace(good, signature="not base64!")):
+        for forged in (
+            msgspec.structs.replace(good, files=STRICT),
+            msgspec.structs.replace(good, signed_at="2099-01-01T00:00:00+00:00"),
+            msgspec.structs.replace(good, signature="not base64!"),
+        ):
             assert "does not verify" in refusal(msgspec.json.encode(forged), key)
 
     def test_another_key_is_refused_even_with_a_valid_signature(self) -> None:
@@ -74,18 +78,19 @@ class TestSignatures:
         # Claiming the operator's key id does not help: the signature is checked.
         claimed = msgspec.structs.replace(
             sign_bundle(STRICT, "", intruder),
-            key_id=msgspec.json.decode(signed(STRICT, operator), type=StoredBundle).key_id)
+            key_id=msgspec.json.decode(signed(STRICT, operator), type=StoredBundle).key_id,
+        )
         assert "does not verify" in refusal(msgspec.json.encode(claimed), operator)
 
     def test_without_a_trusted_key_nothing_stored_is_used(self) -> None:
         key = Ed25519PrivateKey.generate()
         assert "no policy-signing public key at keys/policy-signing.pub" in refusal(
-            signed(STRICT, key), None)
+            signed(STRICT, key), None
+        )
 
 
 class TestKeys:
-    def test_first_use_creates_a_private_key_only_its_owner_can_read(self,
-                                                                     tmp_path: Path) -> None:
+    def test_first_use_creates_a_private_key_only_its_owner_can_read(self, tmp_path: Path) -> None:
         key, created = ensure_signing_key(tmp_path / "keys")
         again, created_again = ensure_signing_key(tmp_path / "keys")
         assert created and not created_again
@@ -107,8 +112,9 @@ class TestKeys:
         ensure_keypair(tmp_path)  # the policy service's own key, for executors
         assert load_verify_key(tmp_path) is None
         ensure_signing_key(tmp_path)
-        assert (tmp_path / PUBLIC_KEY_FILE).read_bytes() != \
-            (tmp_path / "authorization.pub").read_bytes()
+        assert (tmp_path / PUBLIC_KEY_FILE).read_bytes() != (
+            tmp_path / "authorization.pub"
+        ).read_bytes()
 
     def test_a_public_key_file_that_is_not_one_refuses_bundles(self, tmp_path: Path) -> None:
         (tmp_path / PUBLIC_KEY_FILE).write_text("garbage")
@@ -131,26 +137,36 @@ def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 class TestStartup:
-    def test_nothing_ever_pushed_runs_the_local_bundle(self, keys: tuple[Path, Ed25519PrivateKey],
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+    def test_nothing_ever_pushed_runs_the_local_bundle(
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
         policy = fresh(keys[0])
         policy.start(None)
         assert policy.engine.version == bundle_version(DEFAULT) and errors(caplog) == []
 
     def test_a_pushed_bundle_is_active_from_the_start(
-            self, keys: tuple[Path, Ed25519PrivateKey]) -> None:
+        self, keys: tuple[Path, Ed25519PrivateKey]
+    ) -> None:
         policy = fresh(keys[0])
         policy.start(ActiveEntry(revision=3, value=signed(STRICT, keys[1])))
         assert policy.engine.version == bundle_version(STRICT) and policy.revision == 3
 
-    @pytest.mark.parametrize(("value", "deleted", "why"), [
-        (b'{"files": {"schema.ceda', False, "not readable"),
-        (msgspec.json.encode(StoredBundle(files=STRICT)), False, "not signed"),
-        (None, True, "deleted"),
-    ])
+    @pytest.mark.parametrize(
+        ("value", "deleted", "why"),
+        [
+            (b'{"files": {"schema.ceda', False, "not readable"),
+            (msgspec.json.encode(StoredBundle(files=STRICT)), False, "not signed"),
+            (None, True, "deleted"),
+        ],
+    )
     def test_a_bad_stored_bundle_refuses_to_start_with_one_error_line(
-            self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture,
-            value: bytes | None, deleted: bool, why: str) -> None:
+        self,
+        keys: tuple[Path, Ed25519PrivateKey],
+        caplog: pytest.LogCaptureFixture,
+        value: bytes | None,
+        deleted: bool,
+        why: str,
+    ) -> None:
         policy = fresh(keys[0])
         with pytest.raises(PolicyStateError) as raised:
             policy.start(ActiveEntry(revision=7, value=value, deleted=deleted))
@@ -159,15 +175,15 @@ class TestStartup:
         assert why in line and "revision 7" in line and "toolgate policy push" in line
 
     def test_an_invalid_but_signed_bundle_refuses_to_start(
-            self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture) -> None:
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
         broken = {**DEFAULT, "bad.cedar": "permit (principal"}
         with pytest.raises(PolicyStateError):
             fresh(keys[0]).start(ActiveEntry(revision=1, value=signed(broken, keys[1])))
         [line] = errors(caplog)
         assert "not a valid bundle: bad.cedar:1:" in line and "\n" not in line
 
-    def test_without_the_public_key_a_stored_bundle_refuses_to_start(
-            self, tmp_path: Path) -> None:
+    def test_without_the_public_key_a_stored_bundle_refuses_to_start(self, tmp_path: Path) -> None:
         key = Ed25519PrivateKey.generate()
         with pytest.raises(PolicyStateError) as raised:
             fresh(tmp_path / "no-keys").start(ActiveEntry(1, signed(STRICT, key)))
@@ -176,14 +192,18 @@ class TestStartup:
 
 class TestRunning:
     def test_bad_revisions_keep_the_last_good_bundle_and_are_logged_once(
-            self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture) -> None:
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
         keys_dir, key = keys
         policy = fresh(keys_dir)
         policy.start(ActiveEntry(1, signed(STRICT, key)))
         intruder = Ed25519PrivateKey.generate()
-        bad = [ActiveEntry(2, b"garbage"), ActiveEntry(3, signed(DEFAULT, intruder)),
-               ActiveEntry(4, msgspec.json.encode(StoredBundle(files=DEFAULT))),
-               ActiveEntry(5, None, deleted=True)]
+        bad = [
+            ActiveEntry(2, b"garbage"),
+            ActiveEntry(3, signed(DEFAULT, intruder)),
+            ActiveEntry(4, msgspec.json.encode(StoredBundle(files=DEFAULT))),
+            ActiveEntry(5, None, deleted=True),
+        ]
         for entry in bad:
             policy.offer(entry)
             policy.offer(entry)  # the periodic re-read brings the same revision again
@@ -193,7 +213,8 @@ class TestRunning:
         assert "revision 2" in lines[0] and "revision 5" in lines[3]
 
     def test_a_good_new_revision_switches_and_an_older_one_is_ignored(
-            self, keys: tuple[Path, Ed25519PrivateKey]) -> None:
+        self, keys: tuple[Path, Ed25519PrivateKey]
+    ) -> None:
         keys_dir, key = keys
         policy = fresh(keys_dir)
         policy.start(None)

@@ -25,10 +25,15 @@ def checker() -> CallChecker:
     return CallChecker(load_registry(), max_call_bytes=64 * 1024)
 
 
-def raw(call_id: str = "call_1", tool: str = "search_sources",
-        principal: Principal = PRINCIPAL, **arguments: object) -> bytes:
-    return msgspec.json.encode(ToolCall(call_id=call_id, tool=tool, arguments=dict(arguments),
-                                        principal=principal))
+def raw(
+    call_id: str = "call_1",
+    tool: str = "search_sources",
+    principal: Principal = PRINCIPAL,
+    **arguments: object,
+) -> bytes:
+    return msgspec.json.encode(
+        ToolCall(call_id=call_id, tool=tool, arguments=dict(arguments), principal=principal)
+    )
 
 
 def nested(depth: int) -> object:
@@ -44,8 +49,7 @@ class TestCheckCall:
         assert isinstance(outcome, Validated) and outcome.call.arguments["limit"] == 3
         assert outcome.call.principal == PRINCIPAL
 
-    def test_every_schema_error_is_reported_with_its_json_path(self,
-                                                               checker: CallChecker) -> None:
+    def test_every_schema_error_is_reported_with_its_json_path(self, checker: CallChecker) -> None:
         outcome = checker.check(raw(query="x", source_type="blog", limit=50, extra=1), SENDER)
         assert isinstance(outcome, Rejected) and outcome.status == "invalid_arguments"
         paths = sorted(d.path for d in outcome.error.details)
@@ -57,12 +61,14 @@ class TestCheckCall:
         assert outcome.error.code == "TOOL_NOT_FOUND"
 
     def test_unsafe_call_id_cannot_be_answered_so_it_is_dead_lettered(
-            self, checker: CallChecker) -> None:
+        self, checker: CallChecker
+    ) -> None:
         outcome = checker.check(raw(call_id="toolgate.results.>"), SENDER)
         assert isinstance(outcome, Undeliverable) and "subject-safe" in outcome.reason
 
     def test_malformed_call_with_readable_call_id_gets_a_result_and_a_dead_letter(
-            self, checker: CallChecker) -> None:
+        self, checker: CallChecker
+    ) -> None:
         outcome = checker.check(b'{"call_id": "c1", "tool": 5}', SENDER)
         assert isinstance(outcome, Rejected) and outcome.error.code == "MALFORMED_CALL"
         assert outcome.dead_letter_reason is not None
@@ -79,18 +85,25 @@ class TestCheckCall:
 
     def test_json_pointer_escapes_slash_and_tilde(self, checker: CallChecker) -> None:
         from toolgate.contracts.calls import json_pointer
+
         assert json_pointer(["a/b", "c~d", 0]) == "/a~1b/c~0d/0"
 
 
 class TestIdentityFromTheBus:
-    @pytest.mark.parametrize("claimed", [
-        Principal(tenant="globex", user="u", agent="researcher", session="s"),
-        Principal(tenant="acme", user="u", agent="writer", session="s"),
-    ], ids=["other-tenant", "other-agent"])
+    @pytest.mark.parametrize(
+        "claimed",
+        [
+            Principal(tenant="globex", user="u", agent="researcher", session="s"),
+            Principal(tenant="acme", user="u", agent="writer", session="s"),
+        ],
+        ids=["other-tenant", "other-agent"],
+    )
     def test_a_payload_naming_another_principal_is_denied(
-            self, checker: CallChecker, claimed: Principal) -> None:
-        outcome = checker.check(raw(principal=claimed, query="agents", source_type="any", limit=1),
-                                SENDER)
+        self, checker: CallChecker, claimed: Principal
+    ) -> None:
+        outcome = checker.check(
+            raw(principal=claimed, query="agents", source_type="any", limit=1), SENDER
+        )
         assert isinstance(outcome, Rejected) and outcome.status == "denied"
         assert outcome.error.code == "PRINCIPAL_MISMATCH" and not outcome.error.retryable
         # The refusal goes to the sender, never to the principal the payload named.
@@ -98,14 +111,19 @@ class TestIdentityFromTheBus:
 
     def test_user_and_session_are_the_platforms_word(self, checker: CallChecker) -> None:
         claimed = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-9")
-        outcome = checker.check(raw(principal=claimed, query="agents", source_type="any", limit=1),
-                                Identity(tenant="acme", agent="researcher"))
+        outcome = checker.check(
+            raw(principal=claimed, query="agents", source_type="any", limit=1),
+            Identity(tenant="acme", agent="researcher"),
+        )
         assert isinstance(outcome, Validated) and outcome.call.principal == claimed
 
     def test_the_same_payload_from_another_agent_is_that_agents_problem(
-            self, checker: CallChecker) -> None:
-        outcome = checker.check(raw(query="agents", source_type="any", limit=1),
-                                Identity(tenant="globex", agent="researcher"))
+        self, checker: CallChecker
+    ) -> None:
+        outcome = checker.check(
+            raw(query="agents", source_type="any", limit=1),
+            Identity(tenant="globex", agent="researcher"),
+        )
         assert isinstance(outcome, Rejected) and outcome.error.code == "PRINCIPAL_MISMATCH"
         assert outcome.principal.tenant == "globex"
 
@@ -126,8 +144,12 @@ class TestNesting:
         assert isinstance(outcome, Rejected) and outcome.error.code == "SCHEMA_VALIDATION_FAILED"
 
     def test_a_call_too_deep_to_decode_still_gets_an_answer(self, checker: CallChecker) -> None:
-        body = b'{"call_id": "deep_1", "tool": "echo", "arguments": {"a": ' + b"[" * 5000 \
-            + b"]" * 5000 + b'}, "principal": {}}'
+        body = (
+            b'{"call_id": "deep_1", "tool": "echo", "arguments": {"a": '
+            + b"[" * 5000
+            + b"]" * 5000
+            + b'}, "principal": {}}'
+        )
         outcome = checker.check(body, SENDER)
         assert isinstance(outcome, Rejected) and outcome.call_id == "deep_1"
         assert outcome.error.code == "NESTING_TOO_DEEP"

@@ -20,13 +20,21 @@ SCHEMA: dict[str, Any] = {
         "maybe": {"type": ["integer", "null"]},
         "ratio": {"type": "number"},
         "label": {"type": "string"},
-        "lines": {"type": "array", "items": {
-            "type": "object", "properties": {"cents": {"type": "integer"}}}},
-        "pair": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "integer"}],
-                 "items": {"type": "integer"}},
+        "lines": {
+            "type": "array",
+            "items": {"type": "object", "properties": {"cents": {"type": "integer"}}},
+        },
+        "pair": {
+            "type": "array",
+            "prefixItems": [{"type": "number"}, {"type": "integer"}],
+            "items": {"type": "integer"},
+        },
         "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
-        "patterned": {"type": "object", "patternProperties": {"^n": {"type": "integer"}},
-                      "additionalProperties": {"type": "integer"}},
+        "patterned": {
+            "type": "object",
+            "patternProperties": {"^n": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"},
+        },
     },
 }
 
@@ -40,8 +48,10 @@ class TestNormalize:
 
     def test_every_spelling_of_an_amount_hashes_the_same(self) -> None:
         spellings = [b"900", b"900.0", b"9e2", b"9E2", b"9.00e2"]
-        hashes = {arguments_sha256(normalize(SCHEMA, msgspec.json.decode(
-            b'{"amount": ' + raw + b"}"))) for raw in spellings}
+        hashes = {
+            arguments_sha256(normalize(SCHEMA, msgspec.json.decode(b'{"amount": ' + raw + b"}")))
+            for raw in spellings
+        }
         assert len(hashes) == 1
 
     def test_a_huge_integral_number_becomes_the_int_it_equals(self) -> None:
@@ -58,11 +68,17 @@ class TestNormalize:
         assert type(fixed["amount"]) is float  # the schema rejects it before this runs
 
     def test_items_prefix_items_and_additional_properties_are_walked(self) -> None:
-        value = {"lines": [{"cents": 1.0}, {"cents": 2}], "pair": [1.0, 2.0, 3.0],
-                 "counts": {"a": 4.0}}
+        value = {
+            "lines": [{"cents": 1.0}, {"cents": 2}],
+            "pair": [1.0, 2.0, 3.0],
+            "counts": {"a": 4.0},
+        }
         fixed = normalize(SCHEMA, value)
-        assert fixed == {"lines": [{"cents": 1}, {"cents": 2}], "pair": [1.0, 2, 3],
-                         "counts": {"a": 4}}
+        assert fixed == {
+            "lines": [{"cents": 1}, {"cents": 2}],
+            "pair": [1.0, 2, 3],
+            "counts": {"a": 4},
+        }
         assert type(fixed["pair"][0]) is float  # its prefixItems entry is a number
         assert [type(line["cents"]) for line in fixed["lines"]] == [int, int]
 
@@ -82,8 +98,12 @@ class TestNormalize:
         assert msgspec.json.encode(original) == snapshot
 
     def test_schema_without_integers_needs_no_normaliser(self) -> None:
-        assert compile_normalizer({"type": "object", "properties": {
-            "q": {"type": "string"}, "r": {"type": "number"}}}) is None
+        assert (
+            compile_normalizer(
+                {"type": "object", "properties": {"q": {"type": "string"}, "r": {"type": "number"}}}
+            )
+            is None
+        )
         assert compile_normalizer({}) is None and compile_normalizer(True) is None
 
     def test_values_of_unexpected_shape_are_returned_as_they_are(self) -> None:
@@ -92,18 +112,32 @@ class TestNormalize:
 
 
 REFUND = ToolSpec(
-    name="refund_payment", description="Refund a payment.", function="x.y:z",
-    input_schema={"type": "object", "properties": {"amount": {"type": "integer"}},
-                  "additionalProperties": False},
-    output_schema={"type": "object"}, read_only=False, timeout_s=5, risk="medium",
-    allowed_agents=["support"])
+    name="refund_payment",
+    description="Refund a payment.",
+    function="x.y:z",
+    input_schema={
+        "type": "object",
+        "properties": {"amount": {"type": "integer"}},
+        "additionalProperties": False,
+    },
+    output_schema={"type": "object"},
+    read_only=False,
+    timeout_s=5,
+    risk="medium",
+    allowed_agents=["support"],
+)
 SUPPORT = Identity(tenant="acme", agent="support")
 
 
 def refund_raw(amount: bytes) -> bytes:
     principal = msgspec.json.encode(Principal("acme", "u-carol", "support", "s-1"))
-    return (b'{"call_id": "c1", "tool": "refund_payment", "arguments": {"amount": '
-            + amount + b'}, "principal": ' + principal + b"}")
+    return (
+        b'{"call_id": "c1", "tool": "refund_payment", "arguments": {"amount": '
+        + amount
+        + b'}, "principal": '
+        + principal
+        + b"}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +148,8 @@ def checker() -> CallChecker:
 class TestValidatorHook:
     @pytest.mark.parametrize("amount", [b"900", b"900.0", b"9e2"])
     def test_validated_call_carries_the_normalised_arguments(
-            self, checker: CallChecker, amount: bytes) -> None:
+        self, checker: CallChecker, amount: bytes
+    ) -> None:
         outcome = checker.check(refund_raw(amount), SUPPORT)
         assert isinstance(outcome, Validated)
         assert outcome.call.arguments == {"amount": 900}

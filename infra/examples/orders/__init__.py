@@ -23,7 +23,7 @@ SEED_FILE = EXAMPLE_DIR / "seed.sql"
 DATABASE = Path("examples") / "orders" / "orders.sqlite3"
 # The identities `toolgate up --example orders` mints: the seed's customer-service agent.
 AGENTS = (("acme", "support"),)
-TRY = "toolgate call query_order '{\"order_id\": \"o-1001\"}' --user u-alice"
+TRY = 'toolgate call query_order \'{"order_id": "o-1001"}\' --user u-alice'
 
 
 def database_path(data_dir: Path) -> Path:

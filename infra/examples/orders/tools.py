@@ -32,8 +32,9 @@ def database_of(ctx: ToolContext) -> Path:
 def _connect(ctx: ToolContext, read_only: bool) -> sqlite3.Connection:
     path = database_of(ctx)
     if not path.exists():
-        raise ToolUnavailable(f"the orders database {path} does not exist "
-                              "(toolgate up --example orders creates it)")
+        raise ToolUnavailable(
+            f"the orders database {path} does not exist (toolgate up --example orders creates it)"
+        )
     uri = f"{path.resolve().as_uri()}?mode={'ro' if read_only else 'rw'}"
     try:
         return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
@@ -43,8 +44,8 @@ def _connect(ctx: ToolContext, read_only: bool) -> sqlite3.Connection:
 
 def _order(connection: sqlite3.Connection, order_id: str, tenant: str) -> dict[str, Any]:
     row = connection.execute(
-        f"SELECT {', '.join(COLUMNS)} FROM orders WHERE id = ? AND tenant = ?",
-        (order_id, tenant)).fetchone()
+        f"SELECT {', '.join(COLUMNS)} FROM orders WHERE id = ? AND tenant = ?", (order_id, tenant)
+    ).fetchone()
     if row is None:
         raise ToolRefused(f"no order {order_id!r}")
     order = dict(zip(COLUMNS, row, strict=True))
@@ -70,7 +71,8 @@ def refund_order(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
             try:
                 done = connection.execute(
                     "SELECT order_id, amount FROM refunds WHERE refund_key = ?",
-                    (ctx.idempotency_key,)).fetchone()
+                    (ctx.idempotency_key,),
+                ).fetchone()
                 duplicate = done is not None
                 if not duplicate:
                     order = _order(connection, order_id, tenant)
@@ -78,16 +80,27 @@ def refund_order(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                     if order["status"] == "cancelled":
                         raise ToolRefused(f"order {order_id!r} is cancelled")
                     if amount > left:
-                        raise ToolRefused(f"order {order_id!r} has {left} {order['currency']} "
-                                          f"left to refund, not {amount}")
+                        raise ToolRefused(
+                            f"order {order_id!r} has {left} {order['currency']} "
+                            f"left to refund, not {amount}"
+                        )
                     connection.execute(
                         "INSERT INTO refunds (refund_key, order_id, tenant, amount, reason, "
                         "refunded_by, refunded_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (ctx.idempotency_key, order_id, tenant, amount,
-                         str(arguments.get("reason", "")), ctx.principal.user,
-                         datetime.now(UTC).isoformat()))
-                    connection.execute("UPDATE orders SET refunded = refunded + ? "
-                                       "WHERE id = ? AND tenant = ?", (amount, order_id, tenant))
+                        (
+                            ctx.idempotency_key,
+                            order_id,
+                            tenant,
+                            amount,
+                            str(arguments.get("reason", "")),
+                            ctx.principal.user,
+                            datetime.now(UTC).isoformat(),
+                        ),
+                    )
+                    connection.execute(
+                        "UPDATE orders SET refunded = refunded + ? WHERE id = ? AND tenant = ?",
+                        (amount, order_id, tenant),
+                    )
                 order = _order(connection, order_id, tenant)
                 connection.execute("COMMIT")
             except BaseException:
@@ -95,6 +108,11 @@ def refund_order(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
                 raise
         except sqlite3.Error as exc:
             raise ToolUnavailable(f"the orders database failed: {exc}") from exc
-    return {"refund_id": ctx.idempotency_key, "order_id": order_id, "amount": amount,
-            "refunded_total": order["refunded"], "currency": order["currency"],
-            "duplicate": duplicate}
+    return {
+        "refund_id": ctx.idempotency_key,
+        "order_id": order_id,
+        "amount": amount,
+        "refunded_total": order["refunded"],
+        "currency": order["currency"],
+        "duplicate": duplicate,
+    }

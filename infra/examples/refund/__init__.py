@@ -23,8 +23,10 @@ POLICY_DIR = BUNDLE
 POLICIES = ("refund_payment.cedar",)
 # The identities `toolgate up --example refund` mints: the only agent the policy lets refund.
 AGENTS = (("acme", "support"),)
-TRY = ("toolgate call refund_payment '{\"payment_id\": \"pay_1001\", \"amount\": 900}' "
-       "--user u-carol --timeout 900")
+TRY = (
+    'toolgate call refund_payment \'{"payment_id": "pay_1001", "amount": 900}\' '
+    "--user u-carol --timeout 900"
+)
 
 
 def bundle_path(data_dir: Path) -> Path:
@@ -34,9 +36,11 @@ def bundle_path(data_dir: Path) -> Path:
 def bundle_files() -> dict[str, str]:
     """The example's bundle: the default bundle's files plus POLICIES, as shipped."""
     policies = resources.files("toolgate.infra.policies")
-    files = {entry.name: entry.read_text(encoding="utf-8")
-             for entry in (policies / "default").iterdir()
-             if entry.is_file() and _is_bundle_file(entry.name)}
+    files = {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in (policies / "default").iterdir()
+        if entry.is_file() and _is_bundle_file(entry.name)
+    }
     for name in POLICIES:
         files[name] = (policies / "examples" / name).read_text(encoding="utf-8")
     return files

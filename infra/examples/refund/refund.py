@@ -59,26 +59,36 @@ def refund_payment(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any
 
 
 def _refund(conn: sqlite3.Connection, key: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    done = conn.execute("SELECT payment_id, amount, refunded_at FROM refunds"
-                        " WHERE call_key = ?", (key,)).fetchone()
+    done = conn.execute(
+        "SELECT payment_id, amount, refunded_at FROM refunds WHERE call_key = ?", (key,)
+    ).fetchone()
     if done is not None:  # this very call ran before: report it, record nothing
         return _view(key, *done, duplicate=True)
     payment_id, amount = arguments["payment_id"], int(arguments["amount"])
-    other = conn.execute("SELECT call_key FROM refunds WHERE payment_id = ?",
-                         (payment_id,)).fetchone()
+    other = conn.execute(
+        "SELECT call_key FROM refunds WHERE payment_id = ?", (payment_id,)
+    ).fetchone()
     if other is not None:
         raise ToolRefused(f"payment {payment_id} was already refunded (call {other[0]})")
     refunded_at = datetime.now(UTC).isoformat(timespec="milliseconds")
-    conn.execute("INSERT INTO refunds (call_key, payment_id, amount, reason, refunded_at)"
-                 " VALUES (?, ?, ?, ?, ?)",
-                 (key, payment_id, amount, arguments.get("reason", ""), refunded_at))
+    conn.execute(
+        "INSERT INTO refunds (call_key, payment_id, amount, reason, refunded_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (key, payment_id, amount, arguments.get("reason", ""), refunded_at),
+    )
     return _view(key, payment_id, amount, refunded_at, duplicate=False)
 
 
-def _view(key: str, payment_id: str, amount: int, refunded_at: str, *,
-          duplicate: bool) -> dict[str, Any]:
-    return {"refund_id": refund_id(key), "payment_id": payment_id, "amount": amount,
-            "refunded_at": refunded_at, "duplicate": duplicate}
+def _view(
+    key: str, payment_id: str, amount: int, refunded_at: str, *, duplicate: bool
+) -> dict[str, Any]:
+    return {
+        "refund_id": refund_id(key),
+        "payment_id": payment_id,
+        "amount": amount,
+        "refunded_at": refunded_at,
+        "duplicate": duplicate,
+    }
 
 
 def refund_id(call_key: str) -> str:
@@ -96,10 +106,21 @@ def read_refunds(data_dir: Path, tenant: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     with closing(_connect(path)) as conn:
-        rows = conn.execute("SELECT call_key, payment_id, amount, reason, refunded_at"
-                            " FROM refunds ORDER BY refunded_at, call_key").fetchall()
-    return [{"refund_id": refund_id(row[0]), "call_key": row[0], "payment_id": row[1],
-             "amount": row[2], "reason": row[3], "refunded_at": row[4]} for row in rows]
+        rows = conn.execute(
+            "SELECT call_key, payment_id, amount, reason, refunded_at"
+            " FROM refunds ORDER BY refunded_at, call_key"
+        ).fetchall()
+    return [
+        {
+            "refund_id": refund_id(row[0]),
+            "call_key": row[0],
+            "payment_id": row[1],
+            "amount": row[2],
+            "reason": row[3],
+            "refunded_at": row[4],
+        }
+        for row in rows
+    ]
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -108,8 +108,10 @@ def read_evidence(data_dir: Path, tenant: str, task_id: str) -> list[dict[str, A
             "SELECT agent, call_id, claim, source_url, quote, confidence, saved_at"
             " FROM evidence ORDER BY saved_at, agent, call_id"
         ).fetchall()
-    return [{"evidence_id": evidence_id(f"{tenant}.{row['agent']}.{row['call_id']}"),
-             **dict(row)} for row in rows]
+    return [
+        {"evidence_id": evidence_id(f"{tenant}.{row['agent']}.{row['call_id']}"), **dict(row)}
+        for row in rows
+    ]
 
 
 def _token(value: object, name: str) -> str:
