@@ -40,29 +40,22 @@ from faststream.nats.message import NatsMessage
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import (
-    arguments_sha256,
     ensure_keypair,
     load_private_key,
-    sign,
 )
 from toolgate.contracts.calls import ErrorCode, ToolCall, ToolError
 from toolgate.contracts.events import (
     ApprovalGranted,
-    ApprovalRequested,
     ArgumentsValidated,
-    Authorization,
-    CallAuthorized,
-    CallDenied,
     Event,
     ResourceSeen,
-    carried_fields,
     decode_event,
-    derive_event_id,
     utc_now,
 )
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.services.policy import logic
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
     BundleError,
@@ -81,7 +74,6 @@ from toolgate.services.policy.bundle_store import (
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
 from toolgate.services.policy.providers import EntityResolver
 from toolgate.services.policy.rate_limits import (
-    RATE_LIMITED,
     RateLimiter,
     rate_limits_bucket_config,
 )
@@ -95,12 +87,8 @@ from toolgate.services.policy.signing import (
     open_stored,
 )
 
-SERVICE = "policy"
+SERVICE = logic.SERVICE
 APPROVALS_DURABLE = "policy-approvals"
-# Every outcome of one input message gets this id, whatever it is: should a
-# redelivery decide differently (a bundle was pushed, a rate window turned),
-# its event is dropped as a duplicate instead of giving the call two decisions.
-DECISION = "decision"
 # The exit status of a policy service that refuses to start (no trustworthy bundle).
 EXIT_REFUSED = 2
 
@@ -295,143 +283,62 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
     stores = Stores()
     resolvers = Resolvers(settings.data_dir)
 
-    def denied(
-        event: Event,
-        delivery: bus.Delivery,
-        decision: Decision,
-        resources: Sequence[ResourceSeen] | None = None,
-    ) -> CallDenied:
-        return CallDenied(
-            event_id=derive_event_id(delivery.message_id, DECISION),
-            occurred_at=utc_now(),
-            service=SERVICE,
-            status=decision.status,
-            error=decision.error or ToolError(code=ErrorCode.POLICY_DENIED, message="denied"),
-            policy_version=decision.policy_version,
-            policy_ids=decision.policy_ids,
-            resources=list(resources or ()),
-            **carried_fields(event),
-        )
-
-    def refused(
-        event: Event, delivery: bus.Delivery, code: str, message: str, retryable: bool = False
-    ) -> CallDenied:
-        return denied(
-            event,
-            delivery,
-            Decision(
-                allowed=False,
-                policy_version=policy.engine.version,
-                error=ToolError(code=code, message=message, retryable=retryable),
-            ),
-        )
-
-    def authorized(
-        event: Event,
-        call: ToolCall,
-        delivery: bus.Delivery,
-        decision: Decision,
-        approvers: Sequence[str] = (),
-        resources: Sequence[ResourceSeen] | None = None,
-    ) -> CallAuthorized:
-        now = utc_now()
-        authorization = sign(
-            Authorization(
-                call_id=call.call_id,
-                tool=call.tool,
-                arguments_sha256=arguments_sha256(call.arguments),
-                policy_version=decision.policy_version,
-                approvals=sorted(set(approvers)),
-                expires_at=now + ttl,
-                tenant=call.principal.tenant,
-                agent=call.principal.agent,
-                user=call.principal.user,
-                session=call.principal.session,
-                task_id=call.task_id,
-            ),
-            private_key,
-        )
-        return CallAuthorized(
-            event_id=derive_event_id(delivery.message_id, DECISION),
-            occurred_at=now,
-            service=SERVICE,
-            call=call,
-            policy_version=decision.policy_version,
-            policy_ids=decision.policy_ids,
-            authorization=authorization,
-            resources=list(resources or ()),
-            **carried_fields(event),
-        )
+    signer = logic.Signer(private_key, ttl)
 
     async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
-        call = event.call
-        if arguments_sha256(call.arguments) != event.arguments_sha256:
-            return refused(
+        call, now = event.call, utc_now()
+        problem = logic.hash_problem(event)
+        if problem is not None:
+            return logic.refused(
                 event,
-                delivery,
+                delivery.message_id,
+                policy.engine.version,
+                now,
                 ErrorCode.POLICY_DENIED,
-                "the arguments do not match the hash they were validated with",
+                problem,
             )
         engine = policy.engine  # one bundle for the whole decision, even if a push lands
         resources = await resolvers.look_up(engine, registry, call)
         decision = decide_safely(engine, registry, call, resources=resources)
-        if not decision.allowed and not decision.awaits_approval:
-            return denied(event, delivery, decision, resources)
         spec = registry.get(call.tool)
-        assert spec is not None and stores.limiter is not None
-        if spec.rate_limit is not None:  # counted before a human is asked, too
-            check = await stores.limiter.admit(call, spec.rate_limit)
-            if not check.admitted:
-                return refused(
-                    event,
-                    delivery,
-                    RATE_LIMITED,
-                    retryable=True,
-                    message=(
-                        f"{spec.rate_limit.calls} calls per {spec.rate_limit.per_seconds:g} s "
-                        f"for this user and tool; retry in {check.retry_after_s:.1f} s"
-                    ),
-                )
-        if decision.awaits_approval:
-            now = utc_now()
-            return ApprovalRequested(
-                event_id=derive_event_id(delivery.message_id, DECISION),
-                occurred_at=now,
-                service=SERVICE,
-                call=call,
-                policy_version=decision.policy_version,
-                policy_ids=decision.policy_ids,
-                risk=spec.risk,
-                required_approvals=decision.required_approvals,
-                expires_at=now + timedelta(seconds=engine.bundle.settings.approval_ttl_s),
-                reason=decision.error.message if decision.error else "",
-                resources=list(resources or ()),
-                **carried_fields(event),
-            )
-        return authorized(event, call, delivery, decision, resources=resources)
+        rate = None
+        if logic.needs_rate_check(decision, spec):
+            assert spec is not None and spec.rate_limit is not None
+            assert stores.limiter is not None
+            rate = await stores.limiter.admit(call, spec.rate_limit)
+        return logic.after_validation(
+            event,
+            delivery.message_id,
+            decision,
+            spec,
+            rate,
+            signer,
+            engine.bundle.settings.approval_ttl_s,
+            utc_now(),
+            resources,
+        )
 
     async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
         if not event.quorum_reached:
             return None  # one vote of several: the approvals service counts them
-        call = event.call
-        if (
-            call.call_id != event.call_id
-            or arguments_sha256(call.arguments) != event.arguments_sha256
-        ):
-            return refused(
+        problem = logic.hash_problem(event)
+        if problem is not None:
+            return logic.refused(
                 event,
-                delivery,
+                delivery.message_id,
+                policy.engine.version,
+                utc_now(),
                 ErrorCode.POLICY_DENIED,
-                "the approval is bound to other arguments than this call's",
+                problem,
             )
         # Decided again under the bundle active now, on the resources as they are now:
         # either may have changed since the request.
         engine = policy.engine
-        resources = await resolvers.look_up(engine, registry, call)
-        decision = decide_safely(engine, registry, call, event.approvers, resources)
-        if not decision.allowed:
-            return denied(event, delivery, decision, resources)
-        return authorized(event, call, delivery, decision, event.approvers, resources)
+        resources = await resolvers.look_up(engine, registry, event.call)
+        decision = decide_safely(engine, registry, event.call, event.approvers, resources)
+        return logic.after_approval(
+            event, delivery.message_id, decision, signer, utc_now(), resources
+        )
 
     def subscribe(
         event_type: type[Event],
