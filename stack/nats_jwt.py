@@ -22,6 +22,12 @@ from typing import Any
 
 import nkeys
 
+# Reading creds and claims is the runtime's (clients need it too); minting is ours.
+from toolgate.runtime.creds import jwt_claims as decode_claims
+from toolgate.runtime.creds import read_creds
+
+__all__ = ["decode_claims", "read_creds"]
+
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 
 UNLIMITED_ACCOUNT_LIMITS: dict[str, Any] = {
@@ -45,10 +51,6 @@ UNLIMITED_JETSTREAM: dict[str, Any] = {
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def new_seed(prefix: int) -> str:
@@ -91,17 +93,6 @@ def encode(
     finally:
         pair.wipe()
     return f"{signing_input}.{_b64(signature)}"
-
-
-def decode_claims(token: str) -> dict[str, Any]:
-    """The claims of a JWT, unverified (for reading our own files back)."""
-    parts = token.strip().split(".")
-    if len(parts) != 3:
-        raise ValueError("not a JWT")
-    claims = json.loads(_unb64(parts[1]))
-    if not isinstance(claims, dict):
-        raise ValueError("JWT claims are not an object")
-    return claims
 
 
 def operator_jwt(operator_seed: str, name: str, system_account: str) -> str:
@@ -188,19 +179,3 @@ def creds_text(user_token: str, user_seed: str, comment: str = "") -> str:
         f"-----BEGIN USER NKEY SEED-----\n{user_seed}\n------END USER NKEY SEED------\n\n"
         "*************************************************************\n"
     )
-
-
-def read_creds(text: str) -> tuple[str, str]:
-    """(user JWT, user seed) of a decorated creds file."""
-    lines = [line.strip() for line in text.splitlines()]
-
-    def after(marker: str) -> str:
-        for index, line in enumerate(lines):
-            if line.startswith("-----BEGIN") and marker in line and index + 1 < len(lines):
-                return lines[index + 1]
-        return ""
-
-    token, seed = after("USER JWT"), after("NKEY SEED")
-    if not token or not seed.startswith("SU"):
-        raise ValueError("not a NATS creds file (user JWT and seed)")
-    return token, seed
