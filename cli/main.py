@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -966,6 +967,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `toolgate ... | head`: the reader had enough
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (no flush error at exit)
+        return 141
     except Exception as exc:  # a bug, or a failure nobody foresaw: still one line
         if os.environ.get("TOOLGATE_DEBUG"):
             raise
