@@ -13,30 +13,12 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from toolgate.services.audit.rows import to_micros
+from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
 
-TRACE_COLUMNS = (
-    "event_id",
-    "event_type",
-    "occurred_at",
-    "service",
-    "tenant",
-    "user",
-    "agent",
-    "session",
-    "task_id",
-    "tool",
-    "risk",
-    "decision",
-    "status",
-    "error_code",
-    "arguments_sha256",
-    "result_sha256",
-    "policy_version",
-    "approver",
-    "duration_ms",
-    "note",
-    "payload",
+# What a trace shows of each event: the recorded columns, without the call's own
+# id (the trace is of one call) and the stream position it was read from.
+TRACE_COLUMNS = tuple(
+    c for c in CONTENT_COLUMNS if c not in ("call_id", "source_stream", "source_seq")
 )
 
 # Ties in time (same microsecond) are broken by the stage a type belongs to.
