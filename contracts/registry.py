@@ -209,6 +209,16 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._tools)
 
+    def visible_to(self, agent: str) -> list[ToolSpec]:
+        """The tools `agent` may call, by name: what an agent-facing listing shows.
+
+        MCP's tools/list and the framework toolkits show exactly these; policy
+        still decides each call (a listed tool can be denied, never the reverse).
+        """
+        return [
+            self._tools[name] for name in self.names() if self._tools[name].agent_allowed(agent)
+        ]
+
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self._tools.values())
 
