@@ -132,14 +132,16 @@ def _settings(args: argparse.Namespace) -> env.GatewaySettings:
 
 
 def check_nats_url(url: str, flag: str = "--nats-url") -> str:
-    """`url` if it can name a NATS server; else Failed (exit 2)."""
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    try:
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-    except ValueError:
-        parts = parts._replace(netloc="")
-    if parts.scheme not in NATS_SCHEMES or not parts.hostname:
-        raise Failed(f"{url!r} is not a NATS URL: expected nats://HOST:PORT ({flag})", 2)
+    """`url` if it can name a NATS server (or, comma-separated, a cluster's nodes);
+    else Failed (exit 2)."""
+    for one in url.split(",") or [url]:
+        parts = urlsplit(one if "://" in one else f"nats://{one}")
+        try:
+            parts.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+            raise Failed(f"{url!r} is not a NATS URL: expected nats://HOST:PORT ({flag})", 2)
     return url
 
 
@@ -214,7 +216,7 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
     import nats
     import nats.errors
 
-    from toolgate.runtime.creds import connect_options
+    from toolgate.runtime.creds import connect_options, nats_servers
 
     errors: list[Exception] = []
 
@@ -229,7 +231,7 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
         **options,
     }
     try:
-        return await asyncio.wait_for(nats.connect(url, **options), timeout)
+        return await asyncio.wait_for(nats.connect(nats_servers(url), **options), timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         # A refused login often ends in a reset connection: the refusal is the news.
         refusal = [
@@ -287,6 +289,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         nats_url=args.nats_url_given,
         nats_port=args.nats_port,
+        nats_cluster=args.nats_cluster,
         registry_dirs=list(args.registry or env.env_registry_dirs()),
         executor_args=executor_args,
         clickhouse_url=args.clickhouse_url_given,
@@ -705,6 +708,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4222,
         help="port of the embedded NATS (default %(default)s; 0: any free port)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N routed nats-servers (ports --nats-port, +1, ...) instead of one, "
+        "every stream and bucket with min(N, 3) replicas (default %(default)s)",
     )
     up.add_argument(
         "--concurrency",

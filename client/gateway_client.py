@@ -33,7 +33,7 @@ from toolgate.contracts.calls import (
     ToolResult,
     failure,
 )
-from toolgate.runtime.creds import connect_options, identity_of_creds
+from toolgate.runtime.creds import connect_options, identity_of_creds, nats_servers
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _pending_decoder = msgspec.json.Decoder(PendingNotice)
@@ -131,7 +131,9 @@ class GatewayClient:
         }
         try:
             # Once connected, it reconnects forever; the first connect has a deadline.
-            nc = await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
+            nc = await asyncio.wait_for(
+                nats.connect(nats_servers(nats_url), **options), connect_timeout
+            )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ConnectFailed(nats_url, errors[-1] if errors else exc) from None
         return cls(nc, identity)

@@ -33,7 +33,7 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.runtime.creds import broker_options
+from toolgate.runtime.creds import broker_options, nats_servers
 
 log = logging.getLogger("toolgate")
 
@@ -97,7 +97,7 @@ def make_broker(nats_url: str, name: str, creds: Path | None = None) -> NatsBrok
     # thread pool and cost 4x in latency and throughput (measured: one hop
     # 6.7 ms -> 1.7 ms p50, 334 -> 1185 msgs/s).
     return NatsBroker(
-        nats_url,
+        nats_servers(nats_url),  # a cluster: every node's URL
         name=name,
         apply_types=False,
         max_reconnect_attempts=-1,

@@ -22,6 +22,12 @@ class CredentialsError(ValueError):
     """A creds file is missing or unreadable, or an identity cannot be made as asked."""
 
 
+def nats_servers(nats_url: str) -> list[str]:
+    """The server URLs in a NATS URL: several, comma-separated, name a cluster's nodes
+    (nats-py wants them as a list; it tries them in turn and fails over between them)."""
+    return [part.strip() for part in nats_url.split(",") if part.strip()]
+
+
 def connect_options(creds_path: Path | str | None) -> dict[str, Any]:
     """Keyword arguments for `nats.connect` that log in with this creds file ({} for None)."""
     if creds_path is None:

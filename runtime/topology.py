@@ -22,6 +22,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES
+from toolgate.runtime.creds import nats_servers
 
 DAY_S = 24 * 3600.0
 DEFAULT_MAX_CALLS_PER_AGENT = 1_000_000
@@ -152,7 +153,7 @@ async def apply_topology(
 ) -> None:
     """Create or update the streams and buckets; on a locked bus, as the admin user."""
     topology = topology or Topology()
-    nc = await nats.connect(nats_url, **connect_options)
+    nc = await nats.connect(nats_servers(nats_url), **connect_options)
     try:
         js = nc.jetstream()
         for config in topology.streams():

@@ -45,7 +45,7 @@ import yaml
 
 from toolgate.contracts import subjects
 from toolgate.contracts.events import TERMINAL_EVENTS
-from toolgate.runtime.creds import CredentialsError, connect_options
+from toolgate.runtime.creds import CredentialsError, connect_options, nats_servers
 from toolgate.stack import nats_jwt
 
 # Package data (read where the package is installed, never from a source tree).
@@ -540,7 +540,7 @@ async def push_account_jwts(
     import nats
 
     nc = await nats.connect(
-        nats_url,
+        nats_servers(nats_url),
         connect_timeout=timeout,
         max_reconnect_attempts=0,
         allow_reconnect=False,

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -26,12 +26,12 @@ import nats.errors
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
-from toolgate.runtime.creds import connect_options
+from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.settings import write_context
 from toolgate.runtime.topology import Topology, apply_topology
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
-from toolgate.stack.nats_server import EmbeddedNats
+from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
 from toolgate.stack.processes import die_with_parent, kill_process, stop_process
 
 log = logging.getLogger("toolgate.up")
@@ -130,6 +130,10 @@ class Stack:
     registry_dirs: list[Path] = field(default_factory=list)
     executor_args: list[str] = field(default_factory=list)
     nats: EmbeddedNats | None = None
+    # `--nats-cluster N` (N > 1): N routed nats-servers instead of one; every stream and
+    # bucket then keeps min(N, 3) replicas.
+    nats_cluster: int = 1
+    cluster: NatsCluster | None = None
     # A locked bus: each service and client logs in as its role (infra/nats/).
     locked: bool = True
     creds: Credentials | None = None
@@ -182,6 +186,8 @@ class Stack:
     def url(self) -> str:
         if self.nats_url:
             return self.nats_url
+        if self.cluster is not None:
+            return self.cluster.url
         assert self.nats is not None
         return self.nats.url
 
@@ -202,17 +208,32 @@ class Stack:
             # Minted before the server config is rendered, so it is preloaded.
             self.default_agent_creds, _ = add_agent(self.data_dir, DEFAULT_TENANT, DEFAULT_AGENT)
             self.creds = create_credentials(self.data_dir, tools=tools)
+        if self.nats_url and len(nats_servers(self.nats_url)) > 1:
+            # An existing cluster, named by several of its nodes: replicate across them.
+            self.topology = replace(
+                self.topology,
+                replicas=max(self.topology.replicas, min(len(nats_servers(self.nats_url)), 3)),
+            )
         if not self.nats_url:
             if self.nats_port and not port_is_free(self.nats_port):
                 raise StackError(
                     f"port {self.nats_port} is in use (another `toolgate up`, or a NATS "
                     "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
                 )
-            self.nats = EmbeddedNats(
-                self.data_dir / "nats",
-                port=self.nats_port,
-                config_file=self.creds.auth_config if self.creds else None,
-            ).start()
+            auth_config = self.creds.auth_config if self.creds else None
+            if self.nats_cluster > 1:
+                self.topology = replace(self.topology, replicas=min(self.nats_cluster, 3))
+                ports = [self.nats_port + i for i in range(self.nats_cluster)]
+                self.cluster = NatsCluster(
+                    self.data_dir / "nats",
+                    self.nats_cluster,
+                    config_file=auth_config,
+                    ports=ports if self.nats_port else None,
+                ).start()
+            else:
+                self.nats = EmbeddedNats(
+                    self.data_dir / "nats", port=self.nats_port, config_file=auth_config
+                ).start()
         asyncio.run(self.apply_topology())
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
@@ -252,7 +273,9 @@ class Stack:
         }
         try:
             # Reachable at all, within the deadline? (nats-py alone may wait far longer.)
-            probe = await asyncio.wait_for(nats.connect(self.url, **options), connect_timeout)
+            probe = await asyncio.wait_for(
+                nats.connect(nats_servers(self.url), **options), connect_timeout
+            )
             await probe.close()
             await apply_topology(self.url, self.topology, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
@@ -342,6 +365,8 @@ class Stack:
             self.clickhouse.stop()
         if self.nats is not None:
             self.nats.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
