@@ -54,6 +54,9 @@ class ErrorCode:
     RATE_LIMITED: Final = "RATE_LIMITED"
     QUOTA_EXCEEDED: Final = "QUOTA_EXCEEDED"
     OUTPUT_SCHEMA_VIOLATION: Final = "OUTPUT_SCHEMA_VIOLATION"
+    # An upstream MCP tool now serves another definition than the one an operator
+    # imported and reviewed (its hash is pinned in the registry): refused until re-imported.
+    UPSTREAM_CHANGED: Final = "UPSTREAM_CHANGED"
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -105,6 +108,17 @@ class ToolError(msgspec.Struct, frozen=True):
     details: list[ErrorDetail] = []
 
 
+class Provenance(msgspec.Struct, frozen=True):
+    """Where a result's content came from when it is not toolgate's own code: an upstream
+    MCP server's tool. Such content is untrusted: a platform treats it as data, never as
+    instructions to its model."""
+
+    source: Literal["mcp"]
+    server: str  # the upstream's URL, as the registry names it
+    tool: str  # the upstream tool's own name
+    trust: Literal["untrusted"] = "untrusted"
+
+
 class ToolResult(msgspec.Struct, frozen=True):
     """The one final observation of a call, stored once on
     `toolgate.results.<tenant>.<agent>.<call_id>`."""
@@ -114,6 +128,8 @@ class ToolResult(msgspec.Struct, frozen=True):
     status: Status
     data: Any = None
     error: ToolError | None = None
+    # Only on results of an upstream (MCP) tool; absent from the JSON otherwise.
+    provenance: Provenance | msgspec.UnsetType = msgspec.UNSET
 
 
 class PendingNotice(msgspec.Struct, frozen=True):
@@ -123,6 +139,8 @@ class PendingNotice(msgspec.Struct, frozen=True):
     status: Literal["approval_pending"] = "approval_pending"
     message: str = ""
     expires_at: str | None = None
+    # SHA-256 of the canonical arguments the approvers see and vote on (as validated).
+    arguments_sha256: str | None = None
 
 
 def is_valid_call_id(call_id: object) -> bool:

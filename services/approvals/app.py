@@ -32,6 +32,7 @@ from datetime import datetime
 import msgspec
 from faststream import FastStream
 from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice
@@ -128,6 +129,7 @@ class ApprovalsService:
                     message=f"waiting for {state.required_approvals} human approval(s) "
                     f"of this {state.risk}-risk call",
                     expires_at=state.expires_at.isoformat(),
+                    arguments_sha256=state.arguments_sha256,
                 ),
                 state.call.principal,
                 message_id=pending_notice_id(state.key),
@@ -322,21 +324,21 @@ def build_app(
     source = subjects.event_filter(ApprovalRequested)
 
     @bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, SERVICE)
-    async def on_requested(msg: NatsMessage) -> None:
+    async def on_requested(msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
 
         async def work() -> None:
-            event = decode_event(msg.body)
+            event = decode_event(msg.data)
             if not isinstance(event, ApprovalRequested):
                 raise TypeError(f"expected ApprovalRequested, got {type(event).__name__}")
             try:
                 await service.on_requested(event)
             except InvalidIdentity as exc:  # no retry can mend it: dead-letter it now
                 log.error("approval request %s refused: %s", event.event_id, exc)
-                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         await bus.settle(msg, delivery, work, give_up)
 
@@ -376,4 +378,5 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    bus.run_consumers(app, broker)
     return app

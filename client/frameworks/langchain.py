@@ -1,0 +1,158 @@
+"""LangChain 1.x: gateway-backed tools, and a tool-call middleware for agents' own tools.
+
+`GatewayToolkit(session).get_tools()` lists the tools this agent may call (its
+creds say which agent it is; the registry's `allowed_agents` say which tools),
+each with the registry's description and input schema. Running one publishes
+a `ToolCall` and turns the `ToolResult` into the `ToolMessage`: the data as
+content when ok; an error message (status "error") the model can read and
+correct otherwise; "waiting for approval" with the call_id when a human must
+decide first. Nothing runs in the agent's process: the schema is the
+gateway's to check (so `limit: 50` comes back as `invalid_arguments` the model
+reads, not as a local validation exception).
+
+`GatewayToolMiddleware(session)` is for agents that bring their own tools
+(`create_agent(model, tools=[...], middleware=[...])`): every tool call the
+model makes goes to the gateway under the tool's name, and the gateway's
+answer is the tool message. The agent's own tool function never runs: a tool
+the gateway does not know or does not allow ends as an error message, and
+one it allows runs as the registry's implementation, under policy.
+
+    pip install 'toolgate[langchain]'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from langchain.agents.middleware import AgentMiddleware
+from langchain.agents.middleware.types import ToolCallRequest
+from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, BaseToolkit
+from langgraph.types import Command
+from pydantic import ConfigDict
+
+from toolgate.contracts.calls import ToolResult
+from toolgate.contracts.registry import ToolSpec
+
+from .core import ApprovalRequest, Observation
+from .session import GatewaySession
+
+__all__ = ["GatewayTool", "GatewayToolMiddleware", "GatewayToolkit", "tool_message"]
+
+
+def thread_of(config: RunnableConfig | None) -> str | None:
+    """The conversation a tool call belongs to (LangGraph's thread_id), when there is one."""
+    configurable = (config or {}).get("configurable") or {}
+    thread = configurable.get("thread_id")
+    return str(thread) if thread is not None else None
+
+
+def artifact_of(outcome: ToolResult | ApprovalRequest) -> dict[str, Any]:
+    """What rides along the message for the platform (not shown to the model)."""
+    if isinstance(outcome, ApprovalRequest):
+        return {"approval": outcome.as_dict()}
+    return {"result": msgspec.to_builtins(outcome)}
+
+
+def tool_message(
+    seen: Observation, outcome: ToolResult | ApprovalRequest, tool_call_id: str, name: str
+) -> ToolMessage:
+    return ToolMessage(
+        content=seen.text,
+        tool_call_id=tool_call_id,
+        name=name,
+        status="error" if seen.is_error else "success",
+        artifact=artifact_of(outcome),
+    )
+
+
+class GatewayTool(BaseTool):
+    """One registry tool; calling it asks the gateway (nothing runs here)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    session: Any  # GatewaySession (Any: pydantic need not know the class)
+
+    @classmethod
+    def of(cls, spec: ToolSpec, session: GatewaySession) -> GatewayTool:
+        return cls(
+            name=spec.name,
+            description=spec.description.strip(),
+            args_schema=spec.input_schema,  # a JSON Schema: passed through, checked by the gateway
+            session=session,
+        )
+
+    def _to_args_and_kwargs(
+        self, tool_input: str | dict[str, Any], tool_call_id: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # The arguments go to the gateway whole, with the model's tool call id (BaseTool
+        # would spread them as keyword arguments and drop the id).
+        parsed = self._parse_input(tool_input, tool_call_id)
+        if not isinstance(parsed, dict):
+            raise ValueError(f"{self.name}: arguments must be a JSON object")
+        return (), {"arguments": dict(parsed), "tool_call_id": tool_call_id}
+
+    async def _arun(
+        self, arguments: dict[str, Any], tool_call_id: str | None, config: RunnableConfig
+    ) -> Any:
+        seen, outcome = await self.session.observe(
+            self.name, arguments, tool_call_id, thread_of(config)
+        )
+        if tool_call_id is None:  # invoked with bare arguments: text, like any tool
+            return seen.text
+        return tool_message(seen, outcome, tool_call_id, self.name)
+
+    def _run(
+        self, arguments: dict[str, Any], tool_call_id: str | None, config: RunnableConfig
+    ) -> Any:
+        return self.session.run_sync(self._arun(arguments, tool_call_id, config))
+
+
+class GatewayToolkit(BaseToolkit):
+    """The tools this agent may call, as LangChain tools backed by the gateway."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    session: Any  # GatewaySession
+
+    def get_tools(self) -> list[BaseTool]:
+        return [GatewayTool.of(spec, self.session) for spec in self.session.tools()]
+
+
+class GatewayToolMiddleware(AgentMiddleware):
+    """Send every tool call of a `create_agent` agent through the gateway; run none locally."""
+
+    def __init__(self, session: GatewaySession) -> None:
+        super().__init__()
+        self.session = session
+
+    async def _answer(self, request: ToolCallRequest) -> ToolMessage:
+        call = request.tool_call
+        name, call_id = call["name"], call.get("id") or ""
+        arguments = call.get("args")
+        config = getattr(request.runtime, "config", None)
+        if not isinstance(arguments, dict):  # LangChain parses them; never trust it blindly
+            return ToolMessage(
+                content=f"ERROR invalid_arguments from tool {name}: arguments must be a JSON "
+                "object. The tool did not run.",
+                tool_call_id=call_id,
+                name=name,
+                status="error",
+            )
+        seen, outcome = await self.session.observe(name, arguments, call_id, thread_of(config))
+        return tool_message(seen, outcome, call_id, name)
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        return await self._answer(request)  # handler (the local tool) is never called
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        return self.session.run_sync(self._answer(request))
