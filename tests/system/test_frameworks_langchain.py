@@ -1,0 +1,263 @@
+"""LangChain 1.x agents whose tool calls go through a real gateway (every service a process).
+
+A scripted chat model (LangChain's own fake) drives `create_agent`; the tools
+are the gateway's (`GatewayToolkit`), or the agent's own behind
+`GatewayToolMiddleware`. What each test proves is read from the gateway's
+events or the test tool's run log, not only from the text the agent got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.tools import tool
+
+from tests.harness import Gateway, count_types, events_of
+from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+from tests.tools.faulty import runs_of
+from toolgate.client.frameworks.langchain import GatewayToolkit, GatewayToolMiddleware
+from toolgate.client.frameworks.session import GatewaySession
+from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.registry import load_registry
+
+pytestmark = pytest.mark.system
+
+SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
+
+
+async def open_session(gateway: Gateway, agent: str = "researcher") -> GatewaySession:
+    return await GatewaySession.connect(
+        gateway.url,
+        await gateway.agent_creds("acme", agent),
+        user="u-alice",
+        session="s-1",
+        task_id="task_c04",
+        registry=load_registry(gateway.registry_dir),
+    )
+
+
+@pytest.fixture
+async def session(shared_gateway: Gateway) -> AsyncIterator[GatewaySession]:
+    async with await open_session(shared_gateway) as made:
+        yield made
+
+
+def tool_messages(state: dict[str, Any]) -> list[ToolMessage]:
+    return [m for m in state["messages"] if isinstance(m, ToolMessage)]
+
+
+def call_id_of(message: ToolMessage) -> str:
+    return str(message.artifact["result"]["call_id"])
+
+
+async def ran(gateway: Gateway, call_id: str) -> int:
+    """How many times the gateway started the call (events, deduplicated by id)."""
+    return count_types(events_of(await gateway.events(), call_id))["ExecutionStarted"]
+
+
+async def test_toolkit_lists_the_tools_this_agent_may_call_with_their_contracts(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    tools = {t.name: t for t in GatewayToolkit(session=session).get_tools()}
+    registry = load_registry(shared_gateway.registry_dir)
+    assert set(tools) == {spec.name for spec in registry.visible_to("researcher")}
+    assert "save_evidence" in tools
+    search = registry.get("search_sources")
+    assert search is not None
+    assert tools["search_sources"].args_schema == search.input_schema
+    assert tools["search_sources"].description == search.description.strip()
+    async with await open_session(shared_gateway, "browser-bot") as bot:
+        listed = {t.name for t in GatewayToolkit(session=bot).get_tools()}
+    assert "save_evidence" not in listed and "search_sources" in listed
+
+
+async def test_seed_search_fetch_save_through_a_langchain_agent(
+    shared_gateway: Gateway, session: GatewaySession, document_server: str
+) -> None:
+    url = f"{document_server}/sessions"
+    model = ScriptedChat(
+        responses=[
+            calls(tool_call("search_sources", SEARCH, "call_1")),
+            calls(tool_call("fetch_document", {"url": url}, "call_2")),
+            calls(
+                tool_call(
+                    "save_evidence",
+                    {
+                        "task_id": "task_c04",
+                        "claim": "Sessions store conversation state.",
+                        "source_url": url,
+                    },
+                    "call_3",
+                )
+            ),
+            AIMessage(content="saved"),
+        ]
+    )
+    agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
+    state = await agent.ainvoke({"messages": [HumanMessage("research sessions")]})
+    assert "save_evidence" in model.bound
+    search, fetch, save = tool_messages(state)
+    assert [m.status for m in (search, fetch, save)] == ["success"] * 3
+    assert '"source_type":"official"' in str(search.content)
+    assert "A session stores conversation state." in str(fetch.content)
+    assert '"stored":true' in str(save.content)
+    assert state["messages"][-1].content == "saved"
+    for message in (search, fetch, save):
+        assert message.artifact["result"]["status"] == "ok"
+        assert await ran(shared_gateway, call_id_of(message)) == 1
+
+
+def test_limit_50_comes_back_as_an_error_the_model_reads_and_corrects(
+    shared_gateway: Gateway,
+) -> None:
+    """Synchronous agent.invoke, on a session with a loop thread of its own."""
+    session = GatewaySession.connect_in_background(
+        shared_gateway.url,
+        asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
+        user="u-alice",
+        session="s-1",
+        registry=load_registry(shared_gateway.registry_dir),
+    )
+    try:
+        model = ScriptedChat(
+            responses=[
+                calls(tool_call("search_sources", {**SEARCH, "limit": 50}, "call_big")),
+                calls(tool_call("search_sources", SEARCH, "call_fixed")),
+                AIMessage(content="found"),
+            ]
+        )
+        agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
+        state = agent.invoke({"messages": [HumanMessage("search")]})
+    finally:
+        session.close()
+    rejected, fixed = tool_messages(state)
+    assert rejected.status == "error"
+    assert "ERROR invalid_arguments (SCHEMA_VALIDATION_FAILED)" in str(rejected.content)
+    assert "- /limit: 50 is greater than the maximum of 10" in str(rejected.content)
+    assert "Correct the call" in str(rejected.content)
+    # The model was shown the error before it made its corrected call.
+    shown = model.seen[1]
+    assert any(isinstance(m, ToolMessage) and m.status == "error" for m in shown)
+    assert fixed.status == "success"
+    assert asyncio.run(ran(shared_gateway, call_id_of(rejected))) == 0
+    assert asyncio.run(ran(shared_gateway, call_id_of(fixed))) == 1
+
+
+async def test_a_denied_call_is_a_final_error_and_never_runs(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    other_task = {"task_id": "task_someone_else", "claim": "x", "source_url": "https://a.org"}
+    model = ScriptedChat(
+        responses=[calls(tool_call("save_evidence", other_task, "call_x")), AIMessage("no")]
+    )
+    agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
+    (denied,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("save")]}))
+    assert denied.status == "error"
+    assert "ERROR denied (TASK_SCOPE_VIOLATION)" in str(denied.content)
+    assert "Do not call it again" in str(denied.content)
+    assert await ran(shared_gateway, call_id_of(denied)) == 0
+
+
+async def test_a_call_needing_approval_is_a_waiting_message_with_its_call_id(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    model = ScriptedChat(
+        responses=[calls(tool_call("approved_action", {"amount": 3}, "call_a")), AIMessage("ok")]
+    )
+    agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
+    (pending,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("act")]}))
+    request = pending.artifact["approval"]
+    assert pending.status == "success"  # not an error: a state the model must wait out
+    assert str(pending.content).startswith(f"WAITING FOR APPROVAL: call_id {request['call_id']}")
+    assert request["arguments_sha256"] == arguments_sha256({"amount": 3})
+    assert request["expires_at"]
+    assert request["call_id"] not in runs_of(shared_gateway.data_dir, "approved_action")
+
+
+# ------------------------------------------------------------------ the attacker's model
+
+
+async def test_a_model_naming_a_tool_the_agent_may_not_call_gets_denied(
+    shared_gateway: Gateway,
+) -> None:
+    """browser-bot's toolkit has no save_evidence; its own tool of that name, behind the
+    middleware, is denied by the gateway and its body never runs."""
+    local_runs: list[dict[str, Any]] = []
+
+    @tool
+    def save_evidence(task_id: str, claim: str, source_url: str) -> str:
+        """Save evidence (the agent's own copy)."""
+        local_runs.append({"task_id": task_id})
+        return "saved locally"
+
+    args = {"task_id": "task_c04", "claim": "x", "source_url": "https://a.org"}
+    async with await open_session(shared_gateway, "browser-bot") as bot:
+        model = ScriptedChat(
+            responses=[calls(tool_call("save_evidence", args, "call_s")), AIMessage("x")]
+        )
+        agent = create_agent(model, tools=[save_evidence], middleware=[GatewayToolMiddleware(bot)])
+        (denied,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("save")]}))
+    assert denied.status == "error" and "ERROR denied (TOOL_NOT_ALLOWED)" in str(denied.content)
+    assert local_runs == []
+    assert await ran(shared_gateway, call_id_of(denied)) == 0
+
+
+async def test_the_middleware_runs_no_tool_the_gateway_did_not_authorize(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    local_runs: list[str] = []
+
+    @tool
+    def wipe_disk(path: str) -> str:
+        """Delete everything under path."""
+        local_runs.append(path)
+        return "wiped"
+
+    @tool
+    def search_sources(query: str, source_type: str, limit: int) -> str:
+        """Search (the agent's own implementation)."""
+        local_runs.append(query)
+        return "LOCAL RESULT"
+
+    model = ScriptedChat(
+        responses=[
+            calls(
+                tool_call("wipe_disk", {"path": "/"}, "call_w"),
+                tool_call("search_sources", SEARCH, "call_s"),
+            ),
+            AIMessage("done"),
+        ]
+    )
+    agent = create_agent(
+        model, tools=[wipe_disk, search_sources], middleware=[GatewayToolMiddleware(session)]
+    )
+    wiped, searched = tool_messages(await agent.ainvoke({"messages": [HumanMessage("go")]}))
+    assert local_runs == []  # neither local body ran
+    assert wiped.status == "error" and "ERROR unknown_tool (TOOL_NOT_FOUND)" in str(wiped.content)
+    assert searched.status == "success" and "LOCAL RESULT" not in str(searched.content)
+    assert '"items"' in str(searched.content)  # the gateway's search_sources answered
+    assert await ran(shared_gateway, call_id_of(searched)) == 1
+
+
+async def test_a_model_reusing_a_call_id_gets_a_call_of_its_own_not_that_result(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    victim = await session.client.call(
+        "count_runs", {}, user="u-bob", session="s-9", call_id="victim_call_1"
+    )
+    assert victim.ok
+    model = ScriptedChat(
+        responses=[calls(tool_call("count_runs", {}, "victim_call_1")), AIMessage("x")]
+    )
+    agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
+    (mine,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("count")]}))
+    assert mine.status == "success"
+    assert call_id_of(mine) != "victim_call_1"
+    assert "victim_call_1" not in str(mine.content)
+    runs = runs_of(shared_gateway.data_dir, "count_runs")
+    assert runs.count("victim_call_1") == 1 and runs.count(call_id_of(mine)) == 1
