@@ -32,7 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agents import FunctionTool, RunContextWrapper, ToolContext
+from agents import FunctionTool, RunContextWrapper
+from agents.tool_context import ToolContext
 from agents.tool_guardrails import (
     ToolGuardrailFunctionOutput,
     ToolOutputGuardrail,

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +23,13 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 
+from tests.harness import Gateway
 from tests.system.framework_fakes import StateChat
 from toolgate.client.frameworks.langgraph import GatewayToolNode, SQLiteCheckpointer
 from toolgate.client.frameworks.session import GatewaySession
 from toolgate.contracts.registry import load_registry
 
+CLI_DEADLINE_S = 120  # a command that hangs fails its test instead of the session
 APPROVED = {"tool": "approved_action", "args": {"amount": 7}, "call_id": "call_refund"}
 
 
@@ -40,6 +46,54 @@ def build(
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
     return graph.compile(checkpointer=checkpointer)
+
+
+def cli(args: list[str], gateway: Gateway) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "toolgate.cli", *args],
+        cwd=gateway.data_dir.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_DEADLINE_S,
+    )
+
+
+def approve_in_cli(gateway: Gateway, call_key: str) -> None:
+    """What a human does: become an approver of acme, then approve the call as shown."""
+    name = f"carol-{uuid.uuid4().hex[:6]}"
+    made = cli(
+        [
+            "approvals",
+            "add-approver",
+            name,
+            "--tenant",
+            "acme",
+            "--data-dir",
+            str(gateway.data_dir),
+        ],
+        gateway,
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip().splitlines()[-1]
+    approved = cli(
+        [
+            "approvals",
+            "approve",
+            call_key,
+            "--reason",
+            "refund checked",
+            "--token",
+            token,
+            "--nats-url",
+            gateway.url,
+            "--creds",
+            str(gateway.stack.creds_of("approver")),
+        ],
+        gateway,
+    )
+    assert approved.returncode == 0, approved.stdout + approved.stderr
 
 
 def as_json(messages: list[BaseMessage]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from langgraph.types import Command
 
 from tests.harness import REPO_ROOT, Gateway, count_types, events_of
 from tests.system.framework_fakes import StateChat, tool_call
-from tests.system.framework_graph import APPROVED, build
+from tests.system.framework_graph import APPROVED, approve_in_cli, build
 from tests.tools.faulty import runs_of
 from toolgate.client.frameworks.langgraph import APPROVAL_INTERRUPT, SQLiteCheckpointer
 from toolgate.client.frameworks.session import GatewaySession
@@ -39,54 +39,6 @@ from toolgate.services.approvals.client import ApprovalsClient
 pytestmark = pytest.mark.system
 
 DEADLINE_S = 120  # a subprocess that hangs fails the test instead of the session
-
-
-def cli(args: list[str], gateway: Gateway) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "toolgate.cli", *args],
-        cwd=gateway.data_dir.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-    )
-
-
-def approve_in_cli(gateway: Gateway, call_key: str) -> None:
-    """What a human does: become an approver of acme, then approve the call as shown."""
-    name = f"carol-{uuid.uuid4().hex[:6]}"
-    made = cli(
-        [
-            "approvals",
-            "add-approver",
-            name,
-            "--tenant",
-            "acme",
-            "--data-dir",
-            str(gateway.data_dir),
-        ],
-        gateway,
-    )
-    assert made.returncode == 0, made.stderr
-    token = made.stdout.strip().splitlines()[-1]
-    approved = cli(
-        [
-            "approvals",
-            "approve",
-            call_key,
-            "--reason",
-            "refund checked",
-            "--token",
-            token,
-            "--nats-url",
-            gateway.url,
-            "--creds",
-            str(gateway.stack.creds_of("approver")),
-        ],
-        gateway,
-    )
-    assert approved.returncode == 0, approved.stdout + approved.stderr
 
 
 async def open_session(gateway: Gateway) -> GatewaySession:

@@ -1,0 +1,159 @@
+"""OpenAI Agents SDK agents whose function tools are the gateway's, on a real gateway.
+
+The SDK's own `agents.testing.ScriptedModel` plays the model (no network,
+tracing off). Statuses reach the SDK through its hooks: a tool output
+guardrail (errors rejected with the gateway's text, or a tripwire), and
+`needs_approval` (a call waiting for a human interrupts the run; it resumes
+from the serialized run state once a human approved it in the CLI).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from agents import Agent, RunConfig, Runner, ToolOutputGuardrailTripwireTriggered
+from agents.items import ToolCallOutputItem
+from agents.run_state import RunState
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+from tests.harness import Gateway, count_types, events_of
+from tests.system.framework_graph import approve_in_cli
+from tests.tools.faulty import runs_of
+from toolgate.client.frameworks.openai_agents import GatewayOutput, gateway_function_tools
+from toolgate.client.frameworks.session import GatewaySession
+from toolgate.contracts.registry import load_registry
+
+pytestmark = pytest.mark.system
+
+SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
+OFFLINE = RunConfig(tracing_disabled=True)
+
+
+async def open_session(gateway: Gateway, **options: Any) -> GatewaySession:
+    return await GatewaySession.connect(
+        gateway.url,
+        await gateway.agent_creds("acme", "researcher"),
+        user="u-alice",
+        session="s-1",
+        task_id="task_c04",
+        registry=load_registry(gateway.registry_dir),
+        **options,
+    )
+
+
+@pytest.fixture
+async def session(shared_gateway: Gateway) -> AsyncIterator[GatewaySession]:
+    async with await open_session(shared_gateway) as made:
+        yield made
+
+
+def outputs(items: list[Any]) -> list[GatewayOutput]:
+    return [i.output for i in items if isinstance(i, ToolCallOutputItem)]
+
+
+async def ran(gateway: Gateway, call_id: str) -> int:
+    return count_types(events_of(await gateway.events(), call_id))["ExecutionStarted"]
+
+
+async def test_seed_search_fetch_save_as_function_tools(
+    shared_gateway: Gateway, session: GatewaySession, document_server: str
+) -> None:
+    url = f"{document_server}/sessions"
+    save = {"task_id": "task_c04", "claim": "Sessions store state.", "source_url": url}
+    model = ScriptedModel(
+        [
+            [function_call("search_sources", SEARCH, call_id="fc_1")],
+            [function_call("fetch_document", {"url": url}, call_id="fc_2")],
+            [function_call("save_evidence", save, call_id="fc_3")],
+            [assistant_message("saved")],
+        ]
+    )
+    tools = gateway_function_tools(session)
+    assert {t.name for t in tools} == {
+        s.name for s in load_registry(shared_gateway.registry_dir).visible_to("researcher")
+    }
+    agent = Agent(name="researcher", model=model, tools=tools)
+    result = await Runner.run(agent, "research sessions", run_config=OFFLINE)
+    assert result.final_output == "saved"
+    search, fetch, saved = outputs(result.new_items)
+    assert all(o.observation.status == "ok" for o in (search, fetch, saved))
+    assert "A session stores conversation state." in str(fetch)
+    assert json.loads(str(saved))["stored"] is True
+    for output in (search, fetch, saved):
+        assert await ran(shared_gateway, output.observation.call_id) == 1
+    assert all(r.output.behavior["type"] == "allow" for r in result.tool_output_guardrail_results)
+
+
+async def test_limit_50_is_rejected_content_the_model_reads(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    model = ScriptedModel(
+        [
+            [function_call("search_sources", {**SEARCH, "limit": 50}, call_id="fc_big")],
+            [function_call("search_sources", SEARCH, call_id="fc_ok")],
+            [assistant_message("found")],
+        ]
+    )
+    agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
+    result = await Runner.run(agent, "search", run_config=OFFLINE)
+    rejected, allowed = result.tool_output_guardrail_results
+    assert rejected.output.behavior["type"] == "reject_content"
+    assert rejected.output.output_info["status"] == "invalid_arguments"
+    assert rejected.output.output_info["remedy"] == "correct"
+    assert allowed.output.behavior["type"] == "allow"
+    # What the model was sent on its second turn: the gateway's error, pointer and all.
+    second_turn = json.dumps(model.calls[1].input, default=str)
+    assert "/limit: 50 is greater than the maximum of 10" in second_turn
+    assert await ran(shared_gateway, rejected.output.output_info["call_id"]) == 0
+
+
+async def test_a_denied_call_can_halt_the_run(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    other_task = {"task_id": "task_else", "claim": "x", "source_url": "https://a.org"}
+    model = ScriptedModel(
+        [[function_call("save_evidence", other_task, call_id="fc_x")], [assistant_message("x")]]
+    )
+    tools = gateway_function_tools(session, halt_on={"denied"})
+    agent = Agent(name="researcher", model=model, tools=tools)
+    with pytest.raises(ToolOutputGuardrailTripwireTriggered) as tripped:
+        await Runner.run(agent, "save", run_config=OFFLINE)
+    info = tripped.value.output.output_info
+    assert info["status"] == "denied" and info["remedy"] == "final"
+    assert await ran(shared_gateway, info["call_id"]) == 0
+
+
+async def test_a_call_needing_a_human_interrupts_the_run_until_approved_in_the_cli(
+    shared_gateway: Gateway,
+) -> None:
+    conversation = "conv-approval-1"
+    async with await open_session(shared_gateway, namespace=conversation) as first:
+        model = ScriptedModel(
+            [[function_call("approved_action", {"amount": 11}, call_id="fc_a")]]
+        )
+        agent = Agent(name="researcher", model=model, tools=gateway_function_tools(first))
+        paused = await Runner.run(agent, "act", run_config=OFFLINE)
+        (item,) = paused.interruptions
+        assert item.name == "approved_action"
+        saved = paused.to_state().to_json()
+    call_id = first.call_id_for("fc_a", "approved_action", {"amount": 11})
+    assert call_id not in runs_of(shared_gateway.data_dir, "approved_action")
+
+    approve_in_cli(shared_gateway, f"acme.researcher.{call_id}")
+
+    # Later, another session of the same conversation resumes the stored run state.
+    async with await open_session(shared_gateway, namespace=conversation) as later:
+        model = ScriptedModel([[assistant_message("refunded")]])
+        agent = Agent(name="researcher", model=model, tools=gateway_function_tools(later))
+        state = await RunState.from_json(agent, saved)
+        (item,) = state.get_interruptions()
+        state.approve(item)
+        result = await Runner.run(agent, state, run_config=OFFLINE)
+    assert result.final_output == "refunded"
+    (done,) = outputs(result.new_items)
+    assert done.observation.status == "ok" and done.observation.call_id == call_id
+    assert runs_of(shared_gateway.data_dir, "approved_action").count(call_id) == 1
+    assert await ran(shared_gateway, call_id) == 1
