@@ -131,9 +131,7 @@ async def test_a_call_needing_a_human_interrupts_the_run_until_approved_in_the_c
 ) -> None:
     conversation = "conv-approval-1"
     async with await open_session(shared_gateway, namespace=conversation) as first:
-        model = ScriptedModel(
-            [[function_call("approved_action", {"amount": 11}, call_id="fc_a")]]
-        )
+        model = ScriptedModel([[function_call("approved_action", {"amount": 11}, call_id="fc_a")]])
         agent = Agent(name="researcher", model=model, tools=gateway_function_tools(first))
         paused = await Runner.run(agent, "act", run_config=OFFLINE)
         (item,) = paused.interruptions
