@@ -44,6 +44,7 @@ from toolgate.services.audit.connection import (
     Store,
     StoreError,
     env_clickhouse_url,
+    login_url,
     one_line,
 )
 
@@ -150,13 +151,16 @@ def data_dir_of(given: Path | None) -> tuple[Path, str]:
     return env.env_data_dir(), "the default: no --data-dir, no $TOOLGATE_DATA_DIR"
 
 
-def store_of(given: str | None, data_dir: Path | None = None) -> Store:
-    """The audit store an operator command reads: flag, variable, context file, default."""
+def store_of(given: str | None, data_dir: Path | None = None, role: str = "auditor") -> Store:
+    """The audit store an operator command reads: flag, variable, context file, default.
+
+    A URL without a user logs in as `role` when it is the embedded server `toolgate up`
+    recorded (its generated logins, DATA_DIR/clickhouse/logins.json)."""
     if given:
-        return Store(given, "--clickhouse-url", "check the URL")
+        return Store(login_url(given, role, data_dir), "--clickhouse-url", "check the URL")
     if os.environ.get("TOOLGATE_CLICKHOUSE_URL"):
         return Store(
-            os.environ["TOOLGATE_CLICKHOUSE_URL"],
+            login_url(os.environ["TOOLGATE_CLICKHOUSE_URL"], role, data_dir),
             "$TOOLGATE_CLICKHOUSE_URL",
             "check the variable, or give --clickhouse-url",
         )
@@ -164,7 +168,7 @@ def store_of(given: str | None, data_dir: Path | None = None) -> Store:
     recorded = env.read_context(data_dir).get("clickhouse_url")
     if isinstance(recorded, str) and recorded:
         return Store(
-            recorded,
+            login_url(recorded, role, data_dir),
             f"{context}, written by `toolgate up`",
             "is that `toolgate up` still running? Otherwise give --clickhouse-url "
             "or $TOOLGATE_CLICKHOUSE_URL",
@@ -436,7 +440,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     from toolgate.services.audit.schema import SchemaError, apply_schema
 
     _check_timeout(args)
-    store = store_of(args.clickhouse_url)
+    store = store_of(args.clickhouse_url, role="admin")
     target: ClickHouseTarget = store.target()
     store.probe(target, args.connect_timeout)  # the database may not exist yet: no open()
     try:

@@ -68,6 +68,23 @@ def env_clickhouse_url_or_none() -> str | None:
     return os.environ.get("TOOLGATE_CLICKHOUSE_URL") or read_context().get("clickhouse_url") or None
 
 
+def clickhouse_login(role: str, data_dir: Path | None = None) -> tuple[str, str] | None:
+    """(user, password) of a ClickHouse role (`writer`, `auditor`, `admin`) from the
+    logins file `toolgate up` generated for its embedded server (DATA_DIR/clickhouse/
+    logins.json, mode 0600, named in the context), else None."""
+    recorded = read_context(data_dir).get("clickhouse_logins")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    try:
+        entry = json.loads(Path(recorded).read_text()).get(role)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(entry, dict):
+        return None
+    user, password = entry.get("user"), entry.get("password")
+    return (user, password) if isinstance(user, str) and isinstance(password, str) else None
+
+
 def env_registry_dirs() -> list[Path]:
     raw = os.environ.get("TOOLGATE_REGISTRY", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]

@@ -58,6 +58,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from toolgate.stack import clickhouse_access
+
 __all__ = [
     "EmbeddedClickHouse",
     "ClickHouseServerError",
@@ -69,6 +71,7 @@ __all__ = [
 log = logging.getLogger("toolgate.clickhouse_server")
 
 LOG_NAME = "clickhouse.log"
+DEFAULT_DATABASE = "toolgate"
 RUN_DIR_NAME = "run"
 DATA_DIR_NAME = "data"
 
@@ -95,9 +98,17 @@ CONFIG_TEMPLATE = """<clickhouse>
     <listen_host>{host}</listen_host>
     <http_port>{port}</http_port>
     <keep_alive_timeout>{keep_alive}</keep_alive_timeout>
-    <shutdown_wait_unfinished>{shutdown_wait}</shutdown_wait_unfinished>
+    <shutdown_wait_unfinished>{shutdown_wait}</shutdown_wait_unfinished>{access}
 </clickhouse>
 """
+# Users, passwords and grants (stack/clickhouse_access.py): honoured only from a users.xml
+# named here, never from <users> in config.xml.
+ACCESS_TEMPLATE = """
+    <user_directories>
+        <users_xml><path>{users}</path></users_xml>
+        <local_directory><path>{local}/</path></local_directory>
+    </user_directories>"""
+USERS_FILE = "users.xml"
 
 
 class ClickHouseServerError(RuntimeError):
@@ -133,8 +144,13 @@ def ping(host: str, port: int, timeout: float = 1.0) -> bool:
         return False
 
 
-def _post(host: str, port: int, sql: str, timeout: float) -> bytes:
+def _post(
+    host: str, port: int, sql: str, timeout: float, login: tuple[str, str] | None = None
+) -> bytes:
     req = urllib.request.Request(f"{_http_base(host, port)}/", data=sql.encode())
+    if login is not None:
+        req.add_header("X-ClickHouse-User", login[0])
+        req.add_header("X-ClickHouse-Key", login[1])
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.read()
 
@@ -184,8 +200,16 @@ def serve(
     log_path = data_dir / LOG_NAME
     run_dir.mkdir(parents=True, exist_ok=True)
     db_dir.mkdir(parents=True, exist_ok=True)
+    users = run_dir / USERS_FILE
+    access = (
+        ACCESS_TEMPLATE.format(users=users, local=data_dir / "access") if users.exists() else ""
+    )
     config = CONFIG_TEMPLATE.format(
-        host=host, port=int(port), keep_alive=KEEP_ALIVE_TIMEOUT, shutdown_wait=SHUTDOWN_WAIT
+        host=host,
+        port=int(port),
+        keep_alive=KEEP_ALIVE_TIMEOUT,
+        shutdown_wait=SHUTDOWN_WAIT,
+        access=access,
     )
     (run_dir / "config.xml").write_text(config)
 
@@ -277,6 +301,9 @@ def serve(
         return 1
 
     log.info("stopping (%s)", ", ".join(stop_reason) or "requested")
+    # Locked down, only the admin may end the keep-alive query (it runs as `default`).
+    admin = clickhouse_access.read_logins(data_dir / clickhouse_access.LOGINS_FILE).get("admin")
+    stopper = (clickhouse_access.user_of("admin"), admin) if admin else None
     # The engine itself force-exits SHUTDOWN_WAIT s after the listener stops if
     # connections remain; give it that plus a margin before we give up.
     grace = SHUTDOWN_WAIT + 10
@@ -287,7 +314,7 @@ def serve(
             try:
                 # KILL ... SYNC answers one row per killed query, nothing if none matched
                 # (e.g. a signal that came before the hold query started): retry then.
-                killed = bool(_post(host, port, KILL_SQL, timeout=5).strip())
+                killed = bool(_post(host, port, KILL_SQL, timeout=5, login=stopper).strip())
             except (OSError, urllib.error.URLError) as e:
                 log.info("kill not delivered yet: %s", e)
         engine.join(timeout=0.2 if killed else 0.5)
@@ -321,17 +348,38 @@ def main(argv: list[str] | None = None) -> int:
 class EmbeddedClickHouse:
     """Runs the server above as a child process (own session, so Ctrl-C is ours to handle)."""
 
-    def __init__(self, data_dir: Path | str, port: int = 0, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        database: str = DEFAULT_DATABASE,
+    ):
         self.data_dir = Path(data_dir).resolve()
         self.host = host
         self.port = port or free_port(host)
+        # The writer's and the auditor's grants name this database; the admin's cover all.
+        self.database = database
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self.restarts = 0
 
     # -- properties
     @property
     def url(self) -> str:
+        """The server, no login (a client without one is `default`, who may do nothing)."""
         return _http_base(self.host, self.port)
+
+    @property
+    def logins_path(self) -> Path:
+        return self.data_dir / clickhouse_access.LOGINS_FILE
+
+    def url_for(self, role: str, database: str | None = None) -> str:
+        """The URL that logs in as `role` (admin, writer, auditor) on `database`."""
+        password = clickhouse_access.ensure_logins(self.data_dir)[role]
+        return clickhouse_access.with_login(
+            f"{self.url}/{database or self.database}", role, password
+        )
 
     @property
     def log_path(self) -> Path:
@@ -362,6 +410,7 @@ class EmbeddedClickHouse:
         if not _port_is_free(self.host, self.port):
             raise ClickHouseServerError(f"port {self.host}:{self.port} is already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.write_access()
         cmd = [
             sys.executable,
             "-m",
@@ -405,6 +454,29 @@ class EmbeddedClickHouse:
             time.sleep(0.05)
         self.startup_seconds = time.monotonic() - t0
         return self
+
+    def write_access(self) -> None:
+        """users.xml (0600) from the kept passwords: written afresh at every start."""
+        logins = clickhouse_access.ensure_logins(self.data_dir)
+        run_dir = self.data_dir / RUN_DIR_NAME
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / USERS_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(clickhouse_access.users_xml(logins, self.database))
+        os.chmod(path, 0o600)
+
+    def ensure_running(self, timeout: float = 60) -> bool:
+        """Start the server again if it died (SIGKILL, OOM, its keep-alive query killed).
+        True if it had to be restarted."""
+        if self.running():
+            return False
+        rc = self.proc.returncode if self.proc is not None else None
+        self.proc = None
+        log.warning("embedded ClickHouse exited with %s; restarting it", rc)
+        self.restarts += 1
+        self.start(timeout)
+        return True
 
     def _signal(self, sig: int) -> None:
         if self.proc is None:

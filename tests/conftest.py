@@ -30,8 +30,9 @@ def clickhouse_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embe
 
 @pytest.fixture
 def clickhouse_url(clickhouse_server: EmbeddedClickHouse) -> str:
-    """A database of the test's own on the module's server (created by the schema)."""
-    return f"{clickhouse_server.url}/t_{uuid.uuid4().hex[:12]}"
+    """A database of the test's own on the module's server (created by the schema), as the
+    server's admin (the embedded server's `default` may do nothing)."""
+    return clickhouse_server.url_for("admin", f"t_{uuid.uuid4().hex[:12]}")
 
 
 DOCUMENT = (

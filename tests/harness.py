@@ -159,11 +159,18 @@ class Gateway:
         """A GatewayClient logged in as agent `agent` of tenant `tenant` (its own account)."""
         return await GatewayClient.connect(self.url, await self.agent_creds(tenant, agent))
 
-    def audit_client(self):  # type: ignore[no-untyped-def]
-        """A clickhouse-connect client on the gateway's audit database."""
+    def audit_url(self, role: str = "auditor") -> str:
+        """The audit database's URL, logging in as `role` (admin, writer, auditor)."""
+        from toolgate.services.audit.connection import login_url
+
+        return login_url(self.stack.audit_url, role, self.data_dir)
+
+    def audit_client(self, role: str = "admin"):  # type: ignore[no-untyped-def]
+        """A clickhouse-connect client on the gateway's audit database (the admin's: tests
+        tamper with it)."""
         from toolgate.services.audit.connection import connect
 
-        return connect(self.stack.audit_url)
+        return connect(self.audit_url(role))
 
     def all_alive(self) -> bool:
         return all(s.alive() for s in self.stack.services if s.name in SERVICES)

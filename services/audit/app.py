@@ -27,7 +27,7 @@ from toolgate.contracts import subjects
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import ensure_seal_key
-from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.pull import PullBatches, ensure_consumer
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
@@ -83,7 +83,7 @@ def build_sink(
     builder = RowBuilder(settings.load_registry(), settings.max_call_bytes)
     worker = bus.worker_name(SERVICE)
     writer = AuditWriter(
-        ClickHouseTarget.from_url(clickhouse_url),
+        ClickHouseTarget.from_url(login_url(clickhouse_url, "writer", settings.data_dir)),
         builder,
         ensure_seal_key(settings.keys_dir),
         worker,

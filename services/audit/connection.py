@@ -11,8 +11,9 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 if TYPE_CHECKING:  # clickhouse_connect is imported only when a client is made: the CLI stays fast
     from clickhouse_connect.driver.client import Client
@@ -26,6 +27,25 @@ def env_clickhouse_url() -> str:
     from toolgate.runtime.settings import env_clickhouse_url_or_none
 
     return env_clickhouse_url_or_none() or DEFAULT_CLICKHOUSE_URL
+
+
+def login_url(url: str, role: str, data_dir: Path | None = None) -> str:
+    """`url` logging in as `role` (writer, auditor, admin) with the password `toolgate up`
+    generated, when the URL names no user and is the server that `toolgate up` recorded
+    (a password is never sent anywhere else); else `url` as it is."""
+    from toolgate.runtime.settings import clickhouse_login, read_context
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    recorded = read_context(data_dir).get("clickhouse_url")
+    if parts.username or not isinstance(recorded, str):
+        return url
+    if urlsplit(recorded).netloc != parts.netloc:
+        return url
+    login = clickhouse_login(role, data_dir)
+    if login is None:
+        return url
+    user, password = (quote(x, safe="") for x in login)
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.netloc}"))
 
 
 @dataclass(frozen=True)

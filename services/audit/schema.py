@@ -22,6 +22,7 @@ from clickhouse_connect.driver.client import Client
 from toolgate.services.audit.connection import ClickHouseTarget
 
 DDL_SETS = ("single", "cluster")
+ACCESS_DENIED = 497
 _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
 
@@ -77,6 +78,27 @@ def load_ddl(ddl_set: str = "single") -> list[DdlFile]:
 def applied_versions(client: Client) -> dict[int, str]:
     rows = client.query("SELECT DISTINCT version, checksum FROM schema_versions").result_rows
     return {int(version): checksum for version, checksum in rows}
+
+
+def ensure_schema(target: ClickHouseTarget, ddl_set: str = "single") -> None:
+    """The sink's start-up: nothing to do if every DDL file is applied; else apply them,
+    which only a user with DDL grants can (the embedded server's admin; `toolgate up`
+    applies the schema before it starts the sink, whose writer login may not)."""
+    try:
+        done = applied_versions(target.client())
+    except Exception:  # no database or table yet, or not readable: try to create them
+        done = {}
+    if all(done.get(f.version) == f.checksum for f in load_ddl(ddl_set)):
+        return
+    try:
+        apply_schema(target, ddl_set)
+    except Exception as exc:
+        if getattr(exc, "code", None) == ACCESS_DENIED:
+            raise SchemaError(
+                f"the audit schema is not applied and {target.username!r} may not apply it: "
+                "run `toolgate audit schema` as the admin"
+            ) from None
+        raise
 
 
 def apply_schema(target: ClickHouseTarget, ddl_set: str = "single", cluster: str = "") -> list[int]:

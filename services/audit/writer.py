@@ -36,7 +36,7 @@ from toolgate.services.audit.chain import (
 )
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.rows import INSERT_COLUMNS, RowBuilder, StoredMessage
-from toolgate.services.audit.schema import apply_schema
+from toolgate.services.audit.schema import ensure_schema
 
 log = logging.getLogger("toolgate.audit")
 
@@ -118,7 +118,7 @@ class AuditWriter:
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         """Apply the schema and sign the chain's genesis, waiting for ClickHouse if needed."""
-        await self._until_done("apply schema", lambda: apply_schema(self.target))
+        await self._until_done("check schema", lambda: ensure_schema(self.target))
         await self._until_done("seal genesis", lambda: self._seal(final=False))
         log.info(
             "audit sink %s writing chain %s to %s",

@@ -36,7 +36,7 @@ SINCE = "2026-03-01T08:00:00Z"  # before every recorded story
 @pytest.fixture(scope="module")
 def recorded(clickhouse_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     """A store with the auditor-query stories in it, and the seal key that signed them."""
-    url = f"{clickhouse_server.url}/failures"
+    url = clickhouse_server.url_for("admin", "failures")
     keys = tmp_path_factory.mktemp("keys")
     asyncio.run(record(url, keys, stories()))
     return url, keys
@@ -158,18 +158,18 @@ def test_a_url_that_is_not_one(capsys, nowhere):
 
 
 def test_no_such_database(capsys, nowhere, clickhouse_server, recorded):
-    url = f"{clickhouse_server.url}/no_such_db"
+    url = clickhouse_server.url_for("admin", "no_such_db")
     for command, argv in every_command(url, recorded[1]):
         code, _, err = run(capsys, *argv)
         assert code == 2, (command, err)
         assert (
-            f"ClickHouse at {url} (from --clickhouse-url) has no database 'no_such_db'"
-            in one_line(err, command)
+            f"ClickHouse at {clickhouse_server.url}/no_such_db (from --clickhouse-url) has no "
+            "database 'no_such_db'" in one_line(err, command)
         )
 
 
 def test_a_database_without_the_audit_tables(capsys, nowhere, clickhouse_server, recorded):
-    url = f"{clickhouse_server.url}/bare"
+    url = clickhouse_server.url_for("admin", "bare")
     ClickHouseTarget.from_url(url).client(with_database=False).command(
         "CREATE DATABASE IF NOT EXISTS bare"
     )
@@ -179,7 +179,8 @@ def test_a_database_without_the_audit_tables(capsys, nowhere, clickhouse_server,
         code, _, err = run(capsys, *argv)
         assert code == 2, (command, err)
         line = one_line(err, command)
-        assert f"no audit tables in {url}" in line and "`toolgate audit schema`" in line
+        shown = f"{clickhouse_server.url}/bare"  # the password is never shown
+        assert f"no audit tables in {shown}" in line and "`toolgate audit schema`" in line
 
 
 def test_a_user_clickhouse_does_not_know(capsys, nowhere, clickhouse_server):

@@ -258,7 +258,7 @@ def documented_queries() -> dict[str, str]:
 def recorded(clickhouse_server, tmp_path_factory):  # type: ignore[no-untyped-def]
     import asyncio
 
-    url = f"{clickhouse_server.url}/queries"
+    url = clickhouse_server.url_for("admin", "queries")
     asyncio.run(record(url, tmp_path_factory.mktemp("keys"), stories()))
     return ClickHouseTarget.from_url(url).client()
 
@@ -323,7 +323,7 @@ def test_high_risk_without_approval_is_zero_until_one_happens(
     assert rows_of(recorded, by_title("High-risk")) == []
     import asyncio
 
-    url = f"{clickhouse_server.url}/planted"
+    url = clickhouse_server.url_for("admin", "planted")
     ok = {"payload": "fine"}
     s = Story("wire-unapproved", "wire_money", WRITER, T0)
     planted = s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok))

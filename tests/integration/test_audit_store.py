@@ -147,7 +147,9 @@ async def test_an_existing_store_is_upgraded_to_calls_by_identity(
 
 
 def test_cluster_ddl_parses(clickhouse_server):
-    client = ClickHouseTarget.from_url(clickhouse_server.url).client(with_database=False)
+    client = ClickHouseTarget.from_url(clickhouse_server.url_for("admin")).client(
+        with_database=False
+    )
     for ddl in load_ddl("cluster"):
         for statement in ddl.statements("toolgate_cluster"):
             formatted = client.query(
@@ -200,7 +202,8 @@ async def test_the_writer_waits_for_clickhouse_and_keeps_the_batch_in_progress(
 
     monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
     port = free_port()
-    url = f"http://127.0.0.1:{port}/audit"
+    # Its logins exist before the server does (generated into its data dir).
+    url = EmbeddedClickHouse(tmp_path / "late", port=port).url_for("admin", "audit")
     writer = writer_for(url, tmp_path)
     writer.heartbeat_s = 0.2
     starting = asyncio.create_task(writer.start())

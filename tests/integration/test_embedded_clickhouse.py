@@ -18,12 +18,32 @@ from toolgate.stack.clickhouse_server import (
 )
 
 
+def _admin(ch: EmbeddedClickHouse) -> tuple[str, str]:
+    parts = urllib.parse.urlsplit(ch.url_for("admin"))
+    return urllib.parse.unquote(parts.username or ""), urllib.parse.unquote(parts.password or "")
+
+
+# clickhouse-local's `default` database also reads files, which no toolgate user may.
+DATABASE = "engine_checks"
+
+
 def _client(ch: EmbeddedClickHouse):
-    return clickhouse_connect.get_client(host=ch.host, port=ch.port)
+    user, password = _admin(ch)
+    clickhouse_connect.get_client(
+        host=ch.host, port=ch.port, username=user, password=password
+    ).command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    return clickhouse_connect.get_client(
+        host=ch.host, port=ch.port, username=user, password=password, database=DATABASE
+    )
 
 
 def _http(ch: EmbeddedClickHouse, sql: str) -> bytes:
-    with urllib.request.urlopen(f"{ch.url}/?query={urllib.parse.quote(sql)}", timeout=30) as r:
+    user, password = _admin(ch)
+    req = urllib.request.Request(
+        f"{ch.url}/?database={DATABASE}&query={urllib.parse.quote(sql)}",
+        headers={"X-ClickHouse-User": user, "X-ClickHouse-Key": password},
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
         return r.read()
 
 
@@ -72,7 +92,12 @@ def test_raw_http(server):
         assert r.read() == b"Ok.\n"
     # Plain HTTP without a FORMAT gets TabSeparated, as from any ClickHouse server.
     assert _http(server, "SELECT 1") == b"1\n"
-    req = urllib.request.Request(f"{server.url}/", data=b"SELECT 40 + 2 FORMAT JSONEachRow")
+    user, password = _admin(server)
+    req = urllib.request.Request(
+        f"{server.url}/",
+        data=b"SELECT 40 + 2 FORMAT JSONEachRow",
+        headers={"X-ClickHouse-User": user, "X-ClickHouse-Key": password},
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         assert json.loads(r.read()) == {"plus(40, 2)": 42}
 

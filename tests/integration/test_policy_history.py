@@ -97,7 +97,7 @@ async def record(url: str, keys: Path) -> None:
 
 @pytest.fixture(scope="module")
 def history_url(clickhouse_server, tmp_path_factory):  # type: ignore[no-untyped-def]
-    url = f"{clickhouse_server.url}/policy_history"
+    url = clickhouse_server.url_for("admin", "policy_history")
     asyncio.run(record(url, tmp_path_factory.mktemp("keys")))
     return url
 

@@ -158,7 +158,7 @@ def test_every_event_reaches_clickhouse_exactly_once(audited, story):
 
 
 def test_trace_prints_the_story_in_order(audited, story, capsys):
-    assert audit_cli("trace", story["search"], "--clickhouse-url", audited.stack.audit_url) == 0
+    assert audit_cli("trace", story["search"], "--clickhouse-url", audited.audit_url()) == 0
     out = capsys.readouterr().out
     order = [
         "requested search_sources by agent researcher",
@@ -171,12 +171,12 @@ def test_trace_prints_the_story_in_order(audited, story, capsys):
     ]
     positions = [out.index(phrase) for phrase in order]
     assert positions == sorted(positions), out
-    audit_cli("trace", story["broken"], "--clickhouse-url", audited.stack.audit_url)
+    audit_cli("trace", story["broken"], "--clickhouse-url", audited.audit_url())
     assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in capsys.readouterr().out
 
 
 def test_sql_is_read_only_and_formats(audited, story, capsys):
-    url = audited.stack.audit_url
+    url = audited.audit_url()
     sql = f"SELECT call_id, final_status FROM calls WHERE call_id = '{story['invalid']}'"
     assert audit_cli("sql", sql, "--format", "json", "--clickhouse-url", url) == 0
     assert json.loads(capsys.readouterr().out) == {
@@ -190,7 +190,7 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
 
 
 def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
-    url = audited.stack.audit_url
+    url = audited.audit_url()
     assert (
         audit_cli("replay", story["search"], *operator_bus(audited), "--clickhouse-url", url) == 0
     )
@@ -244,7 +244,7 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
 
 
 def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys):
-    url = audited.stack.audit_url
+    url = audited.audit_url()
     assert (
         audit_cli(
             "replay",
@@ -278,13 +278,13 @@ def test_replay_defaults_to_what_toolgate_up_recorded(audited, story, capsys, mo
     for name in ("TOOLGATE_NATS_URL", "TOOLGATE_NATS_CREDS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TOOLGATE_DATA_DIR", str(audited.data_dir))
-    assert audit_cli("replay", story["search"], "--clickhouse-url", audited.stack.audit_url) == 0
+    assert audit_cli("replay", story["search"], "--clickhouse-url", audited.audit_url()) == 0
     assert "SAME result" in capsys.readouterr().out
 
 
 def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
     """The same call_id from another agent is another call: traced and replayed apart."""
-    url = audited.stack.audit_url
+    url = audited.audit_url()
     shared = new_call_id()
 
     async def both() -> None:
@@ -322,7 +322,7 @@ def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
 
 def test_verify_finds_the_chains_intact(audited, story, capsys):
     code = audit_cli(
-        "verify", "--data-dir", str(audited.data_dir), "--clickhouse-url", audited.stack.audit_url
+        "verify", "--data-dir", str(audited.data_dir), "--clickhouse-url", audited.audit_url()
     )
     out = capsys.readouterr().out
     assert code == 0 and out.strip().splitlines()[-1].startswith("OK"), out
@@ -363,7 +363,7 @@ def test_replay_shows_progress_when_it_takes_a_while(audited, story, capsys, mon
             "ok",
             *operator_bus(audited),
             "--clickhouse-url",
-            audited.stack.audit_url,
+            audited.audit_url(),
         )
         == 0
     )
@@ -386,7 +386,7 @@ def test_replay_with_no_gateway_is_one_line(audited, story, capsys):
             "--connect-timeout",
             "0.5",
             "--clickhouse-url",
-            audited.stack.audit_url,
+            audited.audit_url(),
         )
         == 3
     )

@@ -1,0 +1,147 @@
+"""Who may do what on the embedded ClickHouse: three users with passwords, `default` bare.
+
+The roles (the same users and grants exist as DDL for an external server in
+infra/clickhouse/access/):
+
+| role | user | may |
+| --- | --- | --- |
+| writer | toolgate_writer | INSERT into event_log and chain_checkpoints, read schema_versions |
+| auditor | toolgate_auditor | SELECT on the audit database |
+| admin | toolgate_admin | DDL on the audit database (create, alter, drop), INSERT, SELECT |
+
+None of them may use a table function (no CREATE TEMPORARY TABLE, no READ ON
+FILE/URL/...), KILL someone else's query or run SYSTEM commands; only the
+admin changes the schema.
+
+What the embedded engine honours (../shared/notes/embedded-clickhouse-auth.md):
+users in a users.xml named by `user_directories` (not `<users>` in config.xml),
+and the in-process session always logs in as a passwordless `default`. So
+`default` keeps a login, limited to loopback, with nothing but SYSTEM LISTEN
+(the server's own listener) and SELECT on system.numbers (what the keep-alive
+query reads): over HTTP it reads no table and no file, writes nothing,
+and can only stop the listener or kill its own keep-alive query.
+
+Passwords are generated once into `logins.json` (mode 0600) beside the data;
+users.xml keeps only their SHA-256. Pure logic but the file writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+from xml.sax.saxutils import escape
+
+LOGINS_FILE = "logins.json"
+ROLES = ("admin", "writer", "auditor")
+USER_PREFIX = "toolgate_"
+# What the DDL sets create (single: MergeTree; cluster: the replicated ones behind Distributed).
+TABLE_ENGINES = ("MergeTree", "ReplicatedMergeTree", "Distributed")
+
+
+def user_of(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"no ClickHouse role {role!r} (one of {', '.join(ROLES)})")
+    return USER_PREFIX + role
+
+
+def grants(role: str, database: str = "*") -> list[str]:
+    """The GRANT statements of `role` on `database` (`*`: every database)."""
+    on = f"{database}.*" if database == "*" else f"`{database}`.*"
+    table = (lambda name: f"*.{name}") if database == "*" else (lambda name: f"`{database}`.{name}")
+    user = user_of(role)
+    if role == "writer":
+        return [
+            f"GRANT INSERT ON {table('event_log')} TO {user}",
+            f"GRANT INSERT ON {table('chain_checkpoints')} TO {user}",
+            f"GRANT SELECT ON {table('schema_versions')} TO {user}",
+        ]
+    if role == "auditor":
+        return [f"GRANT SELECT, SHOW TABLES ON {on} TO {user}"]
+    return [
+        f"GRANT SELECT, INSERT, ALTER, CREATE DATABASE, CREATE TABLE, CREATE VIEW, DROP TABLE, "
+        f"DROP VIEW, DROP DATABASE, TRUNCATE, OPTIMIZE, SHOW ON {on} TO {user}",
+        *(f"GRANT TABLE ENGINE ON {engine} TO {user}" for engine in TABLE_ENGINES),
+    ]
+
+
+def server_grants() -> list[str]:
+    """What the embedded server's own stop needs besides the admin's DDL: to end its
+    keep-alive query (which runs as `default`). Not part of the external-server DDL."""
+    user = user_of("admin")
+    return [f"GRANT KILL QUERY ON *.* TO {user}", f"GRANT SELECT ON system.processes TO {user}"]
+
+
+def ensure_logins(directory: Path) -> dict[str, str]:
+    """role -> password, generated once into DIR/logins.json (0600) and kept.
+
+    The file maps each role to {"user": ..., "password": ...}, the form
+    runtime.settings.clickhouse_login reads for the services and the CLI."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOGINS_FILE
+    found = read_logins(path)
+    if all(found.get(r) for r in ROLES):
+        return found
+    logins = {r: found.get(r) or secrets.token_urlsafe(24) for r in ROLES}
+    tmp = path.with_name(f".{LOGINS_FILE}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({r: {"user": user_of(r), "password": p} for r, p in logins.items()}, handle)
+    tmp.replace(path)
+    return logins
+
+
+def read_logins(path: Path) -> dict[str, str]:
+    """role -> password from a logins file ({} if absent or unreadable)."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {
+        role: entry["password"]
+        for role, entry in found.items()
+        if role in ROLES and isinstance(entry, dict) and isinstance(entry.get("password"), str)
+    }
+
+
+def with_login(url: str, role: str, password: str) -> str:
+    """`url` logging in as `role` (an URL that names a user already is left alone)."""
+    parts = urlsplit(url)
+    if parts.username:
+        return url
+    netloc = f"{quote(user_of(role), safe='')}:{quote(password, safe='')}@{parts.netloc}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def users_xml(logins: dict[str, str], database: str = "*") -> str:
+    """The users.xml the embedded server loads (passwords only as SHA-256)."""
+    loopback = "<networks><ip>127.0.0.1</ip><ip>::1</ip></networks>"
+    users = [
+        "<default><password></password>"
+        + loopback
+        + "<profile>default</profile><quota>default</quota><grants>"
+        "<query>GRANT SYSTEM LISTEN ON *.*</query>"
+        "<query>GRANT SELECT ON system.numbers</query>"
+        "</grants></default>"
+    ]
+    for role in ROLES:
+        digest = hashlib.sha256(logins[role].encode()).hexdigest()
+        # The admin's DDL covers every database of the server (tests make their own).
+        own = grants(role, "*") + server_grants() if role == "admin" else grants(role, database)
+        queries = "".join(f"<query>{escape(g.rsplit(' TO ', 1)[0])}</query>" for g in own)
+        users.append(
+            f"<{user_of(role)}><password_sha256_hex>{digest}</password_sha256_hex>"
+            f"{loopback}<profile>default</profile><quota>default</quota>"
+            f"<grants>{queries}</grants></{user_of(role)}>"
+        )
+    return (
+        "<clickhouse>\n<profiles><default></default></profiles>\n"
+        "<quotas><default></default></quotas>\n<users>\n"
+        + "\n".join(users)
+        + "\n</users>\n</clickhouse>\n"
+    )
