@@ -45,7 +45,7 @@ from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
-SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
+SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit", "mcp")
 # `toolgate up --example NAME` (toolgate.stack.supervisor.EXAMPLES).
 EXAMPLES = ("orders", "refund")
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
@@ -297,6 +297,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         with_audit=not args.no_audit,
         topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
         example=args.example,
+        mcp_port=args.mcp_port,
     )
     try:
         return run_until_signalled(stack)
@@ -360,6 +361,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
+    if args.name == "mcp":
+        from toolgate.cli.mcp import serve_mcp
+
+        return serve_mcp(args, settings)
     if args.name == "validator":
         from toolgate.services.validator.app import build_app
 
@@ -536,6 +541,10 @@ def cmd_agents(args: argparse.Namespace) -> int:
     from toolgate.stack import nats_auth
 
     data_dir: Path = args.data_dir
+    if args.action == "token":
+        from toolgate.cli.mcp import cmd_agents_token
+
+        return cmd_agents_token(args)
     if not data_dir.is_dir() and not (args.action == "add" and args.offline):
         raise Failed(
             f"toolgate agents: no gateway data dir at {data_dir} (`toolgate up` has "
@@ -648,6 +657,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "mcp":
+        from toolgate.bench.mcp import cmd_bench_mcp
+
+        return cmd_bench_mcp(args)
     if args.target == "audit":
         from toolgate.bench.audit import cmd_bench_audit
 
@@ -750,6 +763,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     up.add_argument(
+        "--mcp-port",
+        type=int,
+        default=0,
+        help="port of the MCP front door on loopback (default %(default)s: any free port; "
+        "`toolgate up` prints its URL)",
+    )
+    up.add_argument(
         "--example",
         choices=EXAMPLES,
         default=None,
@@ -836,6 +856,10 @@ def build_parser() -> argparse.ArgumentParser:
             "else the one `toolgate up` recorded; now %(default)s)",
         )
     agent_actions.add_parser("list", help="every agent, active or revoked")
+    from toolgate.cli.mcp import add_serve_flags, add_token_parser
+    from toolgate.cli.mcp import register as register_mcp
+
+    add_token_parser(agent_actions)
     for command in agent_actions.choices.values():
         command.add_argument(
             "--data-dir",
@@ -844,6 +868,8 @@ def build_parser() -> argparse.ArgumentParser:
             help="the gateway's state directory (default: $TOOLGATE_DATA_DIR, else %(default)s)",
         )
     agents.set_defaults(func=cmd_agents)
+    register_mcp(commands)
+    add_serve_flags(serve)
 
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
     call.add_argument("tool", help="a tool name from the registry")
@@ -889,7 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="measure the gateway as an agent sees it, next to the raw bus"
     )
     bench.add_argument(
-        "target", nargs="?", choices=["pipeline", "policy", "audit"], default="pipeline"
+        "target", nargs="?", choices=["pipeline", "policy", "audit", "mcp"], default="pipeline"
     )
     bench.add_argument(
         "-n",

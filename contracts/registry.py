@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -116,6 +117,58 @@ def _names_ids(schema: Any) -> bool:
     return False
 
 
+HEADER_NAME_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class McpUpstream(BaseModel):
+    """A tool served by an upstream MCP server (Streamable HTTP), run by the executor.
+
+    `definition_sha256` pins what an operator imported and reviewed (see
+    `mcp_definition_sha256`): an upstream that later serves another name,
+    description or schema for `tool` is refused (UPSTREAM_CHANGED).
+    `headers_from_env` maps an HTTP header to the environment variable of the
+    executor that holds its value (a secret never sits in a registry file).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str = Field(pattern=r"^https?://[^\s]+$")
+    tool: str = Field(min_length=1, max_length=128)
+    definition_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    headers_from_env: dict[str, str] = {}
+
+    @field_validator("headers_from_env")
+    @classmethod
+    def _headers_are_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, variable in value.items():
+            if not re.fullmatch(HEADER_NAME_PATTERN, header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if not re.fullmatch(ENV_NAME_PATTERN, variable):
+                raise ValueError(f"{variable!r} is not an environment variable name")
+        return value
+
+
+def mcp_definition_sha256(
+    name: str,
+    description: str | None,
+    input_schema: Any,
+    output_schema: Any,
+) -> str:
+    """The pinned hash of an upstream MCP tool's definition: name, description, schemas."""
+    canonical = json.dumps(
+        {
+            "name": name,
+            "description": description or "",
+            "inputSchema": input_schema,
+            "outputSchema": output_schema,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 class ToolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -123,7 +176,9 @@ class ToolSpec(BaseModel):
     description: str = Field(min_length=1)
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
-    function: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    # Exactly one of: the Python function behind the tool, or an upstream MCP tool.
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    mcp: McpUpstream | None = None
     read_only: bool
     timeout_s: float = Field(gt=0, le=3600)
     risk: Risk
@@ -163,6 +218,15 @@ class ToolSpec(BaseModel):
         except Exception as exc:  # jsonschema_rs raises ValidationError / ValueError
             raise ValueError(f"not a valid JSON Schema: {exc}") from exc
         return value
+
+    @model_validator(mode="after")
+    def _one_implementation(self) -> ToolSpec:
+        if (self.function is None) == (self.mcp is None):
+            raise ValueError(
+                "declare exactly one of `function` (package.module:attr) or `mcp` "
+                "({url, tool, definition_sha256}: an upstream MCP tool)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _action_and_resources_fit(self) -> ToolSpec:

@@ -33,7 +33,14 @@ class ToolContext:
 
 
 class ToolRefused(Exception):
-    """The tool will not do this (a host outside the allow-list, say): not retryable."""
+    """The tool will not do this (a host outside the allow-list, say): not retryable.
+
+    `code` names the cause when it is more precise than TOOL_REFUSED (an upstream
+    MCP tool whose definition changed: UPSTREAM_CHANGED)."""
+
+    def __init__(self, message: str = "", *, code: str = "TOOL_REFUSED") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ToolUnavailable(Exception):

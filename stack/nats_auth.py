@@ -57,10 +57,13 @@ AUTH_CONFIG = "nats-auth.conf"
 RESOLVER_DIR = "resolver"
 TOOLGATE_ACCOUNT = "TOOLGATE"
 APPROVERS_ACCOUNT = "APPROVERS"
+# The MCP front door (services/mcp_front): its own account, importing only agents' subjects.
+MCP_FRONT_ACCOUNT = "MCP_FRONT"
 SYSTEM_ACCOUNT = "SYS"
 # Roles that are not TOOLGATE users: the system user and the approvers' user.
 SYSTEM_ROLE = "sys"
 APPROVER_ROLE = "approver"
+MCP_FRONT_ROLE = "mcp_front"
 DEFAULT_INBOX = "_INBOX"
 JS_API = "$JS.API"
 
@@ -289,6 +292,7 @@ class AuthKeys:
     system: str
     toolgate: str
     approvers: str
+    mcp_front: str
 
     @classmethod
     def load(cls, data_dir: Path) -> AuthKeys:
@@ -298,6 +302,7 @@ class AuthKeys:
             system=_seed(auth / f"{SYSTEM_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
             toolgate=_seed(auth / f"{TOOLGATE_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
             approvers=_seed(auth / f"{APPROVERS_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
+            mcp_front=_seed(auth / f"{MCP_FRONT_ACCOUNT}.nk", nkeys.PREFIX_BYTE_ACCOUNT),
         )
 
     @property
@@ -385,7 +390,37 @@ def _fixed_account_jwts(keys: AuthKeys) -> dict[str, str]:
                 }
             ],
         ),
+        nats_jwt.public_key(keys.mcp_front): nats_jwt.account_jwt(
+            keys.operator,
+            keys.mcp_front,
+            MCP_FRONT_ACCOUNT,
+            imports=_mcp_front_imports(toolgate),
+            limits={"conn": 16, "leaf": 0, "exports": 0},
+        ),
     }
+
+
+def _mcp_front_imports(toolgate_account: str) -> list[dict[str, Any]]:
+    """The front door acts for any agent whose bearer token it checked: it imports the
+    agents' public subjects (publish a call, read results), nothing of toolgate's own.
+    Replies never cross accounts, so it cannot write into toolgate's streams either."""
+    results = f"{subjects.RESULTS_PREFIX}.>"
+    direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
+    return [
+        {
+            "name": "calls",
+            "type": "service",
+            "account": toolgate_account,
+            "subject": f"{subjects.CALLS_PREFIX}.>",
+        },
+        {"name": "results", "type": "stream", "account": toolgate_account, "subject": results},
+        {
+            "name": "stored-results",
+            "type": "service",
+            "account": toolgate_account,
+            "subject": f"{direct_get}.{results}",
+        },
+    ]
 
 
 # ---------------------------------------------------------------- agents
@@ -651,7 +686,9 @@ def create_credentials(
     users = _private_dir(Path(data_dir) / AUTH_DIR / "users")
     public_keys: dict[str, str] = {}
     for role in roles:
-        account_seed = keys.approvers if role.role == APPROVER_ROLE else keys.toolgate
+        account_seed = {APPROVER_ROLE: keys.approvers, MCP_FRONT_ROLE: keys.mcp_front}.get(
+            role.role, keys.toolgate
+        )
         user_seed = _seed(users / f"{role.role}.nk", nkeys.PREFIX_BYTE_USER)
         _user_creds(creds_path(directory, role.role), account_seed, role.role, user_seed, role)
         public_keys[role.role] = nats_jwt.public_key(user_seed)

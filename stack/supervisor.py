@@ -142,6 +142,10 @@ class Stack:
     clickhouse_url: str | None = None
     clickhouse_port: int = 0
     with_audit: bool = True
+    # The MCP front door (`toolgate serve mcp`) on loopback; port 0: any free port.
+    with_mcp: bool = True
+    mcp_port: int = 0
+    mcp_url: str | None = None
     clickhouse: EmbeddedClickHouse | None = None
     default_agent_creds: Path | None = None
     topology: Topology = field(default_factory=Topology)
@@ -255,6 +259,8 @@ class Stack:
             self.services.append(service)
         if self.with_audit:
             self.start_audit()
+        if self.with_mcp:
+            self.start_mcp_front()
         self.record_context()
 
     async def apply_topology(self, connect_timeout: float = 5.0) -> None:
@@ -314,6 +320,7 @@ class Stack:
                 "data_dir": str(self.data_dir.resolve()),
                 "locked": self.locked,
                 "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
+                "mcp_url": self.mcp_url,
                 "creds": creds,
                 # What the services were started with, so a copy started by hand here
                 # (`toolgate serve NAME`) serves the same tools under the same bundle.
@@ -326,6 +333,27 @@ class Stack:
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
             },
         )
+
+    def start_mcp_front(self) -> None:
+        """The MCP front door, logged in as its role (account MCP_FRONT), on loopback."""
+        if self.mcp_port and not port_is_free(self.mcp_port):
+            raise StackError(f"port {self.mcp_port} is in use: use another --mcp-port (0: any)")
+        port = self.mcp_port or free_port()
+        self.mcp_url = f"http://127.0.0.1:{port}/mcp"
+        service = ServiceProcess(
+            "mcp",
+            serve_command(
+                "mcp",
+                self.url,
+                self.data_dir,
+                self.registry_dirs,
+                ["--port", str(port)],
+                creds=self.creds_of("mcp_front"),
+            ),
+            self.data_dir / "logs" / "mcp.log",
+        )
+        service.start()
+        self.services.append(service)
 
     def start_audit(self) -> None:
         if not self.clickhouse_url:
@@ -380,6 +408,13 @@ class Stack:
             self.cluster.stop()
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the child binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
@@ -411,6 +446,7 @@ def run_until_signalled(stack: Stack) -> int:
         raise
     try:
         audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
+        audit += f"  MCP: {stack.mcp_url}\n" if stack.mcp_url else ""
         print(
             f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
             f"  logs: {(stack.data_dir / 'logs').resolve()}\n"

@@ -8,11 +8,13 @@ malformed data.
 from __future__ import annotations
 
 import jsonschema_rs
+import msgspec
 
 from toolgate.contracts.calls import (
     MAX_DETAILS,
     ErrorCode,
     ErrorDetail,
+    Provenance,
     ToolError,
     ToolResult,
     failure,
@@ -36,14 +38,25 @@ class ResultBuilder:
         self._validators = {
             spec.name: jsonschema_rs.validator_for(spec.output_schema) for spec in registry
         }
+        # Results of an upstream (MCP) tool say where they came from: untrusted content.
+        self._provenance = {
+            spec.name: Provenance(source="mcp", server=spec.mcp.url, tool=spec.mcp.tool)
+            for spec in registry
+            if spec.mcp is not None
+        }
 
     def result_for(self, event: Event) -> ToolResult:
-        if isinstance(event, ExecutionSucceeded):
-            return self._checked_output(event)
-        if isinstance(
-            event,
-            ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired | ExecutionFailed,
-        ):
+        if isinstance(event, ExecutionSucceeded | ExecutionFailed):
+            result = (
+                self._checked_output(event)
+                if isinstance(event, ExecutionSucceeded)
+                else failure(event.call_id, event.status, event.error)
+            )
+            provenance = self._provenance.get(event.tool)
+            if provenance is not None:
+                result = msgspec.structs.replace(result, provenance=provenance)
+            return result
+        if isinstance(event, ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired):
             return failure(event.call_id, event.status, event.error)
         raise TypeError(f"{type(event).__name__} is not a terminal event")
 

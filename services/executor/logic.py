@@ -144,7 +144,14 @@ def is_expired(event: CallAuthorized, now: datetime) -> bool:
 
 
 def resolve_function(spec: ToolSpec) -> ToolFunction:
-    """Import the operator-chosen function named in the registry file (never a model's string)."""
+    """Import the operator-chosen function named in the registry file (never a model's string).
+
+    A tool declared as an upstream MCP tool (`mcp:`) is a call to that server instead."""
+    if spec.mcp is not None:
+        from toolgate.services.executor.upstream_mcp import upstream_tool
+
+        return upstream_tool(spec.mcp)
+    assert spec.function is not None  # the registry requires one of the two
     module_name, _, attr = spec.function.partition(":")
     function = getattr(importlib.import_module(module_name), attr, None)
     if not callable(function):
@@ -194,7 +201,7 @@ async def run_tool(
         return ToolOutcome(
             "execution_error",
             elapsed(),
-            error=ToolError(code=ErrorCode.TOOL_REFUSED, message=str(exc), retryable=False),
+            error=ToolError(code=exc.code, message=str(exc), retryable=False),
         )
     except ToolUnavailable as exc:
         return ToolOutcome(

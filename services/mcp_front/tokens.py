@@ -1,0 +1,157 @@
+"""Bearer tokens of the MCP front door: one per agent, stored hashed beside the agent's record.
+
+`toolgate agents token TENANT AGENT` mints one and prints it once; the data
+dir keeps only its SHA-256 (a token holds 256 random bits, so a plain hash is
+enough: there is nothing to brute-force), in
+`<data-dir>/auth/agents/<tenant>.<agent>.mcp-token.json` (mode 0600), next to
+the agent's record that `toolgate agents add` writes. Minting again replaces
+the token (the old one stops working).
+
+A token is bound to the agent's current NATS user key: revoking the agent
+(`toolgate agents revoke`) marks its record revoked, and re-adding it mints a
+new user key, so an old token never comes back to life. The front door
+re-reads a file when it changes, so minting and revoking take effect at once.
+
+Token format: `tgmcp.<tenant>.<agent>.<secret>` (RFC 6750 token characters;
+the identity in clear only tells the front door which file to read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from toolgate.contracts import subjects
+
+TOKEN_PREFIX: Final = "tgmcp"
+TOKEN_SUFFIX: Final = ".mcp-token.json"
+# Where `toolgate agents add` keeps an agent's record (toolgate.stack.nats_auth).
+AGENTS_DIR: Final = Path("auth") / "agents"
+
+
+class TokenError(ValueError):
+    """A token cannot be minted as asked (no such agent, a revoked one, a bad name)."""
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def token_path(data_dir: Path, tenant: str, agent: str) -> Path:
+    return Path(data_dir) / AGENTS_DIR / f"{tenant}.{agent}{TOKEN_SUFFIX}"
+
+
+def agent_record_path(data_dir: Path, tenant: str, agent: str) -> Path:
+    return Path(data_dir) / AGENTS_DIR / f"{tenant}.{agent}.json"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _active_user(data_dir: Path, tenant: str, agent: str) -> str | None:
+    """The agent's current NATS user key, or None if it has no record or is revoked."""
+    record = _read_json(agent_record_path(data_dir, tenant, agent))
+    if record is None or record.get("revoked_at") or not isinstance(record.get("user"), str):
+        return None
+    return str(record["user"])
+
+
+def mint_token(data_dir: Path, tenant: str, agent: str) -> str:
+    """A new bearer token for this (active) agent; the previous one stops working."""
+    for kind, value in (("tenant", tenant), ("agent", agent)):
+        if not subjects.is_identity_token(value):
+            raise TokenError(
+                f"{kind} {value!r} is not a subject-safe token "
+                "(letters, digits, '-', '_'; 1 to 64 characters)"
+            )
+    user = _active_user(data_dir, tenant, agent)
+    if user is None:
+        raise TokenError(
+            f"no active agent {tenant}.{agent} in {data_dir} (toolgate agents add {tenant} "
+            f"{agent} first; a revoked agent gets no token)"
+        )
+    token = f"{TOKEN_PREFIX}.{tenant}.{agent}.{secrets.token_urlsafe(32)}"
+    path = token_path(data_dir, tenant, agent)
+    record = {
+        "tenant": tenant,
+        "agent": agent,
+        "token_sha256": token_sha256(token),
+        "agent_user": user,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(record))
+    tmp.replace(path)
+    return token
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """(tenant, agent) a token claims to be for, or None if it is not one of ours."""
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != TOKEN_PREFIX or not parts[3]:
+        return None
+    tenant, agent = parts[1], parts[2]
+    if not (subjects.is_identity_token(tenant) and subjects.is_identity_token(agent)):
+        return None
+    return tenant, agent
+
+
+@dataclass(frozen=True)
+class _Cached:
+    stamp: tuple[int, int, int]  # (inode, size, mtime_ns)
+    content: dict[str, Any] | None
+
+
+class TokenStore:
+    """Who a token is, read from the data dir (files re-read only when they change)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = Path(data_dir)
+        self._files: dict[Path, _Cached] = {}
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
+        try:
+            stat = path.stat()
+        except OSError:
+            self._files.pop(path, None)
+            return None
+        stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        cached = self._files.get(path)
+        if cached is None or cached.stamp != stamp:
+            cached = _Cached(stamp, _read_json(path))
+            self._files[path] = cached
+        return cached.content
+
+    def identify(self, token: str) -> tuple[str, str] | None:
+        """(tenant, agent) of a valid token of an active agent, else None."""
+        claimed = parse_token(token)
+        if claimed is None:
+            return None
+        tenant, agent = claimed
+        stored = self._read(token_path(self.data_dir, tenant, agent))
+        if stored is None or not isinstance(stored.get("token_sha256"), str):
+            return None
+        if not hmac.compare_digest(stored["token_sha256"], token_sha256(token)):
+            return None
+        record = self._read(agent_record_path(self.data_dir, tenant, agent))
+        if (
+            record is None
+            or record.get("revoked_at")
+            or record.get("user") != stored.get("agent_user")
+        ):
+            return None
+        return tenant, agent

@@ -1,0 +1,340 @@
+"""The MCP front door, with the official SDK's client against a whole gateway (`toolgate up`
+as separate processes, locked bus): what an MCP-speaking agent sees, and the attacks.
+
+Attacks: no, bad, forged or revoked tokens; one agent reading another's tools, results or
+session; a tool hidden from the agent; a retry that would run a tool twice; two clients
+whose JSON-RPC ids collide; a request from a foreign Origin or Host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+import yaml
+from mcp.shared.exceptions import MCPError
+
+from tests.harness import Gateway, make_test_registry
+from tests.mcp_support import agent_token, mcp_client, structured, wait_for_front_door
+from tests.tools.faulty import runs_of
+from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.registry import load_registry
+from toolgate.runtime.creds import connect_options
+from toolgate.services.approvals.approvers import add_approver
+from toolgate.services.approvals.client import ApprovalsClient
+from toolgate.stack.nats_auth import revoke_agent
+
+pytestmark = pytest.mark.system
+
+CALL_ID = "toolgate/call_id"
+LEGACY_VERSION = "2025-11-25"
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": LEGACY_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "attacker", "version": "0"},
+    },
+}
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A gateway with the test tools and one tool only agent `writer` may call."""
+    base = tmp_path_factory.mktemp("mcp-door")
+    registry = make_test_registry(base / "registry")
+    hidden = yaml.safe_load((registry / "count_runs.yaml").read_text())
+    hidden.update(name="writer_only", allowed_agents=["writer"])
+    (registry / "writer_only.yaml").write_text(yaml.safe_dump(hidden))
+    gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
+    asyncio.run(wait_for_front_door(gateway))
+    yield gateway
+    gateway.stop()
+
+
+def meta(call_id: str) -> dict[str, Any]:
+    return {CALL_ID: call_id}
+
+
+async def post(url: str, body: Any, headers: dict[str, str]) -> httpx2.Response:
+    async with httpx2.AsyncClient() as http:
+        return await http.post(url, json=body, headers={**ACCEPT, **headers})
+
+
+# ---------------------------------------------------------------- who is calling
+
+
+async def test_no_bad_forged_or_revoked_token_gets_401_with_www_authenticate(
+    door: Gateway,
+) -> None:
+    url = door.stack.mcp_url
+    assert url is not None
+    token = await agent_token(door, "acme", "temp")
+    forged = token.rsplit(".", 1)[0] + ".not-the-secret"
+    for headers in (
+        {},
+        {"Authorization": "Bearer nonsense"},
+        {"Authorization": f"Bearer {forged}"},
+        {"Authorization": f"Basic {token}"},
+    ):
+        answer = await post(url, INITIALIZE, headers)
+        assert answer.status_code == 401, headers
+        challenge = answer.headers["www-authenticate"]
+        assert challenge.startswith("Bearer ") and 'error="invalid_token"' in challenge
+        assert "resource_metadata=" in challenge
+    metadata_url = challenge.split('resource_metadata="', 1)[1].rstrip('"')
+    async with httpx2.AsyncClient() as http:
+        metadata = (await http.get(metadata_url)).json()
+    assert metadata["resource"] == url
+    # The real token works, until the agent is revoked: then it is 401 at once.
+    assert (await post(url, INITIALIZE, {"Authorization": f"Bearer {token}"})).status_code == 200
+    revoke_agent(door.data_dir, "acme", "temp")
+    answer = await post(url, INITIALIZE, {"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 401
+
+
+async def test_tools_list_is_exactly_what_the_agent_may_call(door: Gateway) -> None:
+    registry = load_registry(door.registry_dir)
+    async with mcp_client(
+        door.stack.mcp_url or "", await agent_token(door, "acme", "researcher")
+    ) as c:
+        listed = {tool.name: tool for tool in (await c.list_tools()).tools}
+    assert sorted(listed) == [spec.name for spec in registry.visible_to("researcher")]
+    assert "writer_only" not in listed
+    search = registry.get("search_sources")
+    assert search is not None
+    tool = listed["search_sources"]
+    assert tool.description == search.description
+    assert tool.input_schema == search.input_schema
+    assert tool.output_schema == search.output_schema
+    assert tool.annotations is not None and tool.annotations.read_only_hint is True
+    evidence = listed["save_evidence"].annotations
+    assert evidence is not None
+    assert evidence.read_only_hint is False and evidence.destructive_hint is True
+    async with mcp_client(door.stack.mcp_url or "", await agent_token(door, "acme", "writer")) as c:
+        assert "writer_only" in {tool.name for tool in (await c.list_tools()).tools}
+
+
+# ---------------------------------------------------------------- tools/call
+
+
+async def test_each_status_is_mapped_faithfully(door: Gateway) -> None:
+    url = door.stack.mcp_url or ""
+    async with mcp_client(url, await agent_token(door, "acme", "researcher")) as c:
+        ok = await c.call_tool("echo", {"payload": "hello"})
+        assert ok.is_error is False
+        assert structured(ok) == {"payload": "hello"}
+        assert isinstance(ok.content[0], types.TextContent)
+        assert json.loads(ok.content[0].text) == {"payload": "hello"}
+        assert ok.meta is not None and ok.meta["toolgate/status"] == "ok"
+
+        async def failed(tool: str, arguments: dict[str, Any], **kw: Any) -> dict[str, Any]:
+            result = await c.call_tool(tool, arguments, **kw)
+            assert result.is_error is True, result
+            body = structured(result)
+            assert isinstance(result.content[0], types.TextContent)
+            assert json.loads(result.content[0].text) == body
+            return body
+
+        bad = await failed(
+            "search_sources", {"query": "agents sessions", "source_type": "any", "limit": 50}
+        )
+        assert bad["status"] == "invalid_arguments"
+        assert bad["error"]["code"] == "SCHEMA_VALIDATION_FAILED"
+        assert bad["error"]["retryable"] is False
+        assert [d["path"] for d in bad["error"]["details"]] == ["/limit"]
+
+        denied = await failed(
+            "save_evidence",
+            {"task_id": "task_other", "claim": "c", "source_url": "https://docs.nats.io/x"},
+            meta={"toolgate/task_id": "task_mine"},
+        )
+        assert denied["status"] == "denied"
+        assert denied["error"]["code"] == "TASK_SCOPE_VIOLATION"
+
+        slow = await failed("slow_backend", {"sleep_s": 5})
+        assert slow["status"] == "timeout" and slow["error"]["code"] == "TOOL_TIMEOUT"
+
+        refused = await failed("fetch_document", {"url": "https://not-allowed.example/x"})
+        assert refused["status"] == "execution_error"
+
+        broken = await failed("broken_output", {})
+        assert broken["status"] == "invalid_tool_result"
+        assert broken["error"]["code"] == "OUTPUT_SCHEMA_VIOLATION"
+        assert "internal detail" not in json.dumps(broken)
+
+        with pytest.raises(MCPError) as unknown:
+            await c.call_tool("no_such_tool", {})
+        assert unknown.value.code == types.INVALID_PARAMS
+
+        with pytest.raises(MCPError) as bad_id:
+            await c.call_tool("echo", {"payload": "x"}, meta=meta("not a subject token!"))
+        assert bad_id.value.code == types.INVALID_PARAMS
+
+
+async def test_a_tool_hidden_from_the_agent_is_neither_listed_nor_callable(door: Gateway) -> None:
+    async with mcp_client(
+        door.stack.mcp_url or "", await agent_token(door, "acme", "researcher")
+    ) as c:
+        with pytest.raises(MCPError) as hidden:
+            await c.call_tool("writer_only", {}, meta=meta("hidden-1"))
+    assert hidden.value.code == types.INVALID_PARAMS
+    assert "Unknown tool" in hidden.value.message
+    assert runs_of(door.data_dir, "writer_only") == []
+
+
+async def test_a_retry_with_the_same_meta_call_id_returns_the_recorded_result(
+    door: Gateway,
+) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    call_id = f"retry-{uuid.uuid4().hex[:8]}"
+    async with mcp_client(url, token) as c:
+        first = await c.call_tool("count_runs", {}, meta=meta(call_id))
+    # Another connection (as after a crash of the agent), the same call_id.
+    async with mcp_client(url, token, mode="legacy") as c:
+        again = await c.call_tool("count_runs", {}, meta=meta(call_id))
+    assert first.is_error is False and again.is_error is False
+    assert structured(first) == structured(again) == {"call_id": call_id}
+    assert again.meta is not None and again.meta[CALL_ID] == call_id
+    assert runs_of(door.data_dir).count(call_id) == 1
+
+
+async def test_two_clients_with_the_same_jsonrpc_ids_get_calls_of_their_own(
+    door: Gateway,
+) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    seen: list[str] = []
+    for _ in range(2):
+        # A fresh SDK client numbers its requests from the start: the ids collide.
+        async with mcp_client(url, token, mode="legacy") as c:
+            result = await c.call_tool("count_runs", {})
+        assert result.meta is not None
+        seen.append(result.meta[CALL_ID])
+        assert structured(result) == {"call_id": seen[-1]}
+    assert seen[0] != seen[1]
+    runs = runs_of(door.data_dir)
+    assert runs.count(seen[0]) == 1 and runs.count(seen[1]) == 1
+
+
+async def test_agent_a_cannot_read_agent_b_results_or_use_its_session(door: Gateway) -> None:
+    url = door.stack.mcp_url or ""
+    alice = await agent_token(door, "acme", "researcher")
+    walt = await agent_token(door, "acme", "writer")
+    shared = f"shared-{uuid.uuid4().hex[:8]}"
+    async with mcp_client(url, walt) as c:
+        secret = await c.call_tool("echo", {"payload": "walt's secret"}, meta=meta(shared))
+    assert structured(secret) == {"payload": "walt's secret"}
+    # The same call_id from another agent is that agent's own, new call.
+    async with mcp_client(url, alice) as c:
+        mine = await c.call_tool("echo", {"payload": "alice's"}, meta=meta(shared))
+    assert structured(mine) == {"payload": "alice's"}
+    # A session opened with Walt's token is not Alice's to use.
+    opened = await post(url, INITIALIZE, {"Authorization": f"Bearer {walt}"})
+    assert opened.status_code == 200
+    session = opened.headers["mcp-session-id"]
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    hijack = await post(
+        url,
+        listing,
+        {
+            "Authorization": f"Bearer {alice}",
+            "Mcp-Session-Id": session,
+            "Mcp-Protocol-Version": LEGACY_VERSION,
+        },
+    )
+    assert hijack.status_code == 404
+
+
+async def test_a_foreign_origin_or_host_is_refused(door: Gateway) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    auth = {"Authorization": f"Bearer {token}"}
+    assert (
+        await post(url, INITIALIZE, {**auth, "Origin": "https://evil.example"})
+    ).status_code == 403
+    assert (await post(url, INITIALIZE, {**auth, "Host": "evil.example"})).status_code == 421
+    local = await post(url, INITIALIZE, {**auth, "Origin": "http://127.0.0.1:3000"})
+    assert local.status_code == 200
+
+
+# ---------------------------------------------------------------- waiting for a human
+
+
+async def test_a_call_waiting_for_a_human_reports_progress_and_honours_cancellation(
+    door: Gateway,
+) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    approver_token = add_approver(door.data_dir, f"carol-{uuid.uuid4().hex[:6]}", ["acme"])
+    call_id = f"wait-{uuid.uuid4().hex[:8]}"
+    arguments = {"amount": 7}
+    progress: list[tuple[float, str | None]] = []
+    told = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, message))
+        told.set()
+
+    async with mcp_client(url, token, mode="legacy") as c:
+        # Cancelled while it waits: the client stops waiting, the call stays with the humans.
+        with anyio.move_on_after(600) as scope:
+            async with anyio.create_task_group() as group:
+
+                async def first_try() -> None:
+                    await c.call_tool(
+                        "approved_action",
+                        arguments,
+                        meta=meta(call_id),
+                        progress_callback=on_progress,
+                    )
+
+                group.start_soon(first_try)
+                await told.wait()
+                group.cancel_scope.cancel()
+        assert not scope.cancelled_caught
+        assert progress and "human" in (progress[0][1] or "")
+        assert call_id not in runs_of(door.data_dir, "approved_action")
+        # The same session goes on serving.
+        assert (await c.call_tool("echo", {"payload": 1})).is_error is False
+
+        # A retry waits again (and is told again), the approver approves, the result comes.
+        told.clear()
+        retry = asyncio.ensure_future(
+            c.call_tool(
+                "approved_action", arguments, meta=meta(call_id), progress_callback=on_progress
+            )
+        )
+        await asyncio.wait_for(told.wait(), 600)
+        async with await ApprovalsClient.connect(
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+        ) as approvals:
+            outcome = await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "approve",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="checked",
+            )
+        assert outcome is not None
+        result = await asyncio.wait_for(retry, 600)
+    assert result.is_error is False, result
+    assert structured(result) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+
+
+def test_toolgate_up_prints_the_front_door(door: Gateway) -> None:
+    recorded = json.loads((door.data_dir / "context.json").read_text())
+    assert recorded["mcp_url"] == door.stack.mcp_url
+    assert Path(recorded["creds"]["mcp_front"]).name == "mcp_front.creds"
