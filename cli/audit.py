@@ -49,6 +49,7 @@ from toolgate.services.audit.connection import (
 )
 
 READONLY = 164  # ClickHouse's error code for a write under readonly=1
+ACCESS_DENIED = 497  # ... for what the user's grants do not allow (the auditor: any write)
 
 
 class Failed(Exception):
@@ -331,7 +332,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     except OperationalError as exc:
         raise store.explain(exc) from None
     except DatabaseError as exc:
-        readonly = " (audit sql is read-only)" if exc.code == READONLY else ""
+        readonly = " (audit sql is read-only)" if exc.code in (READONLY, ACCESS_DENIED) else ""
         raise Failed(f"ClickHouse refused the query{readonly}: {server_text(exc)}") from None
     print(render(columns, rows, args.format))
     return 0

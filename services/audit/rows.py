@@ -34,6 +34,7 @@ UNDECODABLE_EVENT = "UndecodableEvent"
 # Larger payloads are cut to an excerpt plus the hash of the whole.
 MAX_PAYLOAD_CHARS = 256 * 1024
 EXCERPT_CHARS = 512
+REDACTED = "[redacted]"
 
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
@@ -118,10 +119,32 @@ class RowBuilder:
     def __init__(self, registry: Registry, max_call_bytes: int = 1024 * 1024) -> None:
         self.registry = registry
         self.max_call_bytes = max_call_bytes
+        self._guarded_names: list[str] | None = None
 
     def audit_of(self, tool: str) -> AuditSpec:
         spec = self.registry.get(tool)
         return spec.audit if spec is not None else AuditSpec()
+
+    def quotable(self, data: bytes | str, tool: str = "") -> bool:
+        """May raw bytes of a message be quoted? Only if they belong to a tool kept in
+        full. When the tool is not known (a message too large or too broken to decode),
+        only if no tool kept as `hash` or `none` is named anywhere in them: a secret
+        sent to such a tool travels in a message that names it."""
+        if tool and self.registry.get(tool) is not None:
+            return self.audit_of(tool).arguments == "full" and self.audit_of(tool).result == "full"
+        raw = data.encode() if isinstance(data, str) else data
+        return not any(f'"{name}"'.encode() in raw for name in self._guarded)
+
+    @property
+    def _guarded(self) -> list[str]:
+        """The tools whose arguments or results are not kept in full."""
+        if self._guarded_names is None:
+            self._guarded_names = [
+                spec.name
+                for spec in (self.registry.get(n) for n in self.registry.names())
+                if spec is not None and (spec.audit.arguments, spec.audit.result) != ("full", "full")
+            ]
+        return self._guarded_names
 
     def risk_of(self, tool: str) -> str:
         spec = self.registry.get(tool)
@@ -149,8 +172,14 @@ class RowBuilder:
         else:
             row["note"] = f"not stored under an agent's calls subject: {message.subject[:200]}"
         if len(message.data) > self.max_call_bytes:
-            _add_note(row, f"oversized call: {len(message.data)} bytes, excerpt kept")
-            row["payload"] = {"excerpt": _excerpt(message.data), "bytes": len(message.data)}
+            quotable = self.quotable(message.data)
+            kept = "excerpt kept" if quotable else "excerpt redacted"
+            _add_note(row, f"oversized call: {len(message.data)} bytes, {kept}")
+            row["payload"] = {
+                "excerpt": _excerpt(message.data) if quotable else REDACTED,
+                "bytes": len(message.data),
+                "sha256": hashlib.sha256(message.data).hexdigest(),
+            }
             return self._finish(row)
         try:
             call = _call_decoder.decode(message.data)
@@ -184,8 +213,7 @@ class RowBuilder:
                 row["call_id"] = loose["call_id"]
             if isinstance(loose.get("tool"), str):
                 row["tool"] = loose["tool"][:128]
-        audit = self.audit_of(row["tool"])
-        excerpt = _excerpt(message.data) if audit.arguments == "full" else "[redacted]"
+        excerpt = _excerpt(message.data) if self.quotable(message.data, row["tool"]) else REDACTED
         row["payload"] = {"excerpt": excerpt, "bytes": len(message.data)}
         return row
 
@@ -203,7 +231,7 @@ class RowBuilder:
             row["note"] = f"not a decodable event: {exc}"
             row["payload"] = {
                 "subject": message.subject,
-                "excerpt": _excerpt(message.data),
+                "excerpt": _excerpt(message.data) if self.quotable(message.data) else REDACTED,
                 "bytes": len(message.data),
             }
             return self._finish(row)
@@ -231,10 +259,15 @@ class RowBuilder:
         output = _output_of(event)
         if output is not _MISSING and audit.result != "none":
             row["result_sha256"] = sha256_of(output)
-        if audit.arguments == "full" and audit.result == "full":
+        dead_excerpt = getattr(event, "payload_excerpt", "")
+        if (audit.arguments, audit.result) == ("full", "full") and (
+            not dead_excerpt or self.quotable(dead_excerpt, event.tool)
+        ):
             row["payload"] = message.data.decode()  # nothing to redact: the event as emitted
         else:
             row["payload"] = self._redacted_event(event, audit)
+            if isinstance(event, ev.MessageDeadLettered):
+                row["payload"]["payload_excerpt"] = REDACTED
         if audit.arguments == "none":
             row["arguments_sha256"] = ""
         else:
@@ -266,15 +299,31 @@ class RowBuilder:
             if "authorization" in document:
                 document["authorization"]["arguments_sha256"] = ""
         if audit.arguments != "full":
-            _redact_details(document.get("error"))
+            # Every message may quote an argument (a schema error quotes the value, a tool's
+            # exception its input, a resource id comes from the arguments): codes, paths
+            # and flags stay, the text goes.
+            _redact_error(document.get("error"))
+            for key in ("reason", "message"):
+                if isinstance(document.get(key), str) and document[key]:
+                    document[key] = REDACTED
             if "payload_excerpt" in document:
-                document["payload_excerpt"] = "[redacted]"
+                document["payload_excerpt"] = REDACTED
+            for seen in document.get("resources") or []:
+                seen["id"] = _redact(seen.get("id"), audit.arguments)
+                seen["attributes"] = _redact(seen.get("attributes"), audit.arguments)
+                if seen.get("error"):
+                    seen["error"] = REDACTED
         if isinstance(event, ev.ExecutionSucceeded):
             document["output"] = _redact(event.output, audit.result)
         elif isinstance(event, ev.ResultAttached) and event.result.ok:
             document["result"]["data"] = _redact(event.result.data, audit.result)
-        if isinstance(event, ev.ResultAttached) and audit.result != "full":
-            _redact_details(document["result"].get("error"))
+        if isinstance(event, ev.ResultAttached) and (audit.arguments, audit.result) != (
+            "full",
+            "full",
+        ):
+            _redact_error(document["result"].get("error"))
+        if isinstance(event, ev.ExecutionFailed | ev.ExecutionSucceeded) and audit.result != "full":
+            _redact_error(document.get("error"))
         return document
 
     # -- common -----------------------------------------------------------------------
@@ -359,11 +408,14 @@ def _redact(value: Any, mode: str) -> Any:
     return {"redacted": "none"}
 
 
-def _redact_details(error: Any) -> None:
-    """Validation messages quote the offending value: keep the path, drop the text."""
+def _redact_error(error: Any) -> None:
+    """Error messages quote the offending value: keep the code and the paths, drop the text."""
     if isinstance(error, dict):
+        if error.get("message"):
+            error["message"] = REDACTED
         for detail in error.get("details") or []:
-            detail["message"] = "[redacted]"
+            if isinstance(detail, dict):
+                detail["message"] = REDACTED
 
 
 __all__ = ["CALLS_STREAM", "EVENTS_STREAM", "RowBuilder", "StoredMessage", "to_micros"]

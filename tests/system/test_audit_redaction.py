@@ -1,0 +1,145 @@
+"""A secret sent to a hash-audited tool never lands in the audit or in any log.
+
+Each kind of bad call carries the secret: arguments that break the schema,
+a malformed call, a call_id that is not subject-safe, JSON that does not
+parse, arguments nested too deep, a tool that raises quoting it, a tool
+whose output breaks its schema quoting it, and a call that succeeds. Then
+every row of event_log (all columns) and every file under the data dir's
+logs (services and the embedded ClickHouse) is searched for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Gateway, make_test_registry
+from toolgate.client.gateway_client import new_call_id
+from toolgate.contracts import subjects
+from toolgate.contracts.calls import Principal
+
+SECRET = "sk-LIVE-7f3a9c1e5b2d4680"
+ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
+VAULT = """
+name: vault_lookup
+description: Looks up a balance with a secret token. Test only.
+function: tests.tools.secrets:vault_lookup
+input_schema:
+  type: object
+  properties:
+    token: {type: string, pattern: "^tok-"}
+    mode: {enum: [ok, raise, broken]}
+    nested: {}
+  required: [token]
+  additionalProperties: false
+output_schema:
+  type: object
+  properties:
+    balance: {type: integer}
+    echo: {type: string}
+  required: [balance]
+read_only: true
+idempotent: true
+timeout_s: 5
+risk: low
+allowed_agents: ["*"]
+audit: {arguments: hash, result: hash}
+"""
+
+
+@pytest.fixture(scope="module")
+def vaulted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    base = tmp_path_factory.mktemp("vaulted")
+    registry = make_test_registry(base / "registry")
+    (registry / "vault_lookup.yaml").write_text(VAULT)
+    gateway = Gateway(data_dir=base / "data", registry_dir=registry, with_audit=True).start()
+    yield gateway
+    gateway.stop()
+
+
+def nested(depth: int) -> dict:
+    value: dict = {"deep": SECRET}
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+async def send_bad_calls(gateway: Gateway) -> dict[str, str]:
+    statuses: dict[str, str] = {}
+    async with await gateway.client() as client:
+        for name, arguments in {
+            "schema": {"token": SECRET, "mode": "ok"},  # breaks the pattern: quoted by jsonschema
+            "raise": {"token": "tok-" + SECRET, "mode": "raise"},
+            "broken": {"token": "tok-" + SECRET, "mode": "broken"},
+            "ok": {"token": "tok-" + SECRET},
+            "deep": {"token": "tok-x", "nested": nested(70)},
+        }.items():
+            result = await client.call("vault_lookup", arguments, principal=ALICE, timeout=60)
+            statuses[name] = result.status
+    nc = await gateway.connect()
+    js = nc.jetstream()
+    calls = subjects.calls_subject(ALICE.tenant, ALICE.agent)
+    principal = {"tenant": "acme", "user": "u-alice", "agent": "researcher", "session": "s"}
+    raw = {
+        # arguments not an object: MALFORMED_CALL, dead-lettered with an excerpt
+        "malformed": {"call_id": new_call_id(), "tool": "vault_lookup", "arguments": SECRET},
+        # no answerable call_id: dead-lettered with an excerpt
+        "bad_call_id": {
+            "call_id": "not safe!",
+            "tool": "vault_lookup",
+            "arguments": {"token": SECRET},
+            "principal": principal,
+        },
+    }
+    for body in raw.values():
+        await js.publish(calls, json.dumps(body).encode())
+    await js.publish(calls, b'{"tool": "vault_lookup", "arguments": {"token": "' + SECRET.encode())
+    await nc.close()
+    return statuses
+
+
+async def audited_everything(gateway: Gateway, timeout: float = 120.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (
+        await gateway.settled(subjects.CALLS_STREAM, "audit")
+        and await gateway.settled(subjects.EVENTS_STREAM, "audit")
+        and await gateway.settled(subjects.CALLS_STREAM, "validator")
+    ):
+        assert asyncio.get_running_loop().time() < deadline, "the audit did not catch up"
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(2)  # attachers and dead letters of the last calls, then their rows
+    while not await gateway.settled(subjects.EVENTS_STREAM, "audit"):
+        assert asyncio.get_running_loop().time() < deadline, "the audit did not catch up"
+        await asyncio.sleep(0.5)
+
+
+def test_a_secret_of_a_hash_audited_tool_is_nowhere(vaulted: Gateway) -> None:
+    statuses = asyncio.run(send_bad_calls(vaulted))
+    assert statuses == {
+        "schema": "invalid_arguments",
+        "raise": "execution_error",
+        "broken": "invalid_tool_result",
+        "ok": "ok",
+        "deep": "invalid_arguments",
+    }
+    asyncio.run(audited_everything(vaulted))
+    client = vaulted.audit_client()
+    rows = client.query("SELECT event_type, note, payload FROM event_log").result_rows
+    kinds = {r[0] for r in rows}
+    # every kind of bad call made it to the audit, so the search below is meaningful
+    assert {"CallRequested", "ArgumentsRejected", "MessageDeadLettered", "ExecutionFailed"} <= kinds
+    assert any("not a decodable ToolCall" in r[1] for r in rows)
+    dead = [json.loads(r[2]) for r in rows if r[0] == "MessageDeadLettered"]
+    assert dead and all(d["payload_excerpt"] == "[redacted]" for d in dead)
+    everything = client.raw_query("SELECT * FROM event_log FORMAT TSVRaw").decode()
+    assert SECRET not in everything
+    checkpoints = client.raw_query("SELECT * FROM chain_checkpoints FORMAT TSVRaw").decode()
+    assert SECRET not in checkpoints
+    logs = [p for p in Path(vaulted.data_dir).rglob("*.log") if p.is_file()]
+    assert any(p.name == "validator.log" for p in logs)
+    leaked = [str(p) for p in logs if SECRET in p.read_text(errors="replace")]
+    assert leaked == []
