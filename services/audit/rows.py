@@ -139,10 +139,14 @@ class RowBuilder:
     def _guarded(self) -> list[str]:
         """The tools whose arguments or results are not kept in full."""
         if self._guarded_names is None:
+            specs = [self.registry.get(n) for n in self.registry.names()]
             self._guarded_names = [
                 spec.name
-                for spec in (self.registry.get(n) for n in self.registry.names())
-                if spec is not None and (spec.audit.arguments, spec.audit.result) != ("full", "full")
+                for spec in specs
+                if spec is not None
+                and "hash" in (spec.audit.arguments, spec.audit.result)
+                or spec is not None
+                and "none" in (spec.audit.arguments, spec.audit.result)
             ]
         return self._guarded_names
 

@@ -186,7 +186,7 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
     assert audit_cli("sql", "SELECT 1 AS n", "--format", "csv", "--clickhouse-url", url) == 0
     assert capsys.readouterr().out == "n\n1\n"
     assert audit_cli("sql", "TRUNCATE TABLE event_log", "--clickhouse-url", url) == 2
-    assert "readonly" in capsys.readouterr().err.lower()
+    assert "read-only" in capsys.readouterr().err.lower()
 
 
 def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
