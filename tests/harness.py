@@ -28,7 +28,7 @@ from toolgate.contracts.events import (
     encode_event,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
-from toolgate.runtime.creds import connect_options
+from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.topology import handlers
 from toolgate.stack.nats_auth import add_agent, push_account_jwts
 from toolgate.stack.supervisor import SERVICES, ServiceProcess, Stack
@@ -92,7 +92,9 @@ class Gateway:
         return connect_options(self.stack.creds_of("admin"))
 
     async def connect(self, role: str = "admin") -> nats.aio.client.Client:
-        return await nats.connect(self.url, **connect_options(self.stack.creds_of(role)))
+        return await nats.connect(
+            nats_servers(self.url), **connect_options(self.stack.creds_of(role))
+        )
 
     async def events(self) -> list[Event]:
         return await read_events(self.url, **self.admin)
@@ -126,7 +128,8 @@ class Gateway:
                     try:
                         await jsm.consumer_info(stream, durable)
                         break
-                    except NotFoundError:
+                    # (a cluster may not answer while it forms the consumer's group)
+                    except (NotFoundError, nats.errors.TimeoutError):
                         self._check_services_alive()
                         if time.monotonic() > deadline:
                             raise TimeoutError(f"consumer {durable} never appeared") from None
@@ -178,7 +181,7 @@ class Gateway:
 
 async def publish_event(url: str, event: Event, **options: Any) -> None:
     """Put one event on the events stream as its producer would (with a publish ack)."""
-    nc = await nats.connect(url, **options)
+    nc = await nats.connect(nats_servers(url), **options)
     try:
         await nc.jetstream().publish(
             subjects.subject_of(event),
@@ -192,7 +195,7 @@ async def publish_event(url: str, event: Event, **options: Any) -> None:
 
 async def read_events(nats_url: str, **options: Any) -> list[Event]:
     """Every event in the events stream, in stream order (`options`: nats.connect's)."""
-    nc = await nats.connect(nats_url, **options)
+    nc = await nats.connect(nats_servers(nats_url), **options)
     try:
         jsm = nc.jsm()
         info = await jsm.stream_info(subjects.EVENTS_STREAM)

@@ -1,0 +1,229 @@
+"""A three-node NATS cluster that loses a node: every call one result, every event audited once.
+
+`toolgate up --nats-cluster 3` as the harness runs it: three real nats-servers routed on
+loopback, every stream and bucket with 3 replicas, the services connected with all three
+URLs. In the middle of 2,000 calls the node that leads one stream (the calls stream, or
+the stream behind the outcomes bucket) is SIGKILLed, as a machine losing power; the
+gateway carries on with the other two; the node comes back later and catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from tests.harness import Gateway, make_test_registry
+from toolgate.contracts import subjects
+from toolgate.contracts.calls import Principal, ToolCall, ToolResult
+from toolgate.contracts.events import decode_event
+from toolgate.runtime.creds import connect_options, nats_servers
+from toolgate.stack.nats_server import NatsCluster
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
+
+CALLS = 2000
+BOB = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-1")
+
+
+@pytest.fixture
+def clustered(tmp_path: Path) -> Iterator[Gateway]:
+    gateway = Gateway(
+        data_dir=tmp_path / "data",
+        registry_dir=make_test_registry(tmp_path / "registry"),
+        with_audit=True,
+    )
+    gateway.stack.nats_cluster = 3
+    gateway.start(timeout=180)
+    yield gateway
+    gateway.stop()
+
+
+async def _wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float = 300.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            if await predicate():
+                return
+        except Exception:  # a request that met the dead node: ask again
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.3)
+
+
+async def _asking_again(request: Callable[[], Awaitable[Any]]) -> Any:
+    """A request while a node fails over: asked again until some node answers."""
+    for _ in range(100):
+        try:
+            return await request()
+        except Exception:
+            await asyncio.sleep(0.5)
+    return await request()
+
+
+async def _publish_until_stored(js: Any, subject: str, body: bytes) -> None:
+    """What a careful client does while a node fails over: publish again until acked.
+    (A call stored twice is answered once: the validator claims its call_id.)"""
+    while True:
+        try:
+            await js.publish(subject, body, stream=subjects.CALLS_STREAM, timeout=5)
+            return
+        except Exception:
+            await asyncio.sleep(0.5)
+
+
+async def _stream_event_ids(nc: Any) -> list[str]:
+    """Every event id in the events stream, duplicates included, in one pass."""
+    js = nc.jetstream()
+    last = (await js.stream_info(subjects.EVENTS_STREAM)).state.last_seq
+    sub = await js.pull_subscribe(
+        f"{subjects.EVENTS_PREFIX}.>",
+        stream=subjects.EVENTS_STREAM,
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+    )
+    ids: list[str] = []
+    seen = 0
+    while seen < last:
+        for msg in await sub.fetch(1000, timeout=10):
+            event = decode_event(msg.data)
+            ids.append(event.event_id)
+            seen = msg.metadata.sequence.stream
+    await sub.unsubscribe()
+    return ids
+
+
+async def _result_attached_per_call(nc: Any) -> Counter[str]:
+    """Distinct ResultAttached events per call_id, as the audit would count them."""
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(
+        f"{subjects.EVENTS_PREFIX}.ResultAttached.>",
+        stream=subjects.EVENTS_STREAM,
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+    )
+    seen: dict[str, str] = {}
+    while True:
+        try:
+            batch = await sub.fetch(1000, timeout=3)
+        except nats.errors.TimeoutError:
+            break
+        for msg in batch:
+            event = decode_event(msg.data)
+            seen[event.event_id] = event.call_id
+    await sub.unsubscribe()
+    return Counter(seen.values())
+
+
+@pytest.mark.parametrize(
+    "stream", [subjects.CALLS_STREAM, f"KV_{subjects.OUTCOMES_BUCKET}"], ids=["calls", "outcomes"]
+)
+async def test_losing_the_node_that_leads_a_stream_loses_and_repeats_nothing(
+    clustered: Gateway, stream: str
+) -> None:
+    cluster = clustered.stack.cluster
+    assert isinstance(cluster, NatsCluster)
+    admin = await clustered.connect()
+    js_admin = admin.jetstream(timeout=5)
+    info = await js_admin.stream_info(stream)
+    assert info.config.num_replicas == 3
+    creds = await clustered.agent_creds(BOB.tenant, BOB.agent)
+    agent = await nats.connect(
+        nats_servers(clustered.url),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        **connect_options(creds),
+    )
+    js = agent.jetstream(timeout=5)
+    calls = [
+        ToolCall(call_id=f"cl-{i:04d}", tool="echo", arguments={"payload": i}, principal=BOB)
+        for i in range(CALLS)
+    ]
+    subject = subjects.calls_subject(BOB.tenant, BOB.agent)
+
+    async def publish_all() -> None:
+        for call in calls:
+            await _publish_until_stored(js, subject, msgspec.json.encode(call))
+
+    async def results_stored() -> int:
+        return int((await js_admin.stream_info(subjects.RESULTS_STREAM)).state.messages)
+
+    publishing = asyncio.create_task(publish_all())
+
+    async def some_answered() -> bool:
+        return await results_stored() >= 200
+
+    await _wait_for(some_answered)
+    leader = (await js_admin.stream_info(stream)).cluster.leader
+    victim = cluster.node_named(leader)
+    cluster.kill(victim)
+    answered_at_kill = await _asking_again(results_stored)
+
+    async def more_answered_without_it() -> bool:
+        return await results_stored() >= min(answered_at_kill + 300, CALLS)
+
+    # The gateway carries on with two nodes: a new leader, calls answered meanwhile.
+    await _wait_for(more_answered_without_it)
+    new_leader = (await _asking_again(lambda: js_admin.stream_info(stream))).cluster.leader
+    await publishing
+    cluster.start_node(victim)
+
+    async def all_answered() -> bool:
+        return await results_stored() >= CALLS
+
+    await _wait_for(all_answered)
+
+    async def caught_up() -> bool:  # the restarted node is a current replica again
+        for name in (stream, subjects.CALLS_STREAM, subjects.EVENTS_STREAM):
+            peers = (await js_admin.stream_info(name)).cluster.replicas or []
+            if len(peers) != 2 or not all(p.current and not p.offline for p in peers):
+                return False
+        return True
+
+    await _wait_for(caught_up)
+
+    assert answered_at_kill < CALLS, "the kill must land mid-run to prove anything"
+    assert new_leader != leader
+    # Every call exactly one result, and the right one.
+    results: list[ToolResult] = []
+    for call in calls:
+        stored = await js_admin.get_last_msg(
+            subjects.RESULTS_STREAM,
+            subjects.results_subject(BOB.tenant, BOB.agent, call.call_id),
+            direct=True,
+        )
+        results.append(msgspec.json.decode(stored.data, type=ToolResult))
+    assert [r.status for r in results] == ["ok"] * CALLS, Counter(r.status for r in results)
+    assert [r.data for r in results] == [{"payload": i} for i in range(CALLS)]
+    attached = await _result_attached_per_call(admin)
+    assert set(attached) == {c.call_id for c in calls}
+    assert set(attached.values()) == {1}
+
+    # Every event reaches the audit once: one row per distinct event id of the stream,
+    # plus one per stored call message.
+    event_ids = set(await _stream_event_ids(admin))
+    stored_calls = (await js_admin.stream_info(subjects.CALLS_STREAM)).state.messages
+    audit = clustered.audit_client()
+
+    async def audited() -> bool:
+        rows = audit.query("SELECT count() FROM events").result_rows[0][0]
+        return bool(rows >= len(event_ids) + stored_calls)
+
+    await _wait_for(audited)
+    count, distinct = audit.query("SELECT count(), uniqExact(event_id) FROM events").result_rows[0]
+    assert count == distinct == len(event_ids) + stored_calls
+    in_audit = {
+        r[0]
+        for r in audit.query(
+            "SELECT event_id FROM events WHERE source_stream = 'TOOLGATE_EVENTS'"
+        ).result_rows
+    }
+    assert in_audit == event_ids
+    await agent.close()
+    await admin.close()
