@@ -1,0 +1,188 @@
+"""The MCP front door's pure parts: tokens, the listing, the call_id, the answer's shape."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolgate.contracts.calls import (
+    ErrorDetail,
+    Provenance,
+    ToolError,
+    ToolResult,
+    failure,
+    success,
+)
+from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
+from toolgate.services.mcp_front import logic
+from toolgate.services.mcp_front.tokens import (
+    TokenError,
+    TokenStore,
+    mint_token,
+    parse_token,
+    token_path,
+)
+
+
+def agent_record(data_dir: Path, tenant: str, agent: str, user: str, revoked: bool = False) -> None:
+    """What `toolgate agents add` / `revoke` leave beside the token (stack/nats_auth.py)."""
+    directory = data_dir / "auth" / "agents"
+    directory.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {"tenant": tenant, "agent": agent, "account": "A", "user": user}
+    record.update(
+        created_at="2026-01-01T00:00:00Z", revoked_at="2026-01-02T00:00:00Z" if revoked else None
+    )
+    (directory / f"{tenant}.{agent}.json").write_text(json.dumps(record))
+
+
+class TestTokens:
+    def test_a_minted_token_names_its_agent_and_only_its_hash_is_stored(
+        self, tmp_path: Path
+    ) -> None:
+        agent_record(tmp_path, "acme", "researcher", "UKEY1")
+        token = mint_token(tmp_path, "acme", "researcher")
+        assert TokenStore(tmp_path).identify(token) == ("acme", "researcher")
+        stored = token_path(tmp_path, "acme", "researcher")
+        assert token not in stored.read_text()
+        assert os.stat(stored).st_mode & 0o777 == 0o600
+
+    def test_bad_forged_and_other_agents_tokens_are_refused(self, tmp_path: Path) -> None:
+        agent_record(tmp_path, "acme", "researcher", "UKEY1")
+        agent_record(tmp_path, "acme", "writer", "UKEY2")
+        token = mint_token(tmp_path, "acme", "researcher")
+        store = TokenStore(tmp_path)
+        secret = token.rsplit(".", 1)[1]
+        for bad in (
+            "",
+            "nonsense",
+            f"tgmcp.acme.writer.{secret}",
+            token + "x",
+            f"tgmcp.acme.{secret}",
+        ):
+            assert store.identify(bad) is None, bad
+
+    def test_minting_again_replaces_the_token(self, tmp_path: Path) -> None:
+        agent_record(tmp_path, "acme", "researcher", "UKEY1")
+        old = mint_token(tmp_path, "acme", "researcher")
+        store = TokenStore(tmp_path)
+        assert store.identify(old) is not None
+        new = mint_token(tmp_path, "acme", "researcher")
+        assert store.identify(old) is None and store.identify(new) == ("acme", "researcher")
+
+    def test_revoking_the_agent_kills_the_token_for_good(self, tmp_path: Path) -> None:
+        agent_record(tmp_path, "acme", "researcher", "UKEY1")
+        token = mint_token(tmp_path, "acme", "researcher")
+        store = TokenStore(tmp_path)
+        agent_record(tmp_path, "acme", "researcher", "UKEY1", revoked=True)
+        assert store.identify(token) is None
+        # Re-added: a new NATS user key; the old token stays dead.
+        agent_record(tmp_path, "acme", "researcher", "UKEY9")
+        assert store.identify(token) is None
+
+    def test_no_token_for_an_unknown_or_revoked_agent_or_a_bad_name(self, tmp_path: Path) -> None:
+        with pytest.raises(TokenError, match="agents add"):
+            mint_token(tmp_path, "acme", "ghost")
+        agent_record(tmp_path, "acme", "gone", "U", revoked=True)
+        with pytest.raises(TokenError):
+            mint_token(tmp_path, "acme", "gone")
+        with pytest.raises(TokenError, match="subject-safe"):
+            mint_token(tmp_path, "acme", "a.b")
+
+    def test_parse_token(self) -> None:
+        assert parse_token("tgmcp.acme.researcher.abc") == ("acme", "researcher")
+        assert parse_token("tgmcp.acme.researcher.") is None
+        assert parse_token("other.acme.researcher.abc") is None
+        assert parse_token("tgmcp.ac*me.researcher.abc") is None
+
+
+class TestListing:
+    def test_the_listing_is_visible_to_with_schemas_and_hints(self) -> None:
+        registry = load_registry(BUILTIN_TOOLS_DIR)
+        tools = logic.listing_for(registry, "researcher")
+        assert [t.name for t in tools] == [s.name for s in registry.visible_to("researcher")]
+        search = next(t for t in tools if t.name == "search_sources")
+        spec = registry.get("search_sources")
+        assert spec is not None
+        assert search.input_schema == spec.input_schema
+        assert search.output_schema == spec.output_schema
+        assert search.annotations is not None and search.annotations.read_only_hint is True
+        assert search.annotations.destructive_hint is False
+
+    def test_a_tool_no_agent_of_this_name_may_call_is_not_listed(self) -> None:
+        registry = load_registry(BUILTIN_TOOLS_DIR)
+        listed = {t.name for t in logic.listing_for(registry, "nobody-in-particular")}
+        assert listed == {s.name for s in registry if "*" in s.allowed_agents}
+
+
+class TestCallId:
+    def test_meta_call_id_or_none(self) -> None:
+        assert logic.requested_call_id(None) is None
+        assert logic.requested_call_id({"progressToken": 1}) is None
+        assert logic.requested_call_id({logic.CALL_ID_META_KEY: "call_1"}) == "call_1"
+
+    @pytest.mark.parametrize("bad", ["", "a.b", "x" * 129, 5, None, "a b"])
+    def test_a_bad_meta_call_id_is_a_precise_error(self, bad: object) -> None:
+        with pytest.raises(logic.BadMeta, match="toolgate/call_id"):
+            logic.requested_call_id({logic.CALL_ID_META_KEY: bad})
+
+
+class TestAnswer:
+    def test_ok_is_structured_content_and_the_same_json_as_text(self) -> None:
+        answer = logic.call_result(success("c1", {"items": [1]}))
+        assert answer.is_error is False
+        assert answer.structured_content == {"items": [1]}
+        assert json.loads(answer.content[0].text) == {"items": [1]}  # type: ignore[union-attr]
+        assert answer.meta == {logic.CALL_ID_META_KEY: "c1", logic.STATUS_META_KEY: "ok"}
+
+    def test_an_error_status_is_is_error_with_the_whole_error(self) -> None:
+        error = ToolError(
+            code="SCHEMA_VALIDATION_FAILED",
+            message="bad",
+            retryable=False,
+            details=[ErrorDetail(path="/limit", message="too big")],
+        )
+        answer = logic.call_result(failure("c2", "invalid_arguments", error))
+        assert answer.is_error is True
+        assert answer.structured_content == {
+            "call_id": "c2",
+            "status": "invalid_arguments",
+            "error": {
+                "code": "SCHEMA_VALIDATION_FAILED",
+                "message": "bad",
+                "retryable": False,
+                "details": [{"path": "/limit", "message": "too big"}],
+            },
+        }
+        assert json.loads(answer.content[0].text) == answer.structured_content  # type: ignore[union-attr]
+
+    def test_an_upstream_result_carries_its_provenance(self) -> None:
+        result = ToolResult(
+            call_id="c3",
+            ok=True,
+            status="ok",
+            data={"v": 1},
+            provenance=Provenance(source="mcp", server="http://u/mcp", tool="t"),
+        )
+        answer = logic.call_result(result)
+        assert answer.meta is not None
+        assert answer.meta[logic.PROVENANCE_META_KEY] == {
+            "source": "mcp",
+            "server": "http://u/mcp",
+            "tool": "t",
+            "trust": "untrusted",
+        }
+
+    def test_a_result_without_provenance_encodes_as_before(self) -> None:
+        import msgspec
+
+        assert msgspec.json.decode(msgspec.json.encode(success("c", 1))) == {
+            "call_id": "c",
+            "ok": True,
+            "status": "ok",
+            "data": 1,
+            "error": None,
+        }
