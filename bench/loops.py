@@ -14,6 +14,7 @@ starts once the gateway is quiet again.
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import sys
 import time
@@ -156,6 +157,8 @@ class Open:
     # How late the last publish left against its schedule: the client keeping up?
     send_lag_ms: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    # Each call's latency in the order the calls were due (nan: lost), for a soak's slices.
+    in_order_ms: list[float] = field(default_factory=list)
 
     @property
     def done_per_s(self) -> float:
@@ -247,6 +250,7 @@ async def open_loop(
     total = max(1, round(rate * duration_s))
     interval = 1.0 / rate
     latencies: list[float] = []
+    in_order = [math.nan] * total
     lost = 0
 
     async def one(i: int, due: float) -> None:
@@ -256,7 +260,8 @@ async def open_loop(
         except TimeoutError:
             lost += 1
             return
-        latencies.append((time.perf_counter() - due) * 1000)
+        in_order[i] = (time.perf_counter() - due) * 1000
+        latencies.append(in_order[i])
         progress.done += 1
 
     progress.start(f"{driver.name}: open loop at {rate:.0f} calls/s for {duration_s:g} s", total)
@@ -288,4 +293,5 @@ async def open_loop(
         lost=lost,
         failures=driver.failures - failures_before,
         send_lag_ms=lag * 1000,
+        in_order_ms=in_order,
     )

@@ -95,6 +95,27 @@ class Processes:
             for name, pid in self.pids.items()
         }
 
+    def rss_mb(self) -> dict[str, float]:
+        """Resident memory (VmRSS) of each named process and its live descendants, in MiB."""
+        if not self.pids or not available():
+            return {name: 0.0 for name in self.pids}
+        tree = _children()
+        return {
+            name: sum(map(_own_rss_kb, [pid] if name in self.alone else _tree_of(pid, tree))) / 1024
+            for name, pid in self.pids.items()
+        }
+
+
+def _own_rss_kb(pid: int) -> int:
+    try:
+        lines = (_PROC / str(pid) / "status").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in lines:
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
 
 def delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """CPU seconds each process used between two snapshots (a process absent from one: 0)."""

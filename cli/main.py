@@ -391,7 +391,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         app = build_attacher(settings)
     bus.tune_gc_for_a_service()
-    asyncio.run(app.run())
+    bus.run_service(app.run())
     return 0
 
 
@@ -687,6 +687,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.rate is not None and args.curve:
         print("toolgate bench: --rate or --curve, not both", file=sys.stderr)
         return 2
+    if args.soak is not None and (args.soak < 1 or args.curve):
+        print(
+            "toolgate bench: --soak takes a positive number of calls, not --curve",
+            file=sys.stderr,
+        )
+        return 2
     if args.nats_url:  # a running gateway: is it there at all? (one line, exit 3, if not)
         check_nats_url(args.nats_url)
         check_creds(args.creds)
@@ -955,6 +961,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="measure the burst throughput, then hold 25/50/75/90%% of it "
         "open loop (--duration each) and print a table",
+    )
+    bench.add_argument(
+        "--soak",
+        type=int,
+        default=None,
+        metavar="CALLS",
+        help="a soak: CALLS calls open loop at --rate (default: 60%% of the burst "
+        "throughput, measured first); prints every process's RSS at the start and the "
+        "end, the consumers' backlog, and the latency of the first and last 10,000 calls",
     )
     bench.add_argument(
         "--nats-url",

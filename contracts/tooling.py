@@ -7,10 +7,10 @@ built: the function never chooses where it writes, the runtime does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .calls import Principal
 
@@ -41,6 +41,23 @@ class ToolRefused(Exception):
     def __init__(self, message: str = "", *, code: str = "TOOL_REFUSED") -> None:
         super().__init__(message)
         self.code = code
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_INLINE = "__toolgate_inline__"
+
+
+def runs_inline(function: F) -> F:
+    """Mark a sync tool function that returns at once and never blocks (pure work on
+    its arguments, microseconds): the executor calls it on its event loop instead of
+    handing it to a thread, whose hand-off costs more than such a tool's whole work.
+    Its timeout cannot be enforced there, so mark nothing that does I/O or may hang."""
+    setattr(function, _INLINE, True)
+    return function
+
+
+def is_inline(function: Callable[..., Any]) -> bool:
+    return getattr(function, _INLINE, False) is True
 
 
 class ToolUnavailable(Exception):

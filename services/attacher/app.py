@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from faststream import FastStream
-from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.events import (
@@ -36,12 +36,12 @@ def build_app(settings: GatewaySettings) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
 
-    async def on_terminal(msg: NatsMessage) -> None:
+    async def on_terminal(msg: Msg) -> None:
         """One handler body for every terminal event type."""
         delivery = bus.delivery_of(msg)
 
         async def work() -> None:
-            event = decode_event(msg.body)
+            event = decode_event(msg.data)
             if event.principal is None:
                 raise ValueError(f"{type(event).__name__} has no principal: no result subject")
             result = builder.result_for(event)
@@ -64,19 +64,15 @@ def build_app(settings: GatewaySettings) -> FastStream:
             )
 
         async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         await bus.settle(msg, delivery, work, give_up)
 
     for event_type in TERMINAL_EVENTS:
         durable = f"{SERVICE}-{event_type.__name__}"
         source = subjects.event_filter(event_type)
-        subscriber = bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable)
+        bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable)(on_terminal)
 
-        # A distinct function per subscriber: FastStream wraps each one it is given.
-        async def handler(msg: NatsMessage) -> None:
-            await on_terminal(msg)
-
-        subscriber(handler)
-
-    return FastStream(broker)
+    app = FastStream(broker)
+    bus.run_consumers(app, broker)
+    return app

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 from faststream import FastStream
 from faststream.nats import NatsBroker
-from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import load_public_key
@@ -40,7 +40,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import ToolSpec
-from toolgate.contracts.tooling import ToolContext
+from toolgate.contracts.tooling import ToolContext, is_inline
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.executor.logic import (
@@ -91,21 +91,21 @@ class ToolRunner:
         self.public_key = load_public_key(settings.keys_dir)
         self.outcomes: OutcomeStore | None = None  # bound once the broker is connected
 
-    async def handle(self, msg: NatsMessage) -> None:
+    async def handle(self, msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
 
         async def work() -> None:
             await self._process(msg, delivery)
 
         async def give_up(exc: Exception) -> None:
-            await self.publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+            await self.publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         await bus.settle(msg, delivery, work, give_up)
 
-    async def _process(self, msg: NatsMessage, delivery: bus.Delivery) -> None:
+    async def _process(self, msg: Msg, delivery: bus.Delivery) -> None:
         assert self.outcomes is not None
         try:
-            event = decode_event(msg.body)
+            event = decode_event(msg.data)
         except Exception as exc:
             await self._refuse_raw(delivery, f"not a CallAuthorized event: {exc}")
             return
@@ -177,7 +177,7 @@ class ToolRunner:
             state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
         )
 
-    async def _run_with_heartbeat(self, msg: NatsMessage, event: CallAuthorized) -> ToolOutcome:
+    async def _run_with_heartbeat(self, msg: Msg, event: CallAuthorized) -> ToolOutcome:
         ctx = ToolContext(
             call_id=event.call_id,
             tool=self.spec.name,
@@ -186,6 +186,9 @@ class ToolRunner:
             data_dir=self.settings.tools_data_dir / self.spec.name,
             settings=self.spec.settings,
         )
+
+        if is_inline(self.function):  # returns at once: nothing to keep alive
+            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
 
         async def heartbeat() -> None:
             # Tell JetStream we are still working, so a long tool is not redelivered.
@@ -282,8 +285,7 @@ def build_app(
             source,
             subjects.EVENTS_STREAM,
             durable_for(name),
-            batch_size=1,
-            max_workers=concurrency,
+            concurrency=concurrency,
             max_ack_pending=max(concurrency * 4, 64),
         )(runner.handle)
 
@@ -297,4 +299,5 @@ def build_app(
         for runner in runners:
             runner.outcomes = OutcomeStore(kv)
 
+    bus.run_consumers(app, broker)
     return app

@@ -20,7 +20,7 @@ from toolgate.contracts.authorization import arguments_sha256, verify
 from toolgate.contracts.calls import ErrorCode, Status, ToolError
 from toolgate.contracts.events import CallAuthorized
 from toolgate.contracts.registry import ToolSpec
-from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable
+from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable, is_inline
 
 ToolFunction = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -182,11 +182,13 @@ async def run_tool(
 
     try:
         if inspect.iscoroutinefunction(function):
-            coro = function(arguments, ctx)
+            output = await asyncio.wait_for(function(arguments, ctx), timeout=spec.timeout_s)
+        elif is_inline(function):  # declared instant and non-blocking (runs_inline)
+            output = function(arguments, ctx)
         else:
             # Sync tools run in our own pool: a hung tool holds one thread, not the loop.
-            coro = asyncio.get_running_loop().run_in_executor(pool, function, arguments, ctx)
-        output = await asyncio.wait_for(coro, timeout=spec.timeout_s)
+            in_pool = asyncio.get_running_loop().run_in_executor(pool, function, arguments, ctx)
+            output = await asyncio.wait_for(in_pool, timeout=spec.timeout_s)
     except TimeoutError:
         return ToolOutcome(
             "timeout",

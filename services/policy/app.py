@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream import FastStream
-from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import (
@@ -348,11 +348,11 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         @bus.durable_subscriber(
             broker, subjects.event_filter(event_type), subjects.EVENTS_STREAM, durable
         )
-        async def handle(msg: NatsMessage) -> None:
+        async def handle(msg: Msg) -> None:
             delivery = bus.delivery_of(msg)
 
             async def work() -> None:
-                event = decode_event(msg.body)
+                event = decode_event(msg.data)
                 if not isinstance(event, event_type):
                     raise TypeError(f"expected {event_type.__name__}, got {type(event).__name__}")
                 result = await outcome(event, delivery)
@@ -360,7 +360,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                     await publisher.emit(result)
 
             async def give_up(exc: Exception) -> None:
-                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.body, exc))
+                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
             await bus.settle(msg, delivery, work, give_up)
 
@@ -400,4 +400,5 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                 await stores.watching
         await resolvers.aclose()
 
+    bus.run_consumers(app, broker)
     return app

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from faststream import FastStream
-from faststream.nats.message import NatsMessage
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -109,9 +109,9 @@ def build_app(settings: GatewaySettings) -> FastStream:
     claims: list[CallIdClaims] = []  # bound once the broker is connected
 
     @bus.durable_subscriber(broker, subjects.CALLS_FILTER, subjects.CALLS_STREAM, SERVICE)
-    async def on_call(msg: NatsMessage) -> None:
+    async def on_call(msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
-        raw: bytes = msg.body
+        raw: bytes = msg.data
 
         async def work() -> None:
             identity = identity_of(delivery.subject)
@@ -145,6 +145,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
         await broker.connect()
         claims.append(CallIdClaims(await broker.key_value(subjects.CALL_IDS_BUCKET, declare=False)))
 
+    bus.run_consumers(app, broker)
     return app
 
 
