@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from langchain.agents.middleware import AgentMiddleware
 from langchain.agents.middleware.types import ToolCallRequest
 from langchain_core.messages import ToolMessage
@@ -34,39 +33,12 @@ from langchain_core.tools import BaseTool, BaseToolkit
 from langgraph.types import Command
 from pydantic import ConfigDict
 
-from toolgate.contracts.calls import ToolResult
 from toolgate.contracts.registry import ToolSpec
 
-from .core import ApprovalRequest, Observation
 from .session import GatewaySession
+from .tool_messages import thread_of, tool_message
 
-__all__ = ["GatewayTool", "GatewayToolMiddleware", "GatewayToolkit", "tool_message"]
-
-
-def thread_of(config: RunnableConfig | None) -> str | None:
-    """The conversation a tool call belongs to (LangGraph's thread_id), when there is one."""
-    configurable = (config or {}).get("configurable") or {}
-    thread = configurable.get("thread_id")
-    return str(thread) if thread is not None else None
-
-
-def artifact_of(outcome: ToolResult | ApprovalRequest) -> dict[str, Any]:
-    """What rides along the message for the platform (not shown to the model)."""
-    if isinstance(outcome, ApprovalRequest):
-        return {"approval": outcome.as_dict()}
-    return {"result": msgspec.to_builtins(outcome)}
-
-
-def tool_message(
-    seen: Observation, outcome: ToolResult | ApprovalRequest, tool_call_id: str, name: str
-) -> ToolMessage:
-    return ToolMessage(
-        content=seen.text,
-        tool_call_id=tool_call_id,
-        name=name,
-        status="error" if seen.is_error else "success",
-        artifact=artifact_of(outcome),
-    )
+__all__ = ["GatewayTool", "GatewayToolMiddleware", "GatewayToolkit"]
 
 
 class GatewayTool(BaseTool):

@@ -45,8 +45,8 @@ from langgraph.types import interrupt
 from toolgate.contracts.calls import PendingNotice, ToolResult
 
 from .core import ApprovalRequest, Observation, approval_request, observe, waiting
-from .langchain import thread_of, tool_message
 from .session import GatewaySession, timed_out
+from .tool_messages import thread_of, tool_message
 
 __all__ = ["APPROVAL_INTERRUPT", "GatewayToolNode", "SQLiteCheckpointer"]
 

@@ -48,6 +48,7 @@ async def open_session(gateway: Gateway) -> GatewaySession:
         user="u-alice",
         session="s-1",
         registry=load_registry(gateway.registry_dir),
+        timeout=DEADLINE_S,  # a deadline on a shared, busy machine, not a measure
     )
 
 
@@ -61,6 +62,7 @@ async def pause(
     state = await graph.ainvoke(
         {"messages": [HumanMessage("refund 7")]}, {"configurable": {"thread_id": thread}}
     )
+    assert "__interrupt__" in state, [m.content for m in state["messages"]]
     (paused,) = state["__interrupt__"]
     assert paused.value["kind"] == APPROVAL_INTERRUPT
     (request,) = paused.value["requests"]

@@ -151,3 +151,13 @@ def test_importing_toolgate_and_the_core_needs_no_framework() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_langgraph_integration_needs_no_langchain_package() -> None:
+    """The [langgraph] extra is langgraph + langchain-core: no `langchain` import."""
+    code = (
+        "import sys, toolgate.client.frameworks.langgraph\n"
+        "print('langchain' in {m.split('.')[0] for m in sys.modules})"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
