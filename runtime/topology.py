@@ -111,6 +111,19 @@ class Topology:
                 allow_direct=True,
                 **common,
             ),
+            # The audit's checkpoints, for ever: no role but the operator may delete the
+            # stream, and no one may delete or purge a message of it (a flag only the
+            # operator could change, with STREAM.UPDATE).
+            StreamConfig(
+                name=subjects.AUDIT_SEALS_STREAM,
+                subjects=[subjects.AUDIT_SEALS_SUBJECT],
+                retention=RetentionPolicy.LIMITS,
+                storage=StorageType.FILE,
+                num_replicas=self.replicas,
+                duplicate_window=self.duplicate_window_s,
+                deny_delete=True,
+                deny_purge=True,
+            ),
         ]
 
     def buckets(self) -> list[KeyValueConfig]:
@@ -169,6 +182,45 @@ async def apply_topology(
                 await js.create_key_value(bucket)
     finally:
         await nc.close()
+
+
+# ---------------------------------------------------------------- how long a delivery is held
+#
+# AckWait: how long JetStream waits for a delivered message's ack before it
+# hands the message to another worker. JetStream's default (30 s) made a
+# SIGKILLed worker's messages wait 30 s. Each durable gets what its stage
+# needs instead: the quick stages (validator, policy, approvals, attacher)
+# finish a message in milliseconds, so a short AckWait only bounds how long a
+# dead worker's messages wait; an executor durable waits its tool's timeout
+# plus a margin, capped, and the executor sends `in_progress` every third of
+# that while a tool runs, so a tool slower than its AckWait is never handed
+# to a second worker while the first still runs it.
+
+STAGE_ACK_WAIT_S = 10.0
+EXECUTOR_ACK_MARGIN_S = 5.0
+EXECUTOR_ACK_WAIT_CAP_S = 15.0
+# The audit holds messages while a batch fills and is inserted (about 1 s, longer
+# while ClickHouse is slow); the sink sets its own (services/audit).
+DEFAULT_ACK_WAIT_S = 30.0
+
+
+def stage_ack_wait(durable: str) -> float:
+    """The AckWait of a pipeline durable (executors: see executor_ack_wait)."""
+    if durable.startswith("executor-"):
+        return EXECUTOR_ACK_WAIT_CAP_S
+    if durable == "audit":
+        return DEFAULT_ACK_WAIT_S
+    return STAGE_ACK_WAIT_S
+
+
+def executor_ack_wait(tool_timeout_s: float) -> float:
+    """A tool's durable: its timeout plus a margin, at most the cap (heartbeats cover the rest)."""
+    return min(tool_timeout_s + EXECUTOR_ACK_MARGIN_S, EXECUTOR_ACK_WAIT_CAP_S)
+
+
+def heartbeat_interval(ack_wait_s: float) -> float:
+    """How often a worker says `in_progress` for a message it still works on."""
+    return ack_wait_s / 3
 
 
 # ---------------------------------------------------------------- the handler table

@@ -43,6 +43,7 @@ from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
 from toolgate.services.executor.logic import (
     Conclude,
     Refuse,
@@ -89,6 +90,8 @@ class ToolRunner:
         self.pool = pool
         self.worker = worker
         self.public_key = load_public_key(settings.keys_dir)
+        # This tool's durable holds a delivery this long (runtime/topology.py).
+        self.ack_wait_s = executor_ack_wait(spec.timeout_s)
         self.outcomes: OutcomeStore | None = None  # bound once the broker is connected
 
     async def handle(self, msg: Msg) -> None:
@@ -193,7 +196,7 @@ class ToolRunner:
         async def heartbeat() -> None:
             # Tell JetStream we are still working, so a long tool is not redelivered.
             while True:
-                await asyncio.sleep(bus.ACK_WAIT_S / 3)
+                await asyncio.sleep(heartbeat_interval(self.ack_wait_s))
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
@@ -287,6 +290,7 @@ def build_app(
             durable_for(name),
             concurrency=concurrency,
             max_ack_pending=max(concurrency * 4, 64),
+            ack_wait_s=runner.ack_wait_s,
         )(runner.handle)
 
     app = FastStream(broker)
@@ -295,7 +299,7 @@ def build_app(
     async def bind_outcome_store() -> None:
         # Connect before the subscribers start, so no message meets an unbound store.
         await broker.connect()
-        kv = await broker.key_value(subjects.OUTCOMES_BUCKET, declare=False)
+        kv = await bus.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
         for runner in runners:
             runner.outcomes = OutcomeStore(kv)
 

@@ -1,0 +1,39 @@
+"""Each durable holds a delivery as long as its stage needs, not JetStream's 30 s default."""
+
+from __future__ import annotations
+
+from toolgate.runtime import bus
+from toolgate.runtime.topology import (
+    DEFAULT_ACK_WAIT_S,
+    EXECUTOR_ACK_MARGIN_S,
+    EXECUTOR_ACK_WAIT_CAP_S,
+    executor_ack_wait,
+    handlers,
+    heartbeat_interval,
+    stage_ack_wait,
+)
+
+
+class TestStageAckWait:
+    def test_the_quick_stages_are_redelivered_well_before_the_default(self) -> None:
+        quick = [h.durable for h in handlers(["echo"]) if h.service != "executor"]
+        assert quick  # validator, policy, approvals, attacher-*
+        assert all(stage_ack_wait(durable) < DEFAULT_ACK_WAIT_S for durable in quick)
+
+    def test_the_audit_keeps_room_for_a_batch(self) -> None:
+        assert stage_ack_wait("audit") == DEFAULT_ACK_WAIT_S
+
+    def test_consumer_config_takes_the_stage_value_unless_told(self) -> None:
+        assert bus.consumer_config("validator", "x.>").ack_wait == stage_ack_wait("validator")
+        assert bus.consumer_config("audit", "x.>", ack_wait_s=7.0).ack_wait == 7.0
+
+
+class TestExecutorAckWait:
+    def test_a_quick_tool_waits_its_timeout_plus_a_margin(self) -> None:
+        assert executor_ack_wait(2.0) == 2.0 + EXECUTOR_ACK_MARGIN_S
+
+    def test_a_long_tool_is_capped_and_kept_alive_by_heartbeats(self) -> None:
+        wait = executor_ack_wait(600.0)
+        assert wait == EXECUTOR_ACK_WAIT_CAP_S < DEFAULT_ACK_WAIT_S
+        # Several heartbeats fit in one AckWait: one lost beat does not redeliver.
+        assert heartbeat_interval(wait) * 2 < wait
