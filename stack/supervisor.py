@@ -317,6 +317,11 @@ class Stack:
             {
                 "nats_url": self.url,
                 "clickhouse_url": self.audit_url if self.with_audit else None,
+                # The embedded server's generated users (0600): services and the CLI log
+                # in as writer / auditor / admin from it (runtime.settings.clickhouse_login).
+                "clickhouse_logins": str(self.clickhouse.logins_path)
+                if self.clickhouse is not None
+                else None,
                 "data_dir": str(self.data_dir.resolve()),
                 "locked": self.locked,
                 "default_agent": f"{DEFAULT_TENANT}.{DEFAULT_AGENT}" if self.locked else None,
@@ -324,11 +329,6 @@ class Stack:
                 "creds": creds,
                 # What the services were started with, so a copy started by hand here
                 # (`toolgate serve NAME`) serves the same tools under the same bundle.
-                # The embedded server's generated users (0600): services and the CLI log
-                # in as writer / auditor / admin from it (runtime.settings.clickhouse_login).
-                "clickhouse_logins": str(self.clickhouse.logins_path)
-                if self.clickhouse is not None
-                else None,
                 "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
             },
@@ -360,6 +360,12 @@ class Stack:
             self.clickhouse = EmbeddedClickHouse(
                 self.data_dir / "clickhouse", port=self.clickhouse_port
             ).start()
+            # The operator applies the DDL; the sink logs in as the insert-only writer.
+            from toolgate.services.audit.connection import ClickHouseTarget
+            from toolgate.services.audit.schema import apply_schema
+
+            apply_schema(ClickHouseTarget.from_url(self.clickhouse.url_for("admin")))
+            self.record_context()  # before the sink starts: it finds its login there
         service = ServiceProcess(
             AUDIT_SERVICE,
             serve_command(
@@ -381,6 +387,11 @@ class Stack:
         return self.creds.path(role) if self.creds else None
 
     def restart_dead(self) -> None:
+        if self.clickhouse is not None:
+            try:
+                self.clickhouse.ensure_running()  # the sink retries meanwhile
+            except Exception as exc:  # noqa: BLE001 (next round tries again)
+                log.warning("embedded ClickHouse did not come back: %s", exc)
         for service in self.services:
             if not service.alive():
                 code = service.process.returncode if service.process else None
@@ -388,12 +399,6 @@ class Stack:
                 if time.monotonic() - service.started_at < 5 and service.restarts >= 3:
                     continue
                 log.warning("%s exited with %s; restarting", service.name, code)
-            # The operator applies the DDL; the sink logs in as the insert-only writer.
-            from toolgate.services.audit.connection import ClickHouseTarget
-            from toolgate.services.audit.schema import apply_schema
-
-            apply_schema(ClickHouseTarget.from_url(self.clickhouse.url_for("admin")))
-            self.record_context()  # before the sink starts: it finds its login there
                 service.restarts += 1
                 service.start()
 
@@ -422,11 +427,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
             sock.bind((host, port))
         except OSError:
             return False
-        if self.clickhouse is not None:
-            try:
-                self.clickhouse.ensure_running()  # the sink retries meanwhile
-            except Exception as exc:  # noqa: BLE001 (next round tries again)
-                log.warning("embedded ClickHouse did not come back: %s", exc)
     return True
 
 
