@@ -265,6 +265,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="the gateway's state directory: its seal key and context.json "
         "(default: $TOOLGATE_DATA_DIR or .toolgate)",
     )
+    verify.add_argument(
+        "--nats-url",
+        default=None,
+        help="where the seal stream is (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded)",
+    )
+    verify.add_argument(
+        "--creds",
+        type=Path,
+        default=None,
+        help="creds that may read the seal stream (default: the admin creds "
+        "`toolgate up` recorded)",
+    )
+    verify.add_argument(
+        "--without-seals",
+        action="store_true",
+        help="check ClickHouse alone (a chain deleted with all its checkpoints then goes unseen)",
+    )
     add_store_options(verify)
     verify.set_defaults(func=cmd_verify)
 
@@ -398,8 +416,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 @fails_in_one_line("toolgate audit verify")
 def cmd_verify(args: argparse.Namespace) -> int:
     from toolgate.services.audit.chain import SEAL_PUBLIC_FILE, load_seal_public_key
-    from toolgate.services.audit.progress import Progress
-    from toolgate.services.audit.verify import read_checkpoints, read_rows, verify
+    from toolgate.services.audit.verify import verify_store
 
     _check_timeout(args)
     data_dir, source = data_dir_of(args.data_dir)
@@ -420,18 +437,35 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{path} ({where}) is not a readable Ed25519 public key in PEM "
             f"({str(exc).split('. See ')[0] or type(exc).__name__})"
         ) from None
+    seals = None
+    if not args.without_seals:
+        from toolgate.services.audit.seals import SealsUnavailable, read_seals
+
+        context = env.read_context(data_dir)
+        recorded_creds = (context.get("creds") or {}).get("admin")
+        nats_url = args.nats_url or os.environ.get("TOOLGATE_NATS_URL") or context.get("nats_url")
+        nats_url = nats_url or env.DEFAULT_NATS_URL
+        creds = args.creds or (Path(recorded_creds) if recorded_creds else None)
+        try:
+            seals, bad = asyncio.run(read_seals(nats_url, creds, args.connect_timeout))
+        except SealsUnavailable as exc:
+            raise Failed(
+                f"cannot read the audit seals in JetStream ({exc}): give --nats-url and "
+                "--creds (the operator's), or --without-seals to check ClickHouse alone",
+                UNREACHABLE,
+            ) from None
+        if bad:
+            print(f"WARNING: {bad} message(s) in the seal stream are not seals", file=sys.stderr)
     store, client = _open(args, data_dir if args.data_dir is not None else None)
     with store.errors():
-        total = int(client.query("SELECT count() FROM event_log").result_rows[0][0])
-        progress = Progress("toolgate audit verify", "rows read", total)
-        report = verify(progress.counted(read_rows(client)), read_checkpoints(client), key)
-    progress.finish()
+        report = verify_store(client, key, seals)
     for finding in report.findings:
         print(finding.line())
     verdict = "OK" if report.ok else f"TAMPERED ({len(report.tampered)} finding(s))"
+    against = f", {len(seals)} seal(s) in JetStream" if seals is not None else ", seals not checked"
     print(
         f"{verdict}: {report.rows} rows in {report.chains} chain(s), "
-        f"{report.checkpoints} checkpoint(s)"
+        f"{report.checkpoints} checkpoint(s){against}"
     )
     return 0 if report.ok else 1
 

@@ -33,6 +33,10 @@ PENDING_SUFFIX: Final = "pending"
 CALLS_STREAM: Final = "TOOLGATE_CALLS"
 EVENTS_STREAM: Final = "TOOLGATE_EVENTS"
 RESULTS_STREAM: Final = "TOOLGATE_RESULTS"
+# The audit sinks' signed checkpoints, kept where the ClickHouse writer cannot delete
+# them: no message of this stream can be deleted or purged (deny_delete, deny_purge).
+AUDIT_SEALS_STREAM: Final = "TOOLGATE_AUDIT_SEALS"
+AUDIT_SEALS_SUBJECT: Final = "toolgate.audit.seals"
 OUTCOMES_BUCKET: Final = "toolgate_outcomes"
 CALL_IDS_BUCKET: Final = "toolgate_call_ids"
 EVIDENCE_BUCKET: Final = "toolgate_evidence"

@@ -26,7 +26,7 @@ from faststream import FastStream
 from toolgate.contracts import subjects
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.services.audit.chain import ensure_seal_key
+from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.pull import PullBatches, ensure_consumer
 from toolgate.services.audit.rows import RowBuilder
@@ -97,6 +97,21 @@ def build_sink(
     @app.after_startup
     async def start_pumps() -> None:
         nc = await broker.connect()
+        js = nc.jetstream()
+
+        async def publish_seal(checkpoint: Checkpoint) -> None:
+            await js.publish(
+                subjects.AUDIT_SEALS_SUBJECT,
+                seal_bytes(checkpoint),
+                stream=subjects.AUDIT_SEALS_STREAM,
+                headers={
+                    "Nats-Msg-Id": f"{checkpoint.chain_id}:{checkpoint.chain_seq}:"
+                    f"{int(checkpoint.final)}"
+                },
+            )
+
+        writer.publish_seal = publish_seal
+        await writer.publish_seals()  # the genesis, signed before the bus was there
         for stream, source in SOURCES:
             await ensure_consumer(
                 nc,
@@ -122,6 +137,6 @@ def build_sink(
             for task in stuck:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+        await writer.close()  # its final seal goes to JetStream too, before the bus closes
 
-    app.after_shutdown(writer.close)
     return app, writer

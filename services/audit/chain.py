@@ -1,8 +1,9 @@
 """The hash chain a sink writes, and the signed checkpoints that pin it. No I/O but keys.
 
 Each sink process writes one chain of its own (`chain_id`, new at every
-start): row n stores ``chain_hash_n = sha256(chain_hash_{n-1} || n || content_n)``
-where content is the row's CONTENT_COLUMNS as canonical JSON. Why a chain per
+start): row n stores ``chain_hash_n = sha256(chain_hash_{n-1} || n || sha256(content_n))``
+where content is the row's CONTENT_COLUMNS as length-prefixed fields (the
+same bytes ClickHouse computes from the stored row: see content_sql). Why a chain per
 writer and not one in stream order: several replicas write at once, and a
 global order would need them to agree on the previous hash before every
 insert. A per-writer chain needs no coordination, survives a crash (the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import struct
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,26 +57,65 @@ def time_text(value: datetime) -> str:
     )
 
 
-def content_bytes(row: dict[str, Any]) -> bytes:
-    """The row's content columns as one JSON array: hashed, and inserted as is.
+def _field(value: Any, column: str) -> bytes:
+    if column == "occurred_at":
+        text = str(to_micros(value))
+    elif column == "duration_ms":
+        # The float's bits: exact on both sides (ClickHouse: reinterpretAsUInt64).
+        text = "N" if value is None else str(struct.unpack("<Q", struct.pack("<d", value))[0])
+    elif column == "source_seq":
+        text = str(int(value))
+    else:
+        text = value
+    data = text.encode()
+    return b"%d:%b" % (len(data), data)
 
-    The same bytes come back from a read (strings exact, floats exact with
-    precise_float_parsing, the time in ClickHouse's own text form), so verify
-    recomputes exactly what the sink hashed.
+
+def content_bytes(row: dict[str, Any]) -> bytes:
+    """The row's content columns as length-prefixed fields: what a link hashes.
+
+    Chosen so that ClickHouse computes the very same bytes from the stored
+    columns (content_sql below): `toolgate audit verify` checks every link in
+    SQL, without pulling rows out. Strings as stored, the time as microseconds
+    since the epoch, the duration as the bits of its float, NULL as `N`.
     """
-    return _encode([time_text(row[c]) if c == "occurred_at" else row[c] for c in CONTENT_COLUMNS])
+    return b"".join(_field(row[c], c) for c in CONTENT_COLUMNS)
+
+
+def content_sql() -> str:
+    """content_bytes as a ClickHouse expression over an event_log row."""
+
+    def field(column: str) -> str:
+        if column == "occurred_at":
+            text = "toString(toUnixTimestamp64Micro(occurred_at))"
+        elif column == "duration_ms":
+            text = (
+                "if(duration_ms IS NULL, 'N', "
+                "toString(reinterpretAsUInt64(assumeNotNull(duration_ms))))"
+            )
+        elif column == "source_seq":
+            text = "toString(source_seq)"
+        else:
+            text = f"toString(`{column}`)"
+        return f"toString(length({text})), ':', {text}"
+
+    return "concat(" + ", ".join(field(c) for c in CONTENT_COLUMNS) + ")"
 
 
 def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | None = None) -> str:
+    """sha256(previous || "/seq/" || sha256(content)): the per-row digest first, so
+    verify can compute it while reading and sort only the short links."""
+    inner = hashlib.sha256(content if content is not None else content_bytes(row)).digest()
     digest = hashlib.sha256(previous.encode())
     digest.update(f"/{seq}/".encode())
-    digest.update(content if content is not None else content_bytes(row))
+    digest.update(inner)
     return digest.hexdigest()
 
 
-def insert_line(content: bytes, chain_id: str, seq: int, chain_hash: str) -> bytes:
+def insert_line(row: dict[str, Any], chain_id: str, seq: int, chain_hash: str) -> bytes:
     """The row as a JSONCompactEachRow line, in INSERT_COLUMNS order."""
-    return content[:-1] + b"," + _encode([chain_id, seq, chain_hash])[1:]
+    values = [time_text(row[c]) if c == "occurred_at" else row[c] for c in CONTENT_COLUMNS]
+    return _encode([*values, chain_id, seq, chain_hash])
 
 
 class Chain:
@@ -98,7 +139,7 @@ class Chain:
                     "chain_id": self.chain_id,
                     "chain_seq": seq,
                     "chain_hash": previous,
-                    "line": insert_line(content, self.chain_id, seq, previous),
+                    "line": insert_line(row, self.chain_id, seq, previous),
                 }
             )
         return linked
@@ -144,6 +185,42 @@ class Checkpoint:
             self.key_id,
             self.signature,
         )
+
+
+def seal_bytes(checkpoint: Checkpoint) -> bytes:
+    """A checkpoint as the JSON message kept in the JetStream seal stream."""
+    return canonical_json(
+        {
+            "chain_id": checkpoint.chain_id,
+            "chain_seq": checkpoint.chain_seq,
+            "chain_hash": checkpoint.chain_hash,
+            "final": bool(checkpoint.final),
+            "writer": checkpoint.writer,
+            "signed_at": to_micros(checkpoint.signed_at),
+            "key_id": checkpoint.key_id,
+            "signature": checkpoint.signature,
+        }
+    )
+
+
+def seal_of(data: bytes) -> Checkpoint:
+    """A seal message back as a Checkpoint; ValueError if it is not one."""
+    try:
+        fields = msgspec.json.decode(data)
+        return Checkpoint(
+            chain_id=str(fields["chain_id"]),
+            chain_seq=int(fields["chain_seq"]),
+            chain_hash=str(fields["chain_hash"]),
+            final=bool(fields["final"]),
+            writer=str(fields["writer"]),
+            signed_at=datetime.fromtimestamp(int(fields["signed_at"]) / 1e6, UTC).replace(
+                microsecond=int(fields["signed_at"]) % 1_000_000
+            ),
+            key_id=str(fields["key_id"]),
+            signature=str(fields["signature"]),
+        )
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a seal: {exc}") from None
 
 
 CHECKPOINT_COLUMNS = (

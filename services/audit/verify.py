@@ -270,5 +270,11 @@ def read_checkpoints(client: Client) -> list[Checkpoint]:
     ]
 
 
-def verify_store(client: Client, public_key: Ed25519PublicKey) -> Report:
-    return verify(read_rows(client), read_checkpoints(client), public_key)
+def verify_store(
+    client: Client, public_key: Ed25519PublicKey, seals: list[Checkpoint] | None = None
+) -> Report:
+    """Verify what is in ClickHouse, in ClickHouse (verify_sql.py), against `seals` too
+    when given (the checkpoints kept in JetStream)."""
+    from toolgate.services.audit.verify_sql import verify_in_clickhouse
+
+    return verify_in_clickhouse(client, public_key, seals)

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -114,6 +114,11 @@ class AuditWriter:
         # True while an insert was sent and not confirmed: the chain head in
         # memory may then lag the table, so no final checkpoint is signed.
         self._unconfirmed = False
+        # Checkpoints also go to the JetStream seal stream (outside the writer's reach in
+        # ClickHouse), in order, once `publish_seal` is set (the app sets it once the bus
+        # is connected); a batch is acked only after its seal is kept there too.
+        self.publish_seal: Callable[[Checkpoint], Awaitable[None]] | None = None
+        self._unpublished: list[Checkpoint] = []
 
     # -- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -136,6 +141,7 @@ class AuditWriter:
                 return
             try:
                 await asyncio.to_thread(self._seal, True)
+                await self.publish_seals()
             except Exception as exc:
                 log.warning("no final checkpoint for %s: %r", self.chain.chain_id, exc)
 
@@ -167,6 +173,7 @@ class AuditWriter:
         await self._until_done("insert", lambda: self._insert(linked, token))
         self.chain.commit(linked)
         await self._until_done("seal", lambda: self._seal(final=False))
+        await self.publish_seals()
         self.rows_written += len(linked)
         self.batches_written += 1
 
@@ -199,6 +206,28 @@ class AuditWriter:
         )
         self._unconfirmed = False
 
+    async def publish_seals(self) -> None:
+        """Every checkpoint not yet in the seal stream, in order (retried until kept)."""
+        if self.publish_seal is None:
+            return
+        while self._unpublished:
+            checkpoint = self._unpublished[0]
+            publish = self.publish_seal
+            delay, attempt = RETRY_FIRST_S, 0
+            while True:
+                attempt += 1
+                try:
+                    await publish(checkpoint)
+                    break
+                except Exception as exc:
+                    if self.stopping:
+                        raise
+                    if attempt == 1 or attempt % 10 == 0:
+                        log.warning("seal to JetStream failed (attempt %d): %r", attempt, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+            self._unpublished.pop(0)
+
     def _seal(self, final: bool) -> None:
         checkpoint = sign_checkpoint(
             Checkpoint(
@@ -218,6 +247,8 @@ class AuditWriter:
             column_names=list(CHECKPOINT_COLUMNS),
             settings={"insert_deduplication_token": token},
         )
+        if not self._unpublished or self._unpublished[-1] != checkpoint:
+            self._unpublished.append(checkpoint)
 
     async def _until_done(self, what: str, step: Callable[[], Any]) -> None:
         delay, attempt, since = RETRY_FIRST_S, 0, time.monotonic()
