@@ -27,6 +27,8 @@ from toolgate.contracts.registry import load_registry
 
 pytestmark = pytest.mark.system
 
+DEADLINE_S = 120.0
+
 SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
 
 
@@ -38,6 +40,7 @@ async def open_session(gateway: Gateway, agent: str = "researcher") -> GatewaySe
         session="s-1",
         task_id="task_c04",
         registry=load_registry(gateway.registry_dir),
+        timeout=DEADLINE_S,  # a deadline on a shared, busy machine, not a measure
     )
 
 
@@ -122,6 +125,7 @@ def test_limit_50_comes_back_as_an_error_the_model_reads_and_corrects(
         user="u-alice",
         session="s-1",
         registry=load_registry(shared_gateway.registry_dir),
+        timeout=DEADLINE_S,
     )
     try:
         model = ScriptedChat(
@@ -171,6 +175,7 @@ async def test_a_call_needing_approval_is_a_waiting_message_with_its_call_id(
     )
     agent = create_agent(model, tools=GatewayToolkit(session=session).get_tools())
     (pending,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("act")]}))
+    assert "approval" in pending.artifact, pending.content
     request = pending.artifact["approval"]
     assert pending.status == "success"  # not an error: a state the model must wait out
     assert str(pending.content).startswith(f"WAITING FOR APPROVAL: call_id {request['call_id']}")

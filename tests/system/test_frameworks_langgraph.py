@@ -41,10 +41,10 @@ pytestmark = pytest.mark.system
 DEADLINE_S = 120  # a subprocess that hangs fails the test instead of the session
 
 
-async def open_session(gateway: Gateway) -> GatewaySession:
+async def open_session(gateway: Gateway, agent: str = "researcher") -> GatewaySession:
     return await GatewaySession.connect(
         gateway.url,
-        await gateway.agent_creds("acme", "researcher"),
+        await gateway.agent_creds("acme", agent),
         user="u-alice",
         session="s-1",
         registry=load_registry(gateway.registry_dir),
@@ -208,3 +208,28 @@ async def test_arguments_changed_in_the_checkpoint_after_approval_are_a_new_call
     assert request_9000["call_id"] != request["call_id"]
     assert request_9000["call_id"] not in runs_of(shared_gateway.data_dir, "approved_action")
     assert not [m for m in state["messages"] if isinstance(m, ToolMessage)]
+
+
+async def test_the_node_asks_the_gateway_for_a_tool_the_agent_may_not_call(
+    shared_gateway: Gateway, tmp_path: Path
+) -> None:
+    """The node holds no tools and lists none: any name goes to the gateway, which decides."""
+    args = {"task_id": "task_c04", "claim": "x", "source_url": "https://a.org"}
+    session = await open_session(shared_gateway, "browser-bot")
+    checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
+    try:
+        graph = build(
+            session, checkpointer, StateChat(tool="save_evidence", args=args, call_id="c1")
+        )
+        state = await graph.ainvoke(
+            {"messages": [HumanMessage("save")]}, {"configurable": {"thread_id": "bot-1"}}
+        )
+    finally:
+        checkpointer.close()
+        await session.aclose()
+    assert "__interrupt__" not in state
+    (denied,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert denied.status == "error" and "ERROR denied (TOOL_NOT_ALLOWED)" in str(denied.content)
+    call_id = denied.artifact["result"]["call_id"]
+    types = count_types(events_of(await shared_gateway.events(), call_id))
+    assert types["CallDenied"] == 1 and types["ExecutionStarted"] == 0

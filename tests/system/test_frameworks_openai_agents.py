@@ -28,6 +28,8 @@ from toolgate.contracts.registry import load_registry
 
 pytestmark = pytest.mark.system
 
+DEADLINE_S = 120.0
+
 SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
 OFFLINE = RunConfig(tracing_disabled=True)
 
@@ -40,6 +42,7 @@ async def open_session(gateway: Gateway, **options: Any) -> GatewaySession:
         session="s-1",
         task_id="task_c04",
         registry=load_registry(gateway.registry_dir),
+        timeout=DEADLINE_S,  # a deadline on a shared, busy machine, not a measure
         **options,
     )
 
