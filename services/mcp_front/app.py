@@ -35,7 +35,7 @@ from typing import Any
 
 import mcp_types as types
 import nats
-from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
     BearerAuthBackend,
@@ -182,6 +182,16 @@ def build_server(door: FrontDoor) -> Server[Any]:
     async def lifespan(_: Server[Any]) -> AsyncIterator[dict[str, Any]]:
         yield {}
 
+    def input_schema(name: str) -> dict[str, Any] | None:
+        # The SDK checks a call's Mcp-Param-* headers against the tool's schema; without
+        # this it would run the whole tools/list handler for every call to find it.
+        token = get_access_token()
+        spec = door.registry.get(name)
+        if token is None or spec is None:
+            return None
+        _, _, agent = token.client_id.partition(".")
+        return spec.input_schema if spec.agent_allowed(agent) else None
+
     return Server(
         "toolgate",
         version="1",
@@ -191,6 +201,7 @@ def build_server(door: FrontDoor) -> Server[Any]:
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         lifespan=lifespan,
+        get_tool_input_schema=input_schema,
     )
 
 
