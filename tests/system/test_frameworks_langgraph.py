@@ -41,6 +41,21 @@ pytestmark = pytest.mark.system
 DEADLINE_S = 120  # a subprocess that hangs fails the test instead of the session
 
 
+def ran_in(gateway: Gateway, call_id: str) -> set[int]:
+    """The processes approved_action ran `call_id` in (its run log: call_id, pid)."""
+    log = gateway.data_dir / "tools" / "approved_action" / "runs.log"
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return {int(pid) for logged, pid in lines if logged == call_id}
+
+
+def executor_pids(gateway: Gateway) -> set[int]:
+    return {
+        s.process.pid
+        for s in gateway.stack.services
+        if s.name.startswith("executor") and s.process is not None
+    }
+
+
 async def open_session(gateway: Gateway, agent: str = "researcher") -> GatewaySession:
     return await GatewaySession.connect(
         gateway.url,
@@ -142,8 +157,10 @@ async def test_high_risk_call_pauses_then_resumes_in_a_fresh_process_after_cli_a
     }
     assert resumed["messages"][-1]["type"] == "ai"
     assert resumed["messages"][-1]["content"].startswith("done: ")
-    # Exactly once: the tool's own run log, and the gateway's events.
+    # Exactly once: the tool's own run log, and the gateway's events; and it ran in the
+    # gateway's executor, not in the process that resumed the graph.
     assert runs_of(shared_gateway.data_dir, "approved_action").count(call_id) == 1
+    assert ran_in(shared_gateway, call_id) <= executor_pids(shared_gateway)
     types = count_types(events_of(await shared_gateway.events(), call_id))
     assert types["ExecutionStarted"] == 1 and types["ExecutionSucceeded"] == 1
 
