@@ -288,7 +288,11 @@ def build_app(
             source,
             subjects.EVENTS_STREAM,
             durable_for(name),
-            concurrency=concurrency,
+            # An inline tool holds no thread while its call waits on NATS round
+            # trips: it gets the stages' usual slots, not the thread budget.
+            concurrency=max(concurrency, bus.CONCURRENCY)
+            if is_inline(runner.function)
+            else concurrency,
             max_ack_pending=max(concurrency * 4, 64),
             ack_wait_s=runner.ack_wait_s,
         )(runner.handle)

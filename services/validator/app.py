@@ -143,7 +143,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
     @app.on_startup
     async def bind_claims() -> None:
         await broker.connect()
-        claims.append(CallIdClaims(await broker.key_value(subjects.CALL_IDS_BUCKET, declare=False)))
+        claims.append(CallIdClaims(await bus.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET)))
 
     bus.run_consumers(app, broker)
     return app
