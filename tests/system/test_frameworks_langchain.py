@@ -21,7 +21,7 @@ from tests.harness import Gateway, count_types, events_of
 from tests.system.framework_fakes import ScriptedChat, calls, tool_call
 from tests.tools.faulty import runs_of
 from toolgate.client.frameworks.langchain import GatewayToolkit, GatewayToolMiddleware
-from toolgate.client.frameworks.session import GatewaySession
+from toolgate.client.frameworks.session import GatewaySession, SessionError
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.registry import load_registry
 
@@ -266,3 +266,45 @@ async def test_a_model_reusing_a_call_id_gets_a_call_of_its_own_not_that_result(
     assert "victim_call_1" not in str(mine.content)
     runs = runs_of(shared_gateway.data_dir, "count_runs")
     assert runs.count("victim_call_1") == 1 and runs.count(call_id_of(mine)) == 1
+
+
+def test_the_middleware_refuses_the_same_way_when_driven_synchronously(
+    shared_gateway: Gateway,
+) -> None:
+    local_runs: list[str] = []
+
+    @tool
+    def wipe_disk(path: str) -> str:
+        """Delete everything under path."""
+        local_runs.append(path)
+        return "wiped"
+
+    session = GatewaySession.connect_in_background(
+        shared_gateway.url,
+        asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
+        user="u-alice",
+        session="s-1",
+        registry=load_registry(shared_gateway.registry_dir),
+        timeout=DEADLINE_S,
+    )
+    try:
+        model = ScriptedChat(
+            responses=[calls(tool_call("wipe_disk", {"path": "/"}, "call_w")), AIMessage("x")]
+        )
+        agent = create_agent(model, tools=[wipe_disk], middleware=[GatewayToolMiddleware(session)])
+        (refused,) = tool_messages(agent.invoke({"messages": [HumanMessage("go")]}))
+    finally:
+        session.close()
+    assert local_runs == []
+    assert refused.status == "error" and "ERROR unknown_tool (TOOL_NOT_FOUND)" in str(
+        refused.content
+    )
+
+
+async def test_a_sync_tool_call_on_the_sessions_own_loop_is_a_precise_error(
+    session: GatewaySession,
+) -> None:
+    """Waiting synchronously on the loop that must deliver the answer would hang: refused."""
+    (echo,) = [t for t in GatewayToolkit(session=session).get_tools() if t.name == "echo"]
+    with pytest.raises(SessionError, match="use the async API"):
+        echo.invoke({"name": "echo", "args": {"payload": 1}, "id": "c1", "type": "tool_call"})

@@ -12,6 +12,7 @@ human decided; a denial; arguments changed in the checkpoint after approval.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -250,3 +251,34 @@ async def test_the_node_asks_the_gateway_for_a_tool_the_agent_may_not_call(
     call_id = denied.artifact["result"]["call_id"]
     types = count_types(events_of(await shared_gateway.events(), call_id))
     assert types["CallDenied"] == 1 and types["ExecutionStarted"] == 0
+
+
+def test_a_graph_driven_synchronously_pauses_and_resumes_the_same_way(
+    shared_gateway: Gateway, tmp_path: Path
+) -> None:
+    """graph.invoke: the node interrupts in the graph's own thread, the gateway steps run
+    on the session's loop thread (GatewaySession.connect_in_background)."""
+    creds = asyncio.run(shared_gateway.agent_creds("acme", "researcher"))
+    session = GatewaySession.connect_in_background(
+        shared_gateway.url,
+        creds,
+        user="u-alice",
+        session="s-1",
+        registry=load_registry(shared_gateway.registry_dir),
+        timeout=DEADLINE_S,
+    )
+    checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
+    config = {"configurable": {"thread_id": f"sync-{uuid.uuid4().hex[:8]}"}}
+    try:
+        graph = build(session, checkpointer, StateChat(**APPROVED))
+        paused = graph.invoke({"messages": [HumanMessage("refund 7")]}, config)
+        (request,) = paused["__interrupt__"][0].value["requests"]
+        approve_in_cli(shared_gateway, f"acme.researcher.{request['call_id']}")
+        state = graph.invoke(Command(resume="approved"), config)
+    finally:
+        checkpointer.close()
+        session.close()
+    (done,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    assert done.status == "success"
+    assert done.artifact["result"]["data"] == {"call_id": request["call_id"]}
+    assert runs_of(shared_gateway.data_dir, "approved_action").count(request["call_id"]) == 1
