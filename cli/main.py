@@ -361,6 +361,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
+    from toolgate.runtime import telemetry
+
+    # Metrics when there is an endpoint to serve them; traces when an OTLP endpoint is set.
+    telemetry.configure(args.name, metrics=args.http_port is not None)
     if args.name == "mcp":
         from toolgate.cli.mcp import serve_mcp
 
@@ -391,7 +395,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         app = build_attacher(settings)
     bus.tune_gc_for_a_service()
-    bus.run_service(app.run())
+    run = app.run()
+    if args.http_port is not None:  # health and metrics beside the service
+        from toolgate.cli.status import monitor_for
+        from toolgate.runtime.health import serving
+
+        broker = app.broker
+        monitor = monitor_for(
+            args.name,
+            lambda: getattr(broker, "_connection", None),  # the service's own NATS client
+            [t for t in (args.tools or "").split(",") if t] or settings.load_registry().names(),
+            args.health_grace,
+            clickhouse_url=getattr(args, "clickhouse_url", None),
+        )
+        run = serving(monitor, run, args.http_port, args.http_host)
+    bus.run_service(run)
     return 0
 
 
@@ -826,6 +844,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the creds "
         "`toolgate up` recorded for service NAME, else none: an open bus)",
     )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="serve /healthz, /readyz and Prometheus /metrics on this port (0: any free "
+        "port; default %(default)s: none)",
+    )
+    serve.add_argument(
+        "--http-host",
+        default="127.0.0.1",
+        help="address of that endpoint (default %(default)s; 0.0.0.0 in a container)",
+    )
+    serve.add_argument(
+        "--health-grace",
+        type=float,
+        default=30.0,
+        help="/healthz fails once NATS (or, for the audit, ClickHouse) has not answered "
+        "for this many seconds (default %(default)s)",
+    )
     _add_runtime(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -834,6 +871,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_clickhouse_url(serve)  # audit: where to write
     register_audit(commands)
+
+    from toolgate.cli.status import register as register_status
+
+    register_status(commands)
 
     from toolgate.cli.approvals import register as register_approvals
     from toolgate.cli.policy import register as register_policy

@@ -53,6 +53,7 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
+from toolgate.runtime import telemetry
 from toolgate.runtime.creds import broker_options, nats_servers
 from toolgate.runtime.topology import stage_ack_wait
 
@@ -484,8 +485,9 @@ class Publisher:
             subjects.subject_of(event),
             encode_event(event),
             stream=subjects.EVENTS_STREAM,
-            headers={"Nats-Msg-Id": event.event_id},
+            headers=telemetry.trace_headers({"Nats-Msg-Id": event.event_id}),
         )
+        telemetry.emitted(event)
 
     async def publish_result(
         self, result: ToolResult, principal: Principal, message_id: str
@@ -511,7 +513,10 @@ class Publisher:
         js = self._jetstream()
         try:
             await js.publish(
-                subject, body, stream=subjects.RESULTS_STREAM, headers={"Nats-Msg-Id": message_id}
+                subject,
+                body,
+                stream=subjects.RESULTS_STREAM,
+                headers=telemetry.trace_headers({"Nats-Msg-Id": message_id}),
             )
         except APIError as exc:
             if exc.err_code != SUBJECT_FULL_ERR_CODE:
@@ -523,6 +528,7 @@ class Publisher:
         return True
 
 
+@telemetry.observed  # a span and the stage's latency, when switched on (else straight through)
 async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
     """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
 

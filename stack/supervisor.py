@@ -27,6 +27,7 @@ import nats.errors
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.runtime.creds import connect_options, nats_servers
+from toolgate.runtime.health import probe
 from toolgate.runtime.settings import write_context
 from toolgate.runtime.topology import Topology, apply_topology
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
@@ -36,6 +37,8 @@ from toolgate.stack.processes import die_with_parent, kill_process, stop_process
 
 log = logging.getLogger("toolgate.up")
 
+# How often `toolgate up` asks each service's /healthz.
+HEALTH_CHECK_S = 5.0
 SERVICES = ("validator", "policy", "executor", "attacher", "approvals")
 # The identity `toolgate up` mints for first use (`toolgate agents add` makes more).
 DEFAULT_TENANT = "default"
@@ -97,6 +100,13 @@ class ServiceProcess:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
+    # Its /healthz and /metrics (`--http-port`); None: it serves none.
+    http_port: int | None = None
+    failed_checks: int = 0
+
+    @property
+    def http_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.http_port}" if self.http_port else None
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,6 +165,7 @@ class Stack:
     policy_dir: Path | None = None
     example_agents: list[tuple[str, str, Path]] = field(default_factory=list)
     example_hint: str = ""
+    _health_checked_at: float = 0.0
 
     def add_example(self) -> None:
         """The example's tools beside the others, its data prepared, its bundle and agents."""
@@ -243,6 +254,7 @@ class Stack:
             extra = self.executor_args if name == "executor" else []
             if name == "policy" and self.policy_dir is not None:
                 extra = ["--policy", str(self.policy_dir)]
+            port = free_port()
             service = ServiceProcess(
                 name,
                 serve_command(
@@ -250,10 +262,11 @@ class Stack:
                     self.url,
                     self.data_dir,
                     self.registry_dirs,
-                    extra,
+                    [*extra, "--http-port", str(port)],
                     creds=self.creds_of(name),
                 ),
                 self.data_dir / "logs" / f"{name}.log",
+                http_port=port,
             )
             service.start()
             self.services.append(service)
@@ -330,6 +343,8 @@ class Stack:
                 # What the services were started with, so a copy started by hand here
                 # (`toolgate serve NAME`) serves the same tools under the same bundle.
                 "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
+                # Each service's /healthz, /readyz and /metrics (`toolgate status` reads them).
+                "http": {s.name: s.http_url for s in self.services if s.http_url},
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
             },
         )
@@ -366,6 +381,7 @@ class Stack:
 
             apply_schema(ClickHouseTarget.from_url(self.clickhouse.url_for("admin")))
             self.record_context()  # before the sink starts: it finds its login there
+        port = free_port()
         service = ServiceProcess(
             AUDIT_SERVICE,
             serve_command(
@@ -373,10 +389,11 @@ class Stack:
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
-                ["--clickhouse-url", self.audit_url],
+                ["--clickhouse-url", self.audit_url, "--http-port", str(port)],
                 creds=self.creds_of(AUDIT_SERVICE),
             ),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
+            http_port=port,
         )
         service.start()
         self.services.append(service)
@@ -392,6 +409,7 @@ class Stack:
                 self.clickhouse.ensure_running()  # the sink retries meanwhile
             except Exception as exc:  # noqa: BLE001 (next round tries again)
                 log.warning("embedded ClickHouse did not come back: %s", exc)
+        self.restart_unhealthy()
         for service in self.services:
             if not service.alive():
                 code = service.process.returncode if service.process else None
@@ -400,6 +418,28 @@ class Stack:
                     continue
                 log.warning("%s exited with %s; restarting", service.name, code)
                 service.restarts += 1
+                service.start()
+
+    def restart_unhealthy(self, every_s: float = HEALTH_CHECK_S) -> None:
+        """The services' own /healthz, every few seconds: one that says twice in a row it
+        has lost NATS (or ClickHouse) beyond its grace period is restarted."""
+        now = time.monotonic()
+        if now - self._health_checked_at < every_s:
+            return
+        self._health_checked_at = now
+        for service in self.services:
+            if not service.alive() or service.http_url is None:
+                continue
+            verdict = probe(f"{service.http_url}/healthz", timeout=1.0)
+            # No answer yet (starting, or waiting for NATS before its app runs): not a verdict.
+            failing = verdict is not None and not verdict.get("alive", True)
+            service.failed_checks = service.failed_checks + 1 if failing else 0
+            if service.failed_checks >= 2:
+                why = "; ".join((verdict or {}).get("why") or [])
+                log.warning("%s fails its health check (%s); restarting", service.name, why)
+                service.failed_checks = 0
+                service.restarts += 1
+                service.stop(timeout=5)
                 service.start()
 
     def stop(self) -> None:
@@ -463,6 +503,12 @@ def run_until_signalled(stack: Stack) -> int:
                 f"    try:  {stack.example_hint} --creds {creds}\n"
                 for tenant, agent, creds in stack.example_agents
             )
+            + "".join(
+                f"  {s.name}: {s.http_url}/metrics (and /healthz)\n"
+                for s in stack.services
+                if s.http_url
+            )
+            + "  at a glance:  toolgate status\n"
             + "Press Ctrl-C to stop.",
             flush=True,
         )

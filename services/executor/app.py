@@ -41,7 +41,7 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
-from toolgate.runtime import bus
+from toolgate.runtime import bus, telemetry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
 from toolgate.services.executor.logic import (
@@ -172,7 +172,9 @@ class ToolRunner:
                 **carried_fields(event),
             )
         )
-        outcome = await self._run_with_heartbeat(msg, event)
+        with telemetry.tool_span(self.spec.name, event.call_id) as run:  # GenAI execute_tool
+            outcome = await self._run_with_heartbeat(msg, event)
+            run.finished(outcome.status, outcome.error.code if outcome.error else None)
         await self._finish(event, delivery, outcome, attempt)
 
     def _started(self, sha: str, attempt: int) -> OutcomeRecord:
