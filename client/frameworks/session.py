@@ -108,14 +108,18 @@ class GatewaySession:
         if creds is None:
             raise SessionError("no agent creds: give creds= (toolgate agents add TENANT AGENT)")
         client = await GatewayClient.connect(url, creds)
-        return cls(
-            client,
-            registry or recorded_registry(),
-            user=user,
-            session=session,
-            loop=asyncio.get_running_loop(),
-            **options,
-        )
+        try:
+            return cls(
+                client,
+                registry or recorded_registry(),
+                user=user,
+                session=session,
+                loop=asyncio.get_running_loop(),
+                **options,
+            )
+        except BaseException:
+            await client.close()
+            raise
 
     @classmethod
     def connect_in_background(

@@ -308,3 +308,14 @@ async def test_a_sync_tool_call_on_the_sessions_own_loop_is_a_precise_error(
     (echo,) = [t for t in GatewayToolkit(session=session).get_tools() if t.name == "echo"]
     with pytest.raises(SessionError, match="use the async API"):
         echo.invoke({"name": "echo", "args": {"payload": 1}, "id": "c1", "type": "tool_call"})
+
+
+async def test_a_session_on_creds_that_are_no_agents_is_refused(shared_gateway: Gateway) -> None:
+    with pytest.raises(SessionError, match="an agent's creds file"):
+        await GatewaySession.connect(
+            shared_gateway.url,
+            shared_gateway.stack.creds_of("admin"),
+            user="u-alice",
+            session="s-1",
+            registry=load_registry(shared_gateway.registry_dir),
+        )

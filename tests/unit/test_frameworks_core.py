@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from toolgate.client.frameworks.core import (
     remedy_of,
     waiting,
 )
+from toolgate.client.frameworks.session import GatewaySession, SessionError
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import (
     ErrorDetail,
@@ -161,3 +163,14 @@ def test_the_langgraph_integration_needs_no_langchain_package() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+async def test_a_session_without_agent_creds_is_a_precise_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No creds given, none in $TOOLGATE_NATS_CREDS, no `toolgate up` here: say so."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("TOOLGATE_NATS_CREDS", "TOOLGATE_NATS_URL", "TOOLGATE_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SessionError, match="no agent creds: give creds="):
+        await GatewaySession.connect(user="u-alice", session="s-1")
