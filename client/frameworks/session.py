@@ -152,6 +152,18 @@ class GatewaySession:
         made._thread = thread
         return made
 
+    def for_user(self, user: str, session: str, **options: Any) -> GatewaySession:
+        """The same agent and connection, acting for another end user and session (a
+        platform serves many users through one agent). Close only the first session."""
+        return GatewaySession(
+            self.client,
+            self.registry,
+            user=user,
+            session=session,
+            loop=self.loop,
+            **{"timeout": self.timeout, **options},
+        )
+
     def close(self) -> None:
         """Close from outside the session's loop (a background session, or after asyncio.run)."""
         if self.loop.is_running():

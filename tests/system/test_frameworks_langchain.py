@@ -268,6 +268,28 @@ async def test_a_model_reusing_a_call_id_gets_a_call_of_its_own_not_that_result(
     assert runs.count("victim_call_1") == 1 and runs.count(call_id_of(mine)) == 1
 
 
+async def test_the_same_model_call_id_for_two_users_is_two_calls(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    """One agent serving two end users: Bob's model and Alice's name the same tool call id,
+    with the same arguments; each gets a run of their own, not the other's result."""
+    bob = session.for_user("u-bob", "s-bob")
+    answers = []
+    for who in (bob, session):
+        model = ScriptedChat(
+            responses=[calls(tool_call("count_runs", {"n": 1}, "call_same")), AIMessage("x")]
+        )
+        agent = create_agent(model, tools=GatewayToolkit(session=who).get_tools())
+        (answer,) = tool_messages(await agent.ainvoke({"messages": [HumanMessage("count")]}))
+        answers.append(call_id_of(answer))
+    assert answers[0] != answers[1]
+    runs = runs_of(shared_gateway.data_dir, "count_runs")
+    assert runs.count(answers[0]) == 1 and runs.count(answers[1]) == 1
+    events = await shared_gateway.events()
+    users = {e.principal.user for e in events_of(events, answers[0]) if e.principal is not None}
+    assert users == {"u-bob"}
+
+
 def test_the_middleware_refuses_the_same_way_when_driven_synchronously(
     shared_gateway: Gateway,
 ) -> None:
