@@ -3,7 +3,7 @@
 `toolgate agents token TENANT AGENT` mints one and prints it once; the data
 dir keeps only its SHA-256 (a token holds 256 random bits, so a plain hash is
 enough: there is nothing to brute-force), in
-`<data-dir>/auth/agents/<tenant>.<agent>.mcp-token.json` (mode 0600), next to
+`<data-dir>/auth/agents/<tenant>.<agent>.mcp-token` (mode 0600), next to
 the agent's record that `toolgate agents add` writes. Minting again replaces
 the token (the old one stops working).
 
@@ -31,7 +31,7 @@ from typing import Any, Final
 from toolgate.contracts import subjects
 
 TOKEN_PREFIX: Final = "tgmcp"
-TOKEN_SUFFIX: Final = ".mcp-token.json"
+TOKEN_SUFFIX: Final = ".mcp-token"
 # Where `toolgate agents add` keeps an agent's record (toolgate.stack.nats_auth).
 AGENTS_DIR: Final = Path("auth") / "agents"
 

@@ -186,3 +186,16 @@ class TestAnswer:
             "data": 1,
             "error": None,
         }
+
+
+def test_a_token_file_is_not_mistaken_for_an_agent_record(tmp_path: Path) -> None:
+    from toolgate.stack.nats_auth import add_agent, list_agents, revoke_agent
+
+    add_agent(tmp_path, "acme", "researcher")
+    token = mint_token(tmp_path, "acme", "researcher")
+    assert [(r.tenant, r.agent) for r in list_agents(tmp_path)] == [("acme", "researcher")]
+    assert TokenStore(tmp_path).identify(token) == ("acme", "researcher")
+    revoke_agent(tmp_path, "acme", "researcher")
+    assert TokenStore(tmp_path).identify(token) is None
+    add_agent(tmp_path, "acme", "researcher")  # re-added: a new identity, the old token stays dead
+    assert TokenStore(tmp_path).identify(token) is None
