@@ -8,8 +8,9 @@ does) and then acks it. Nothing else: no decoding, no validation, no policy,
 no audit. The last hop publishes to `toolgate_bench.out.<call_id>`, where the
 bench's client waits, as an agent waits on its results subject.
 
-A batch is handled concurrently and the next fetch waits for it, as the
-services' FastStream pull subscribers do. Run as a process of its own
+A batch is handled concurrently and the next fetch waits for it (the
+services' pull loops, toolgate.runtime.bus.PullConsumer, do not wait: they
+ask again as handler slots free up). Run as a process of its own
 (`python -m toolgate.bench.floor`), so its CPU is counted apart from the
 client's; it prints `ready` once every hop is subscribed.
 """
@@ -42,7 +43,7 @@ STREAM = "TOOLGATE_BENCH_FLOOR"
 SUBJECT_PREFIX = "toolgate_bench"
 CALL_HEADER = "Tg-Call-Id"
 HOPS = 4
-BATCH = 16  # as the services' pull subscribers (toolgate.runtime.bus.pull)
+BATCH = 16  # as the services' handler slots (toolgate.runtime.bus.CONCURRENCY)
 
 
 def hop_subject(index: int) -> str:
