@@ -286,6 +286,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_store_options(verify)
     verify.set_defaults(func=cmd_verify)
 
+    lag = commands.add_parser(
+        "lag", help="how far behind the audit sink is (the oldest unwritten message)"
+    )
+    lag.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="the running gateway (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded; now %(default)s)",
+    )
+    lag.add_argument(
+        "--creds",
+        type=Path,
+        default=env.env_nats_creds("admin"),
+        help="the operator's creds (default: $TOOLGATE_NATS_CREDS, else the admin creds "
+        "`toolgate up` recorded)",
+    )
+    lag.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S)
+    lag.set_defaults(func=cmd_lag)
+
     schema = commands.add_parser("schema", help="apply the versioned DDL")
     schema.add_argument("--ddl-set", choices=("single", "cluster"), default="single")
     schema.add_argument("--cluster", default="", help="cluster name for the cluster DDL set")
@@ -437,6 +456,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{path} ({where}) is not a readable Ed25519 public key in PEM "
             f"({str(exc).split('. See ')[0] or type(exc).__name__})"
         ) from None
+    store, client = _open(args, data_dir if args.data_dir is not None else None)
+    with store.errors():  # the audit tables are there (else: one line, exit 2) before NATS
+        client.query("SELECT 1 FROM event_log LIMIT 1")
     seals = None
     if not args.without_seals:
         from toolgate.services.audit.seals import SealsUnavailable, read_seals
@@ -456,7 +478,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
             ) from None
         if bad:
             print(f"WARNING: {bad} message(s) in the seal stream are not seals", file=sys.stderr)
-    store, client = _open(args, data_dir if args.data_dir is not None else None)
     with store.errors():
         report = verify_store(client, key, seals)
     for finding in report.findings:
@@ -468,6 +489,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
         f"{report.checkpoints} checkpoint(s){against}"
     )
     return 0 if report.ok else 1
+
+
+@fails_in_one_line("toolgate audit lag")
+def cmd_lag(args: argparse.Namespace) -> int:
+    """One line per source stream; exit 1 when the sink is past the warning threshold."""
+    from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
+    from toolgate.services.audit.seals import SealsUnavailable, connected
+
+    _check_timeout(args)
+    _check_nats_url(args.nats_url)
+
+    async def measure() -> list[Any]:
+        async with connected(args.nats_url, args.creds, args.connect_timeout) as nc:
+            return await audit_lag(nc)
+
+    try:
+        lags = asyncio.run(measure())
+    except SealsUnavailable as exc:
+        raise Failed(f"{exc}: is toolgate up running? (--nats-url, --creds)", UNREACHABLE) from None
+    for lag in lags:
+        print(lag.line())
+    return 1 if any(lag.oldest_unwritten_s > WARN_AFTER_S for lag in lags) else 0
 
 
 @fails_in_one_line("toolgate audit schema")

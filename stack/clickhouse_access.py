@@ -68,6 +68,42 @@ def grants(role: str, database: str = "*") -> list[str]:
     ]
 
 
+def access_ddl(database: str = "toolgate", cluster: str = "") -> str:
+    """The same users and grants as DDL, for an external server or cluster
+    (infra/clickhouse/access/*.sql; passwords as ${admin_password} ... placeholders).
+
+    On a cluster the writer also inserts into the shards' local tables (a Distributed
+    insert runs as the same user on every node)."""
+    on_cluster = f" ON CLUSTER '{cluster}'" if cluster else ""
+    lines = [
+        "-- toolgate's ClickHouse users: an insert-only writer (the audit sink), a read-only",
+        "-- auditor (toolgate audit ..., policy test), an admin for the DDL. None may use a",
+        "-- table function that reads or writes outside (no READ/WRITE ON FILE, URL, S3, ...),",
+        "-- kill another user's query or run SYSTEM. Run as a user with access management,",
+        "-- with the three ${..._password} placeholders replaced; give each service its URL:",
+        "--   http://toolgate_writer:PASSWORD@HOST:8123/" + database + "  (toolgate serve audit)",
+        "-- Rendered by toolgate.stack.clickhouse_access.access_ddl (a test keeps it in step).",
+    ]
+    for role in ROLES:
+        lines.append(
+            f"CREATE USER IF NOT EXISTS {user_of(role)}{on_cluster} "
+            f"IDENTIFIED WITH sha256_password BY '${{{role}_password}}';"
+        )
+    for role in ROLES:
+        statements = grants(role, "*" if role == "admin" else database)
+        if cluster and role == "writer":
+            statements += [
+                g.replace("event_log", "event_log_local").replace(
+                    "chain_checkpoints", "chain_checkpoints_local"
+                )
+                for g in statements
+                if "INSERT" in g
+            ]
+        for grant in statements:
+            lines.append(grant.replace("GRANT ", f"GRANT{on_cluster} ", 1) + ";")
+    return "\n".join(lines) + "\n"
+
+
 def server_grants() -> list[str]:
     """What the embedded server's own stop needs besides the admin's DDL: to end its
     keep-alive query (which runs as `default`). Not part of the external-server DDL."""

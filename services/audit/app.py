@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from faststream import FastStream
 
@@ -28,6 +29,7 @@ from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
+from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
 from toolgate.services.audit.pull import PullBatches, ensure_consumer
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
@@ -42,6 +44,7 @@ FLUSH_S = 1.0
 # a live sink keeps a batch that waits for ClickHouse `in progress`.
 ACK_WAIT_S = 10.0
 MAX_ACK_PENDING = 20_000
+LAG_CHECK_S = 10.0
 
 SOURCES = (
     (subjects.CALLS_STREAM, subjects.CALLS_FILTER),
@@ -60,6 +63,21 @@ async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: fl
             await writer.write(batch)
         elif batches.limited:
             await asyncio.sleep(0.5)
+
+
+async def watch_lag(nc: Any, writer: AuditWriter, every_s: float = LAG_CHECK_S) -> None:
+    """A WARNING line while the oldest unwritten message is older than WARN_AFTER_S: the
+    audit is behind (ClickHouse down or slow); the calls are still served."""
+    while not writer.stopping:
+        await asyncio.sleep(every_s)
+        try:
+            lags = await audit_lag(nc)
+        except Exception as exc:  # noqa: BLE001 (NATS restarting: ask again later)
+            log.info("audit lag unknown: %r", exc)
+            continue
+        for lag in lags:
+            if lag.oldest_unwritten_s > WARN_AFTER_S:
+                log.warning("audit behind: %s", lag.line())
 
 
 def build_app(
@@ -91,6 +109,7 @@ def build_sink(
     broker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     app = FastStream(broker)
     pumps: list[asyncio.Task[None]] = []
+    watchers: list[asyncio.Task[None]] = []
 
     app.on_startup(writer.start)  # schema and genesis first, waiting for ClickHouse
 
@@ -112,6 +131,7 @@ def build_sink(
 
         writer.publish_seal = publish_seal
         await writer.publish_seals()  # the genesis, signed before the bus was there
+        watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
         for stream, source in SOURCES:
             await ensure_consumer(
                 nc,
@@ -132,6 +152,8 @@ def build_sink(
         # Let a batch in hand finish; one stuck waiting for ClickHouse gives up
         # (it stays un-acked and is redelivered).
         writer.stopping = True
+        for watcher in watchers:
+            watcher.cancel()
         if pumps:
             _, stuck = await asyncio.wait(pumps, timeout=flush_s + 10)
             for task in stuck:

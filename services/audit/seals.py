@@ -5,9 +5,12 @@ deny_purge; only the operator may delete the stream itself)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from toolgate.contracts import subjects
@@ -19,10 +22,9 @@ class SealsUnavailable(Exception):
     """The seal stream could not be read (no NATS, refused creds, no such stream)."""
 
 
-async def read_seals(
-    nats_url: str, creds: Path | None, timeout_s: float = 5.0
-) -> tuple[list[Checkpoint], int]:
-    """Every seal in stream order, and how many messages were not seals."""
+@asynccontextmanager
+async def connected(nats_url: str, creds: Path | None, timeout_s: float) -> AsyncIterator[Client]:
+    """A connection for one operator command; SealsUnavailable if none within the time."""
     try:
         nc = await asyncio.wait_for(
             nats.connect(
@@ -35,6 +37,21 @@ async def read_seals(
         )
     except Exception as exc:  # noqa: BLE001 (said in one line by the caller)
         raise SealsUnavailable(f"no NATS at {nats_url}: {exc!r}") from None
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def read_seals(
+    nats_url: str, creds: Path | None, timeout_s: float = 5.0
+) -> tuple[list[Checkpoint], int]:
+    """Every seal in stream order, and how many messages were not seals."""
+    async with connected(nats_url, creds, timeout_s) as nc:
+        return await _read(nc, nats_url, timeout_s)
+
+
+async def _read(nc: Client, nats_url: str, timeout_s: float) -> tuple[list[Checkpoint], int]:
     try:
         js = nc.jetstream()
         try:
@@ -64,5 +81,3 @@ async def read_seals(
         raise
     except Exception as exc:  # noqa: BLE001
         raise SealsUnavailable(f"reading {subjects.AUDIT_SEALS_STREAM}: {exc!r}") from None
-    finally:
-        await nc.close()

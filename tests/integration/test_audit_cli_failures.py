@@ -351,6 +351,7 @@ def test_progress_of_verify_and_policy_test(capsys, nowhere, recorded, monkeypat
         str(keys / "audit-seal.pub"),
         "--clickhouse-url",
         url,
+        "--without-seals",  # no NATS here
     ]
     policy = ["policy", "test", BUNDLE, "--since", SINCE, "--clickhouse-url", url]
     monkeypatch.setattr(progress_module, "INTERVAL_S", 1e9)  # quick: nothing on stderr
@@ -359,11 +360,9 @@ def test_progress_of_verify_and_policy_test(capsys, nowhere, recorded, monkeypat
     code, _, err = run(capsys, *policy)
     assert (code, err) == (0, "")
     monkeypatch.setattr(progress_module, "INTERVAL_S", 0.0)  # slow: a line per step
+    # verify runs inside ClickHouse (a few queries): no rows pass through to count
     code, out, err = run(capsys, *verify)
-    rows = int(out.split("OK: ")[1].split()[0])
-    assert code == 0
-    assert err.splitlines()[-1].startswith(f"toolgate audit verify: {rows}/{rows} rows read (100%)")
-    assert len(err.splitlines()) > 2
+    assert (code, err) == (0, "") and out.startswith("OK")
     code, out, err = run(capsys, *policy)
     decided = int(out.split(": ")[1].split()[0])
     assert err.splitlines()[-1].startswith(

@@ -286,6 +286,7 @@ async def test_verify_names_altered_deleted_and_inserted_rows(clickhouse_url, tm
             str(tmp_path / "audit-seal.pub"),
             "--clickhouse-url",
             clickhouse_url,
+            "--without-seals",  # no NATS here: ClickHouse alone
         )
         == 1
     )

@@ -67,7 +67,7 @@ async def until(predicate, timeout: float = 120.0) -> None:  # type: ignore[no-u
         await asyncio.sleep(0.2)
 
 
-async def assert_each_event_once(gateway: Gateway) -> int:
+async def assert_each_event_once(gateway: Gateway, calls: int = CALLS) -> int:
     expected = await expected_rows(gateway)
     await until(lambda: audited_rows(gateway) >= expected)
     client = gateway.audit_client()
@@ -83,7 +83,7 @@ async def assert_each_event_once(gateway: Gateway) -> int:
     requested = client.query(
         "SELECT count() FROM events WHERE event_type = 'CallRequested'"
     ).result_rows[0][0]
-    assert requested == CALLS
+    assert requested == calls
     report = verify_store(client, load_seal_public_key(gateway.data_dir / "keys"))
     assert report.ok, [f.line() for f in report.tampered]
     return expected
