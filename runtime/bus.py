@@ -437,16 +437,19 @@ class LeanJetStream(JetStreamContext):
             headers["Nats-Expected-Stream"] = stream
         self._count += 1
         token = str(self._count)
-        reply: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        reply: asyncio.Future[Msg] = loop.create_future()
         self._replies[token] = reply
+        # A timer on the future itself: asyncio.wait_for's extra waiter and
+        # callbacks were 7-8% of the executor's and the attacher's CPU.
+        timer = loop.call_later(timeout or self._timeout, _time_out, reply)
         try:
             await self._nc.publish(
                 subject, payload, reply=self._reply_prefix + token, headers=headers or None
             )
-            msg = await asyncio.wait_for(reply, timeout or self._timeout)
-        except TimeoutError:
-            raise nats.errors.TimeoutError from None
+            msg = await reply
         finally:
+            timer.cancel()
             self._replies.pop(token, None)
         if not msg.data and msg.headers and msg.headers.get("Status") == "503":
             raise NoStreamResponseError
@@ -456,6 +459,11 @@ class LeanJetStream(JetStreamContext):
         return PubAck(
             stream=answer.stream, seq=answer.seq, domain=answer.domain, duplicate=answer.duplicate
         )
+
+
+def _time_out(reply: asyncio.Future[Msg]) -> None:
+    if not reply.done():
+        reply.set_exception(nats.errors.TimeoutError())
 
 
 # One per connection: the services' Publisher and the KV buckets they write share it.
