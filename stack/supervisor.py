@@ -166,6 +166,12 @@ class Stack:
     example_agents: list[tuple[str, str, Path]] = field(default_factory=list)
     example_hint: str = ""
     _health_checked_at: float = 0.0
+    # A service's /healthz fails once NATS (ClickHouse) is lost this long; None: its default.
+    health_grace_s: float | None = None
+
+    def http_args(self, port: int) -> list[str]:
+        grace = [] if self.health_grace_s is None else ["--health-grace", str(self.health_grace_s)]
+        return ["--http-port", str(port), *grace]
 
     def add_example(self) -> None:
         """The example's tools beside the others, its data prepared, its bundle and agents."""
@@ -262,7 +268,7 @@ class Stack:
                     self.url,
                     self.data_dir,
                     self.registry_dirs,
-                    [*extra, "--http-port", str(port)],
+                    [*extra, *self.http_args(port)],
                     creds=self.creds_of(name),
                 ),
                 self.data_dir / "logs" / f"{name}.log",
@@ -389,7 +395,7 @@ class Stack:
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
-                ["--clickhouse-url", self.audit_url, "--http-port", str(port)],
+                ["--clickhouse-url", self.audit_url, *self.http_args(port)],
                 creds=self.creds_of(AUDIT_SERVICE),
             ),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
