@@ -9,6 +9,7 @@ from the serialized run state once a human approved it in the CLI).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -158,3 +159,28 @@ async def test_a_call_needing_a_human_interrupts_the_run_until_approved_in_the_c
     assert done.observation.status == "ok" and done.observation.call_id == call_id
     assert runs_of(shared_gateway.data_dir, "approved_action").count(call_id) == 1
     assert await ran(shared_gateway, call_id) == 1
+
+
+def test_run_sync_on_its_own_loop_reaches_the_gateway_through_a_background_session(
+    shared_gateway: Gateway,
+) -> None:
+    """Runner.run_sync runs the agent on a loop of its own; the session's connection lives on
+    another (its background thread): each gateway step is handed over, awaited, answered."""
+    session = GatewaySession.connect_in_background(
+        shared_gateway.url,
+        asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
+        user="u-alice",
+        session="s-1",
+        registry=load_registry(shared_gateway.registry_dir),
+        timeout=DEADLINE_S,
+    )
+    try:
+        model = ScriptedModel(
+            [[function_call("search_sources", SEARCH, call_id="fc_s")], [assistant_message("ok")]]
+        )
+        agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
+        result = Runner.run_sync(agent, "search", run_config=OFFLINE)
+    finally:
+        session.close()
+    (found,) = outputs(result.new_items)
+    assert found.observation.status == "ok" and json.loads(str(found))["items"]
