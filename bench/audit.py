@@ -318,6 +318,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="audit: the pipeline's peak events/s (default: measure a burst)",
     )
 
+    from toolgate.bench.audit_queries import add_arguments
+
+    add_arguments(parser)  # `toolgate bench audit-queries --events N`
+
 
 def cmd_bench_audit(args: argparse.Namespace) -> int:
     run_audit_bench(

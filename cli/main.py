@@ -10,7 +10,7 @@
     toolgate policy check|push|test    Cedar policy bundles
     toolgate audit trace|sql|replay|verify   the audit trail in ClickHouse
     toolgate schema                    JSON Schema of the wire contract
-    toolgate bench [pipeline|policy|audit]   figures, printed
+    toolgate bench [pipeline|policy|audit|audit-queries]   figures, printed
 
 After `toolgate up` in a folder, every command there finds the gateway through
 .toolgate/context.json; flags and TOOLGATE_* variables win.
@@ -683,6 +683,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from toolgate.bench.audit import cmd_bench_audit
 
         return cmd_bench_audit(args)
+    if args.target == "audit-queries":
+        from toolgate.bench.audit_queries import cmd_bench_audit_queries
+
+        return cmd_bench_audit_queries(args)
     if args.target == "policy":
         from toolgate.bench.policy import run_policy_bench
 
@@ -962,7 +966,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="measure the gateway as an agent sees it, next to the raw bus"
     )
     bench.add_argument(
-        "target", nargs="?", choices=["pipeline", "policy", "audit", "mcp"], default="pipeline"
+        "target",
+        nargs="?",
+        choices=["pipeline", "policy", "audit", "audit-queries", "mcp"],
+        default="pipeline",
     )
     bench.add_argument(
         "-n",

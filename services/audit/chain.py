@@ -57,18 +57,19 @@ def time_text(value: datetime) -> str:
     )
 
 
-def _field(value: Any, column: str) -> bytes:
+_pack_double = struct.Struct("<d").pack
+_unpack_bits = struct.Struct("<Q").unpack
+
+
+def _text(value: Any, column: str) -> bytes:
+    """A non-string field: the time in microseconds, the float's bits, NULL as N."""
+    if value is None:
+        return b"N"
     if column == "occurred_at":
-        text = str(to_micros(value))
-    elif column == "duration_ms":
-        # The float's bits: exact on both sides (ClickHouse: reinterpretAsUInt64).
-        text = "N" if value is None else str(struct.unpack("<Q", struct.pack("<d", value))[0])
-    elif column == "source_seq":
-        text = str(int(value))
-    else:
-        text = value
-    data = text.encode()
-    return b"%d:%b" % (len(data), data)
+        return str(to_micros(value)).encode()
+    if column == "duration_ms":  # exact on both sides (ClickHouse: reinterpretAsUInt64)
+        return str(_unpack_bits(_pack_double(value))[0]).encode()
+    return str(int(value)).encode()
 
 
 def content_bytes(row: dict[str, Any]) -> bytes:
@@ -79,7 +80,12 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     SQL, without pulling rows out. Strings as stored, the time as microseconds
     since the epoch, the duration as the bits of its float, NULL as `N`.
     """
-    return b"".join(_field(row[c], c) for c in CONTENT_COLUMNS)
+    out = []
+    for column in CONTENT_COLUMNS:
+        value = row[column]
+        data = value.encode() if value.__class__ is str else _text(value, column)
+        out.append(b"%d:%b" % (len(data), data))
+    return b"".join(out)
 
 
 def content_sql() -> str:
