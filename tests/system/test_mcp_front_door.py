@@ -18,14 +18,20 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
+import msgspec
+import nats
 import pytest
 import yaml
 from mcp.shared.exceptions import MCPError
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 
 from tests.harness import Gateway, make_test_registry
 from tests.mcp_support import agent_token, mcp_client, structured, wait_for_front_door
 from tests.tools.faulty import runs_of
+from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import load_registry
 from toolgate.runtime.creds import connect_options
 from toolgate.services.approvals.approvers import add_approver
@@ -338,3 +344,60 @@ def test_toolgate_up_prints_the_front_door(door: Gateway) -> None:
     recorded = json.loads((door.data_dir / "context.json").read_text())
     assert recorded["mcp_url"] == door.stack.mcp_url
     assert Path(recorded["creds"]["mcp_front"]).name == "mcp_front.creds"
+
+
+async def test_the_front_door_identity_reaches_nothing_but_the_agents_subjects(
+    door: Gateway,
+) -> None:
+    """What a compromised front door could do with its creds: publish calls as an agent and
+    read results. No event, no bucket, no stream of toolgate's, no reply injected into one."""
+    problems: list[Exception] = []
+
+    async def remember(exc: Exception) -> None:
+        problems.append(exc)
+
+    front = await nats.connect(
+        door.url, error_cb=remember, **connect_options(door.stack.creds_of("mcp_front"))
+    )
+    try:
+        await front.publish(subjects.event_subject("CallAuthorized", "echo"), b"{}")
+        await front.flush()
+        js = front.jetstream()
+        with pytest.raises(NatsError):
+            await js.publish(subjects.event_subject("CallAuthorized", "echo"), b"{}", timeout=1)
+        with pytest.raises(NatsError):
+            await js.key_value(subjects.OUTCOMES_BUCKET)
+        # A call of its agent, with the reply subject aimed at toolgate's events stream.
+        call_id = f"inject-{uuid.uuid4().hex[:8]}"
+        call = ToolCall(
+            call_id=call_id,
+            tool="echo",
+            arguments={"payload": "x"},
+            principal=Principal(tenant="acme", user="u", agent="researcher", session="s"),
+        )
+        results = await front.subscribe(subjects.results_subject("acme", "researcher", call_id))
+        await front.publish(
+            subjects.calls_subject("acme", "researcher"),
+            msgspec.json.encode(call),
+            reply=subjects.event_subject("ArgumentsValidated", "echo"),
+        )
+        result = msgspec.json.decode((await results.next_msg(timeout=60)).data, type=ToolResult)
+        assert result.status == "ok"
+    finally:
+        await front.close()
+    assert any("permissions violation" in str(p).lower() for p in problems), problems
+    stored = [e for e in await door.events() if e.call_id == call_id]
+    assert stored  # the call went through the pipeline as that agent's
+    admin = await door.connect()
+    try:
+        info = await admin.jsm().stream_info(subjects.EVENTS_STREAM)
+        for seq in range(
+            max(info.state.first_seq, info.state.last_seq - 200), info.state.last_seq + 1
+        ):
+            try:
+                msg = await admin.jsm().get_msg(subjects.EVENTS_STREAM, seq)
+            except NotFoundError:
+                continue
+            assert not (msg.data or b"").startswith(b'{"stream"'), msg.data
+    finally:
+        await admin.close()
