@@ -42,7 +42,7 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import interrupt
 
-from toolgate.contracts.calls import PendingNotice, ToolResult
+from toolgate.contracts.calls import ErrorCode, PendingNotice, ToolError, ToolResult, failure
 
 from .core import ApprovalRequest, Observation, approval_request, observe, waiting
 from .session import GatewaySession, timed_out
@@ -65,6 +65,19 @@ class _Call:
         self.arguments: dict[str, Any] = args if isinstance(args, dict) else {}
         self.call_id = session.call_id_for(self.tool_call_id, self.name, self.arguments, namespace)
         self.outcome: ToolResult | PendingNotice | None = None
+        # Arguments that are not an object never reach the gateway: the model is told.
+        self.malformed = (
+            None
+            if isinstance(args, dict)
+            else failure(
+                self.call_id,
+                "invalid_arguments",
+                ToolError(
+                    code=ErrorCode.MALFORMED_CALL,
+                    message=f"arguments must be a JSON object, got {type(args).__name__}",
+                ),
+            )
+        )
 
     def request(self) -> ApprovalRequest:
         assert isinstance(self.outcome, PendingNotice)
@@ -113,6 +126,8 @@ class GatewayToolNode(RunnableLambda):
         return [_Call(dict(c), self.session, namespace) for c in last.tool_calls]
 
     async def _decide(self, call: _Call) -> ToolResult | PendingNotice:
+        if call.malformed is not None:
+            return call.malformed
         try:
             return await self.session.decide(call.call_id, call.name, call.arguments)
         except TimeoutError:

@@ -23,13 +23,18 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.types import Command
 
 from tests.harness import REPO_ROOT, Gateway, count_types, events_of
 from tests.system.framework_fakes import StateChat, tool_call
 from tests.system.framework_graph import APPROVED, approve_in_cli, build
 from tests.tools.faulty import runs_of
-from toolgate.client.frameworks.langgraph import APPROVAL_INTERRUPT, SQLiteCheckpointer
+from toolgate.client.frameworks.langgraph import (
+    APPROVAL_INTERRUPT,
+    GatewayToolNode,
+    SQLiteCheckpointer,
+)
 from toolgate.client.frameworks.session import GatewaySession
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.registry import load_registry
@@ -282,3 +287,41 @@ def test_a_graph_driven_synchronously_pauses_and_resumes_the_same_way(
     assert done.status == "success"
     assert done.artifact["result"]["data"] == {"call_id": request["call_id"]}
     assert runs_of(shared_gateway.data_dir, "approved_action").count(request["call_id"]) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the broken message, stored
+async def test_without_pausing_a_waiting_call_is_a_message_and_bad_arguments_never_leave(
+    shared_gateway: Gateway, tmp_path: Path
+) -> None:
+    """pause_for_approval=False: the model reads "waiting for approval" with the call_id.
+    A tool call whose arguments are not an object (LangChain's own validation bypassed)
+    is answered MALFORMED_CALL without a round trip."""
+    broken = AIMessage.model_construct(
+        content="",
+        tool_calls=[
+            tool_call("approved_action", {"amount": 5}, "c_ok"),
+            {"name": "approved_action", "args": "amount=5", "id": "c_bad", "type": "tool_call"},
+        ],
+        type="ai",
+    )
+    session = await open_session(shared_gateway)
+    checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
+    try:
+        graph = StateGraph(MessagesState)
+        graph.add_node("tools", GatewayToolNode(session, pause_for_approval=False))
+        graph.add_edge(START, "tools")
+        state = await graph.compile(checkpointer=checkpointer).ainvoke(
+            {"messages": [broken]}, {"configurable": {"thread_id": "no-pause"}}
+        )
+    finally:
+        checkpointer.close()
+        await session.aclose()
+    assert "__interrupt__" not in state
+    waiting, malformed = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    call_id = waiting.artifact["approval"]["call_id"]
+    assert str(waiting.content).startswith(f"WAITING FOR APPROVAL: call_id {call_id}")
+    assert malformed.status == "error" and "ERROR invalid_arguments (MALFORMED_CALL)" in str(
+        malformed.content
+    )
+    bad_id = malformed.artifact["result"]["call_id"]
+    assert not events_of(await shared_gateway.events(), bad_id)  # never published
