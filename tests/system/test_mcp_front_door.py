@@ -27,7 +27,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from tests.harness import Gateway, make_test_registry
-from tests.mcp_support import agent_token, mcp_client, structured, wait_for_front_door
+from tests.mcp_support import agent_token, mcp_client, structured, toolgate, wait_for_front_door
 from tests.tools.faulty import runs_of
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -401,3 +401,50 @@ async def test_the_front_door_identity_reaches_nothing_but_the_agents_subjects(
             assert not (msg.data or b"").startswith(b'{"stream"'), msg.data
     finally:
         await admin.close()
+
+
+async def test_a_human_no_is_approval_denied_as_is_error(door: Gateway) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    approver_token = add_approver(door.data_dir, f"dave-{uuid.uuid4().hex[:6]}", ["acme"])
+    call_id = f"no-{uuid.uuid4().hex[:8]}"
+    arguments = {"amount": 9}
+    told = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        told.set()
+
+    async with mcp_client(url, token) as c:
+        waiting = asyncio.ensure_future(
+            c.call_tool(
+                "approved_action", arguments, meta=meta(call_id), progress_callback=on_progress
+            )
+        )
+        await asyncio.wait_for(told.wait(), 600)
+        async with await ApprovalsClient.connect(
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+        ) as approvals:
+            await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "deny",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="not today",
+            )
+        result = await asyncio.wait_for(waiting, 600)
+    assert result.is_error is True
+    assert structured(result)["status"] == "approval_denied"
+    assert structured(result)["error"]["code"] == "APPROVAL_DENIED"
+    assert call_id not in runs_of(door.data_dir, "approved_action")
+
+
+def test_agents_token_prints_a_token_once_and_refuses_an_unknown_agent(door: Gateway) -> None:
+    asyncio.run(door.agent_creds("acme", "cli-agent"))
+    done = toolgate("agents", "token", "acme", "cli-agent", "--data-dir", str(door.data_dir))
+    assert done.returncode == 0, done.stderr
+    token = done.stdout.strip()
+    assert token.startswith("tgmcp.acme.cli-agent.")
+    assert "shown once" in done.stderr
+    stored = (door.data_dir / "auth" / "agents" / "acme.cli-agent.mcp-token").read_text()
+    assert token not in stored
+    ghost = toolgate("agents", "token", "acme", "ghost", "--data-dir", str(door.data_dir))
+    assert ghost.returncode == 2 and "agents add acme ghost" in ghost.stderr
