@@ -348,7 +348,8 @@ async def _ignore(exc: Exception) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.creds is None:  # this service's own role, as `toolgate up` recorded it
-        args.creds = env.env_nats_creds(args.name)
+        # (the front door's role is mcp_front: an account of its own, see infra/nats)
+        args.creds = env.env_nats_creds("mcp_front" if args.name == "mcp" else args.name)
     check_nats_url(args.nats_url)
     check_creds(args.creds)
     if args.name == "policy" and args.policy is None:
