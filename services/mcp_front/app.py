@@ -63,7 +63,7 @@ from starlette.routing import Route
 from toolgate.client.gateway_client import GatewayClient, ResultTimeout, new_call_id
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall
 from toolgate.contracts.registry import Registry
-from toolgate.runtime.creds import connect_options
+from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.mcp_front import logic
 from toolgate.services.mcp_front.tokens import TokenStore
@@ -270,7 +270,7 @@ def build_app(settings: GatewaySettings, options: FrontDoorOptions, public_url: 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         door.nc = await nats.connect(
-            settings.nats_url,
+            nats_servers(settings.nats_url),  # a cluster: every node's URL
             name=f"{SERVICE}@{options.host}:{options.port}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=1,
