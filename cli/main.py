@@ -290,6 +290,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url_given,
         nats_port=args.nats_port,
         nats_cluster=args.nats_cluster,
+        with_http=not args.no_metrics,
         registry_dirs=list(args.registry or env.env_registry_dirs()),
         executor_args=executor_args,
         clickhouse_url=args.clickhouse_url_given,
@@ -750,6 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4222,
         help="port of the embedded NATS (default %(default)s; 0: any free port)",
+    )
+    up.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="services serve no /healthz and /metrics; the supervisor then only "
+        "restarts services that exit (default: each service on a port of its own)",
     )
     up.add_argument(
         "--nats-cluster",

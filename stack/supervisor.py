@@ -168,8 +168,12 @@ class Stack:
     _health_checked_at: float = 0.0
     # A service's /healthz fails once NATS (ClickHouse) is lost this long; None: its default.
     health_grace_s: float | None = None
+    # Each service serves /healthz and /metrics (`toolgate up --no-metrics`: none).
+    with_http: bool = True
 
     def http_args(self, port: int) -> list[str]:
+        if not self.with_http:
+            return []
         grace = [] if self.health_grace_s is None else ["--health-grace", str(self.health_grace_s)]
         return ["--http-port", str(port), *grace]
 
@@ -272,7 +276,7 @@ class Stack:
                     creds=self.creds_of(name),
                 ),
                 self.data_dir / "logs" / f"{name}.log",
-                http_port=port,
+                http_port=port if self.with_http else None,
             )
             service.start()
             self.services.append(service)
@@ -399,7 +403,7 @@ class Stack:
                 creds=self.creds_of(AUDIT_SERVICE),
             ),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
-            http_port=port,
+            http_port=port if self.with_http else None,
         )
         service.start()
         self.services.append(service)

@@ -103,20 +103,21 @@ async def _stream_event_ids(nc: Any) -> list[str]:
 async def _result_attached_per_call(nc: Any) -> Counter[str]:
     """Distinct ResultAttached events per call_id, as the audit would count them."""
     js = nc.jetstream()
+    pattern = f"{subjects.EVENTS_PREFIX}.ResultAttached.>"
+    info = await js.stream_info(subjects.EVENTS_STREAM, subjects_filter=pattern)
+    stored = sum((info.state.subjects or {}).values())
     sub = await js.pull_subscribe(
-        f"{subjects.EVENTS_PREFIX}.ResultAttached.>",
+        pattern,
         stream=subjects.EVENTS_STREAM,
         config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
     )
     seen: dict[str, str] = {}
-    while True:
-        try:
-            batch = await sub.fetch(1000, timeout=3)
-        except nats.errors.TimeoutError:
-            break
-        for msg in batch:
+    read = 0
+    while read < stored:
+        for msg in await sub.fetch(1000, timeout=10):
             event = decode_event(msg.data)
             seen[event.event_id] = event.call_id
+            read += 1
     await sub.unsubscribe()
     return Counter(seen.values())
 
