@@ -36,6 +36,7 @@ from pydantic import ConfigDict
 from toolgate.contracts.registry import ToolSpec
 
 from .session import GatewaySession
+from .tool_calls import DEFAULT_RESUME_WAIT_S, ModelToolCall, pause_for
 from .tool_messages import thread_of, tool_message
 
 __all__ = ["GatewayTool", "GatewayToolMiddleware", "GatewayToolkit"]
@@ -93,38 +94,48 @@ class GatewayToolkit(BaseToolkit):
 
 
 class GatewayToolMiddleware(AgentMiddleware):
-    """Send every tool call of a `create_agent` agent through the gateway; run none locally."""
+    """Send every tool call of a `create_agent` agent through the gateway; run none locally.
 
-    def __init__(self, session: GatewaySession) -> None:
+    A call waiting for a human is a "waiting for approval" message; with
+    `pause_for_approval=True` (and a checkpointer on the agent) it pauses the agent
+    with LangGraph's interrupt instead, exactly as `GatewayToolNode` does, and a
+    resume (`Command(resume=...)`) picks up the gateway's final result.
+    """
+
+    def __init__(
+        self,
+        session: GatewaySession,
+        *,
+        pause_for_approval: bool = False,
+        resume_wait: float = DEFAULT_RESUME_WAIT_S,
+    ) -> None:
         super().__init__()
         self.session = session
+        self.pause_for_approval = pause_for_approval
+        self.resume_wait = resume_wait
 
-    async def _answer(self, request: ToolCallRequest) -> ToolMessage:
-        call = request.tool_call
-        name, call_id = call["name"], call.get("id") or ""
-        arguments = call.get("args")
+    def _call(self, request: ToolCallRequest) -> ModelToolCall:
         config = getattr(request.runtime, "config", None)
-        if not isinstance(arguments, dict):  # LangChain parses them; never trust it blindly
-            return ToolMessage(
-                content=f"ERROR invalid_arguments from tool {name}: arguments must be a JSON "
-                "object. The tool did not run.",
-                tool_call_id=call_id,
-                name=name,
-                status="error",
-            )
-        seen, outcome = await self.session.observe(name, arguments, call_id, thread_of(config))
-        return tool_message(seen, outcome, call_id, name)
+        return ModelToolCall(dict(request.tool_call), self.session, thread_of(config))
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
     ) -> ToolMessage | Command[Any]:
-        return await self._answer(request)  # handler (the local tool) is never called
+        call = self._call(request)  # handler (the local tool) is never called
+        call.outcome = await call.decide()
+        while self.pause_for_approval and pause_for([call]):
+            call.outcome = await call.final(self.resume_wait)
+        return call.message()
 
     def wrap_tool_call(
         self,
         request: ToolCallRequest,
         handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
     ) -> ToolMessage | Command[Any]:
-        return self.session.run_sync(self._answer(request))
+        call = self._call(request)  # interrupt() runs here, in the graph's thread
+        call.outcome = self.session.run_sync(call.decide())
+        while self.pause_for_approval and pause_for([call]):
+            call.outcome = self.session.run_sync(call.final(self.resume_wait))
+        return call.message()

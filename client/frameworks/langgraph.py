@@ -37,59 +37,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
+from langchain_core.messages import AIMessage, AnyMessage
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.types import interrupt
 
-from toolgate.contracts.calls import ErrorCode, PendingNotice, ToolError, ToolResult, failure
-
-from .core import ApprovalRequest, Observation, approval_request, observe, waiting
-from .session import GatewaySession, timed_out
-from .tool_messages import thread_of, tool_message
+from .session import GatewaySession
+from .tool_calls import APPROVAL_INTERRUPT, DEFAULT_RESUME_WAIT_S, ModelToolCall, pause_for
+from .tool_messages import thread_of
 
 __all__ = ["APPROVAL_INTERRUPT", "GatewayToolNode", "SQLiteCheckpointer"]
 
-APPROVAL_INTERRUPT = "toolgate_approvals"
-DEFAULT_RESUME_WAIT_S = 30.0
 T = TypeVar("T")
-
-
-class _Call:
-    """One tool call of the AI message, and where it stands at the gateway."""
-
-    def __init__(self, raw: dict[str, Any], session: GatewaySession, namespace: str | None):
-        self.name = str(raw.get("name") or "")
-        self.tool_call_id = str(raw.get("id") or "")
-        args = raw.get("args")
-        self.arguments: dict[str, Any] = args if isinstance(args, dict) else {}
-        self.call_id = session.call_id_for(self.tool_call_id, self.name, self.arguments, namespace)
-        self.outcome: ToolResult | PendingNotice | None = None
-        # Arguments that are not an object never reach the gateway: the model is told.
-        self.malformed = (
-            None
-            if isinstance(args, dict)
-            else failure(
-                self.call_id,
-                "invalid_arguments",
-                ToolError(
-                    code=ErrorCode.MALFORMED_CALL,
-                    message=f"arguments must be a JSON object, got {type(args).__name__}",
-                ),
-            )
-        )
-
-    def request(self) -> ApprovalRequest:
-        assert isinstance(self.outcome, PendingNotice)
-        return approval_request(self.outcome, self.name, self.arguments)
-
-    def message(self) -> ToolMessage:
-        assert self.outcome is not None
-        if isinstance(self.outcome, PendingNotice):  # only when the node is told not to pause
-            request = self.request()
-            return tool_message(waiting(request), request, self.tool_call_id, self.name)
-        seen: Observation = observe(self.outcome, self.name)
-        return tool_message(seen, self.outcome, self.tool_call_id, self.name)
 
 
 class GatewayToolNode(RunnableLambda):
@@ -111,7 +69,7 @@ class GatewayToolNode(RunnableLambda):
         # False: a pending call becomes a "waiting for approval" message instead of a pause.
         self.pause_for_approval = pause_for_approval
 
-    def _calls(self, state: Any, config: RunnableConfig) -> list[_Call]:
+    def _calls(self, state: Any, config: RunnableConfig) -> list[ModelToolCall]:
         messages: Sequence[AnyMessage]
         if isinstance(state, list):
             messages = state
@@ -123,41 +81,22 @@ class GatewayToolNode(RunnableLambda):
         if last is None:
             raise ValueError(f"{self.name}: no AI message in state[{self.messages_key!r}]")
         namespace = thread_of(config)
-        return [_Call(dict(c), self.session, namespace) for c in last.tool_calls]
+        return [ModelToolCall(dict(c), self.session, namespace) for c in last.tool_calls]
 
-    async def _decide(self, call: _Call) -> ToolResult | PendingNotice:
-        if call.malformed is not None:
-            return call.malformed
-        try:
-            return await self.session.decide(call.call_id, call.name, call.arguments)
-        except TimeoutError:
-            return timed_out(call.call_id, self.session.timeout)
+    def _pause(self, calls: list[ModelToolCall]) -> bool:
+        return self.pause_for_approval and pause_for(calls)
 
-    async def _final(self, call: _Call) -> ToolResult | PendingNotice:
-        done = await self.session.final(call.call_id, call.name, call.arguments, self.resume_wait)
-        return done if done is not None else call.outcome or timed_out(call.call_id, 0)
-
-    def _pause(self, calls: list[_Call]) -> bool:
-        """Interrupt for the calls still waiting; False when none waits (or pausing is off).
-        On resume, `interrupt` returns the resume value: deliberately ignored."""
-        pending = [c for c in calls if isinstance(c.outcome, PendingNotice)]
-        if not pending or not self.pause_for_approval:
-            return False
-        requests = [c.request().as_dict() for c in pending]
-        interrupt({"kind": APPROVAL_INTERRUPT, "requests": requests})
-        return True
-
-    def _update(self, calls: list[_Call]) -> dict[str, Any]:
+    def _update(self, calls: list[ModelToolCall]) -> dict[str, Any]:
         return {self.messages_key: [c.message() for c in calls]}
 
     async def _anode(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         calls = self._calls(state, config)
-        outcomes = await asyncio.gather(*(self._decide(c) for c in calls))
+        outcomes = await asyncio.gather(*(c.decide() for c in calls))
         for call, outcome in zip(calls, outcomes, strict=True):
             call.outcome = outcome
         while self._pause(calls):
-            waiting_calls = [c for c in calls if isinstance(c.outcome, PendingNotice)]
-            finals = await asyncio.gather(*(self._final(c) for c in waiting_calls))
+            waiting_calls = [c for c in calls if c.waiting]
+            finals = await asyncio.gather(*(c.final(self.resume_wait) for c in waiting_calls))
             for call, final in zip(waiting_calls, finals, strict=True):
                 call.outcome = final
         return self._update(calls)
@@ -168,11 +107,11 @@ class GatewayToolNode(RunnableLambda):
         run: Callable[[Any], Any] = self.session.run_sync
         calls = self._calls(state, config)
         for call in calls:
-            call.outcome = run(self._decide(call))
+            call.outcome = run(call.decide())
         while self._pause(calls):
             for call in calls:
-                if isinstance(call.outcome, PendingNotice):
-                    call.outcome = run(self._final(call))
+                if call.waiting:
+                    call.outcome = run(call.final(self.resume_wait))
         return self._update(calls)
 
 

@@ -9,18 +9,23 @@ events or the test tool's run log, not only from the text the agent got.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
+from langgraph.types import Command
 
 from tests.harness import Gateway, count_types, events_of
-from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+from tests.system.framework_fakes import ScriptedChat, StateChat, calls, tool_call
+from tests.system.framework_graph import approve_in_cli
 from tests.tools.faulty import runs_of
 from toolgate.client.frameworks.langchain import GatewayToolkit, GatewayToolMiddleware
+from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
 from toolgate.client.frameworks.session import GatewaySession, SessionError
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.registry import load_registry
@@ -341,3 +346,39 @@ async def test_a_session_on_creds_that_are_no_agents_is_refused(shared_gateway: 
             session="s-1",
             registry=load_registry(shared_gateway.registry_dir),
         )
+
+
+async def test_with_pause_for_approval_a_langchain_agent_pauses_and_resumes(
+    shared_gateway: Gateway, session: GatewaySession, tmp_path: Path
+) -> None:
+    """create_agent runs on LangGraph: the middleware can pause it like GatewayToolNode, and
+    the agent's own stand-in for the tool never runs, before or after the approval."""
+    local_runs: list[int] = []
+
+    @tool
+    def approved_action(amount: int) -> str:
+        """The agent's own stand-in for the gateway's tool."""
+        local_runs.append(amount)
+        return "ran locally"
+
+    checkpointer = SQLiteCheckpointer(tmp_path / "agent.sqlite")
+    agent = create_agent(
+        StateChat(tool="approved_action", args={"amount": 9}, call_id="call_9"),
+        tools=[approved_action],
+        middleware=[GatewayToolMiddleware(session, pause_for_approval=True)],
+        checkpointer=checkpointer,
+    )
+    config = {"configurable": {"thread_id": f"agent-{uuid.uuid4().hex[:8]}"}}
+    try:
+        paused = await agent.ainvoke({"messages": [HumanMessage("act")]}, config)
+        (request,) = paused["__interrupt__"][0].value["requests"]
+        assert request["arguments"] == {"amount": 9} and not tool_messages(paused)
+        approve_in_cli(shared_gateway, f"acme.researcher.{request['call_id']}")
+        state = await agent.ainvoke(Command(resume="approved"), config)
+    finally:
+        checkpointer.close()
+    (done,) = tool_messages(state)
+    assert done.status == "success"
+    assert done.artifact["result"]["data"] == {"call_id": request["call_id"]}
+    assert local_runs == []
+    assert runs_of(shared_gateway.data_dir, "approved_action").count(request["call_id"]) == 1
