@@ -106,14 +106,26 @@ class Metrics:
             "ack pending)",
             registry=r,
         )
+        self._stages: dict[str, Any] = {}
+        self._events: dict[str, Any] = {}
         self.up = Gauge(
             "toolgate_dependency_up", "1 while a dependency answers (nats, clickhouse)",
             ["dependency"], registry=r,
         )  # fmt: skip
 
+    def stage(self, durable: str) -> Any:
+        """The latency histogram of one durable (looked up once: labels() is not free)."""
+        found = self._stages.get(durable)
+        if found is None:
+            found = self._stages[durable] = self.stage_seconds.labels(self.service, durable)
+        return found
+
     def emitted(self, event: Event) -> None:
         kind = type(event).__name__
-        self.events.labels(kind).inc()
+        counter = self._events.get(kind)
+        if counter is None:
+            counter = self._events[kind] = self.events.labels(kind)
+        counter.inc()
         if kind == "ResultAttached":
             self.calls.labels(event.tool, event.result.status).inc()  # type: ignore[attr-defined]
         elif kind in DECISIONS:
@@ -249,9 +261,7 @@ def observed(settle: Settle) -> Settle:
                     await settle(msg, delivery, work, give_up)
         finally:
             if _metrics is not None:
-                _metrics.stage_seconds.labels(_metrics.service, durable).observe(
-                    time.perf_counter() - started
-                )
+                _metrics.stage(durable).observe(time.perf_counter() - started)
 
     return settle_observed
 
