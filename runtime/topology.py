@@ -223,6 +223,44 @@ def heartbeat_interval(ack_wait_s: float) -> float:
     return ack_wait_s / 3
 
 
+def ack_waits(tool_timeouts: dict[str, float]) -> dict[tuple[str, str], float]:
+    """(stream, durable) -> the AckWait it should have, for a registry's tools."""
+    wanted = {}
+    for h in handlers(sorted(tool_timeouts), with_audit=False):
+        tool = h.durable.removeprefix("executor-")
+        wait = (
+            executor_ack_wait(tool_timeouts[tool])
+            if h.service == "executor"
+            else stage_ack_wait(h.durable)
+        )
+        wanted[(h.stream, h.durable)] = wait
+    return wanted
+
+
+async def refresh_ack_waits(
+    nats_url: str, tool_timeouts: dict[str, float], **connect_options: Any
+) -> list[str]:
+    """Give durables that exist (made by an older version, or for a changed tool timeout)
+    the AckWait their stage has now; the durables changed. Services create missing ones."""
+    changed = []
+    nc = await nats.connect(nats_servers(nats_url), **connect_options)
+    try:
+        js = nc.jetstream()
+        for (stream, durable), wait in ack_waits(tool_timeouts).items():
+            try:
+                info = await js.consumer_info(stream, durable)
+            except NotFoundError:
+                continue
+            if info.config.ack_wait is not None and abs(info.config.ack_wait - wait) < 1e-3:
+                continue
+            info.config.ack_wait = wait
+            await js.add_consumer(stream, info.config)  # create-or-update of the same durable
+            changed.append(durable)
+    finally:
+        await nc.close()
+    return changed
+
+
 # ---------------------------------------------------------------- the handler table
 
 

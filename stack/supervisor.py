@@ -29,7 +29,7 @@ from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.health import probe
 from toolgate.runtime.settings import write_context
-from toolgate.runtime.topology import Topology, apply_topology
+from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_waits
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
@@ -307,6 +307,11 @@ class Stack:
             )
             await probe.close()
             await apply_topology(self.url, self.topology, **options)
+            timeouts = {
+                spec.name: spec.timeout_s
+                for spec in load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR]))
+            }
+            await refresh_ack_waits(self.url, timeouts, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             cause = str(errors[-1] if errors else exc) or type(exc).__name__
             if "authorization" in cause.lower():
