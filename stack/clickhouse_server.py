@@ -92,6 +92,8 @@ KILL_SQL = f"KILL QUERY WHERE query LIKE 'SELECT sleepEachRow(0.5) AS {HOLD_MARK
 # a crash).  A short keep-alive (the old ClickHouse default of 3 s; clickhouse-connect
 # retries a request on a connection the server closed) keeps SIGTERM shutdowns clean.
 KEEP_ALIVE_TIMEOUT = 3
+# A live process whose listener is gone for this many supervisor rounds is restarted.
+UNANSWERED_PINGS = 3
 SHUTDOWN_WAIT = 10
 
 CONFIG_TEMPLATE = """<clickhouse>
@@ -363,6 +365,7 @@ class EmbeddedClickHouse:
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
         self.restarts = 0
+        self._unanswered = 0
 
     # -- properties
     @property
@@ -467,12 +470,21 @@ class EmbeddedClickHouse:
         os.chmod(path, 0o600)
 
     def ensure_running(self, timeout: float = 60) -> bool:
-        """Start the server again if it died (SIGKILL, OOM, its keep-alive query killed).
-        True if it had to be restarted."""
+        """Start the server again if it died (SIGKILL, OOM, its keep-alive query killed)
+        or stopped answering /ping UNANSWERED_PINGS times in a row (its listener stopped:
+        `SYSTEM STOP LISTEN HTTP` by a local `default`). True if it was restarted."""
         if self.running():
-            return False
+            if ping(self.host, self.port, timeout=1.0):
+                self._unanswered = 0
+                return False
+            self._unanswered += 1
+            if self._unanswered < UNANSWERED_PINGS:
+                return False
+            log.warning("embedded ClickHouse stopped answering /ping; restarting it")
+            self.kill()
         rc = self.proc.returncode if self.proc is not None else None
         self.proc = None
+        self._unanswered = 0
         log.warning("embedded ClickHouse exited with %s; restarting it", rc)
         self.restarts += 1
         self.start(timeout)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -235,3 +237,47 @@ def test_a_sigkilled_clickhouse_is_restarted_and_the_audit_goes_on(attacked: Gat
         target.client().query("SELECT count() - uniqExact(event_id) FROM events").result_rows[0][0]
     )
     assert dupes == 0
+
+
+def test_the_sink_role_may_measure_its_own_lag(attacked: Gateway) -> None:
+    from toolgate.services.audit.lag import audit_lag
+
+    async def measure() -> list:
+        nc = await attacked.connect("audit")  # what the sink's lag watcher logs in as
+        try:
+            return await audit_lag(nc)
+        finally:
+            await nc.close()
+
+    sink = attacked.service("audit").process
+    assert sink is not None
+    os.kill(sink.pid, signal.SIGSTOP)  # behind on purpose: the oldest unwritten is read
+    try:
+        asyncio.run(calls(attacked, 1))
+        behind = asyncio.run(measure())
+    finally:
+        os.kill(sink.pid, signal.SIGCONT)
+    assert {lag.stream for lag in behind} == {subjects.CALLS_STREAM, subjects.EVENTS_STREAM}
+    assert all(lag.unwritten > 0 and lag.oldest_unwritten_s > 0 for lag in behind)
+    asyncio.run(audited(attacked))
+    caught_up = asyncio.run(measure())
+    assert all(lag.unwritten == 0 and lag.oldest_unwritten_s == 0 for lag in caught_up)
+
+
+def test_a_listener_stopped_by_default_is_restarted(attacked: Gateway) -> None:
+    clickhouse = attacked.stack.clickhouse
+    assert clickhouse is not None
+    before = clickhouse.restarts
+    # What any local process may do as the passwordless `default`: a denial of service.
+    assert refused(attacked.stack.audit_url, "SYSTEM STOP LISTEN HTTP") == ""
+    for _ in range(20):  # `toolgate up` runs this every half second
+        attacked.stack.restart_dead()
+        if clickhouse.restarts > before:
+            break
+    assert clickhouse.restarts == before + 1 and clickhouse.running()
+    asyncio.run(calls(attacked, 1))
+    asyncio.run(audited(attacked, timeout=120))
+    dupes = connect(attacked.audit_url("auditor")).query(
+        "SELECT count() - uniqExact(event_id) FROM events"
+    )
+    assert dupes.result_rows[0][0] == 0
