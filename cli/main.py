@@ -591,6 +591,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
             creds, token = nats_auth.add_agent(data_dir, args.tenant, args.agent)
         else:
             token = nats_auth.revoke_agent(data_dir, args.tenant, args.agent)
+            from toolgate.cli.mcp import push_front_door_account
+
+            push_front_door_account(args, data_dir)  # the front door may no longer act for it
     except nats_auth.AgentError as exc:
         raise Failed(f"toolgate agents: {exc}", 2) from None
     told = _push_account(args, data_dir, token)

@@ -390,37 +390,33 @@ def _fixed_account_jwts(keys: AuthKeys) -> dict[str, str]:
                 }
             ],
         ),
-        nats_jwt.public_key(keys.mcp_front): nats_jwt.account_jwt(
-            keys.operator,
-            keys.mcp_front,
-            MCP_FRONT_ACCOUNT,
-            imports=_mcp_front_imports(toolgate),
-            limits={"conn": 16, "leaf": 0, "exports": 0},
-        ),
     }
 
 
-def _mcp_front_imports(toolgate_account: str) -> list[dict[str, Any]]:
-    """The front door acts for any agent whose bearer token it checked: it imports the
-    agents' public subjects (publish a call, read results), nothing of toolgate's own.
-    Replies never cross accounts, so it cannot write into toolgate's streams either."""
-    results = f"{subjects.RESULTS_PREFIX}.>"
-    direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
-    return [
-        {
-            "name": "calls",
-            "type": "service",
-            "account": toolgate_account,
-            "subject": f"{subjects.CALLS_PREFIX}.>",
-        },
-        {"name": "results", "type": "stream", "account": toolgate_account, "subject": results},
-        {
-            "name": "stored-results",
-            "type": "service",
-            "account": toolgate_account,
-            "subject": f"{direct_get}.{results}",
-        },
+def mcp_front_account_jwt(keys: AuthKeys, data_dir: Path) -> tuple[str, str]:
+    """(account public key, JWT) of MCP_FRONT, the MCP front door's account.
+
+    It imports, from TOOLGATE, the public subjects of exactly the active agents that
+    hold a front-door token (`toolgate agents token`), nothing of toolgate's own: a
+    compromised front door can act only as those agents, publishes no event, and,
+    replies never crossing accounts, writes into none of toolgate's streams. Re-pushed
+    when a token is minted or an agent revoked.
+    """
+    from toolgate.services.mcp_front.tokens import token_holders
+
+    imports = [
+        dict(entry, name=f"{entry['name']}-{tenant}.{agent}")
+        for tenant, agent in token_holders(data_dir)
+        for entry in _agent_imports(keys.toolgate_account, tenant, agent)
     ]
+    token = nats_jwt.account_jwt(
+        keys.operator,
+        keys.mcp_front,
+        MCP_FRONT_ACCOUNT,
+        imports=imports,
+        limits={"conn": 16, "leaf": 0, "exports": 0},
+    )
+    return nats_jwt.public_key(keys.mcp_front), token
 
 
 # ---------------------------------------------------------------- agents
@@ -603,6 +599,8 @@ def render_auth_config(keys: AuthKeys, data_dir: Path) -> str:
     """nats-server config: operator mode, a full resolver, every known account preloaded."""
     operator = nats_jwt.operator_jwt(keys.operator, "toolgate", nats_jwt.public_key(keys.system))
     accounts = _fixed_account_jwts(keys)
+    front_door, front_door_jwt = mcp_front_account_jwt(keys, data_dir)
+    accounts[front_door] = front_door_jwt
     for record in list_agents(data_dir):
         accounts[record.account] = _agent_account_jwt(keys, data_dir, record)
     resolver = (Path(data_dir) / "nats" / RESOLVER_DIR).resolve()
