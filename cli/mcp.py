@@ -109,15 +109,29 @@ def cmd_agents_token(args: argparse.Namespace) -> int:
         token = mint_token(data_dir, args.tenant, args.agent)
     except TokenError as exc:
         raise _fail(f"toolgate agents token: {exc}", 2) from None
+    told = push_front_door_account(args, data_dir)
     print(token)
     mcp_url = env.read_context(data_dir).get("mcp_url") or "the MCP URL toolgate up printed"
+    when = "active now" if told is None else f"active at the next toolgate up ({told})"
     print(
-        f"bearer token of agent {args.tenant}.{args.agent} for {mcp_url} (shown once; its "
-        f"SHA-256 is in {token_path(data_dir, args.tenant, args.agent)}; a new token "
+        f"bearer token of agent {args.tenant}.{args.agent} for {mcp_url}, {when} (shown once; "
+        f"its SHA-256 is in {token_path(data_dir, args.tenant, args.agent)}; a new token "
         "replaces it; revoked with the agent)",
         file=sys.stderr,
     )
     return 0
+
+
+def push_front_door_account(args: argparse.Namespace, data_dir: Path) -> str | None:
+    """Tell the running server which agents the front door may act for (its account's
+    imports): None once done, else why not (no server: its next start preloads it)."""
+    from toolgate.cli.main import _push_account
+    from toolgate.stack import nats_auth
+
+    if not (data_dir / nats_auth.AUTH_DIR).is_dir():
+        return "no toolgate up ran here yet"
+    _, token = nats_auth.mcp_front_account_jwt(nats_auth.AuthKeys.load(data_dir), data_dir)
+    return _push_account(args, data_dir, token)
 
 
 def add_token_parser(agent_actions: Any) -> None:
@@ -126,6 +140,17 @@ def add_token_parser(agent_actions: Any) -> None:
     )
     command.add_argument("tenant", help="tenant name (an agent `agents add` minted)")
     command.add_argument("agent", help="agent name")
+    command.add_argument(
+        "--offline",
+        action="store_true",
+        help="only write the files; do not tell a running server (default: tell it)",
+    )
+    command.add_argument(
+        "--nats-url",
+        default=env.env_nats_url(),
+        help="the running server to tell (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded; now %(default)s)",
+    )
 
 
 # ---------------------------------------------------------------- tools import-mcp

@@ -19,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.harness import REPO_ROOT, Gateway
 from toolgate.services.mcp_front.tokens import mint_token
+from toolgate.stack.nats_auth import AuthKeys, mcp_front_account_jwt, push_account_jwts
 from toolgate.stack.supervisor import free_port
 
 
@@ -32,9 +33,13 @@ async def mcp_client(url: str, token: str | None, mode: str = "auto") -> AsyncIt
 
 
 async def agent_token(gateway: Gateway, tenant: str, agent: str) -> str:
-    """A bearer token for (tenant, agent), minted as `toolgate agents token` does."""
+    """A bearer token for (tenant, agent), minted as `toolgate agents token` does: the
+    front door's account then imports this agent's subjects (told to the server)."""
     await gateway.agent_creds(tenant, agent)
-    return mint_token(gateway.data_dir, tenant, agent)
+    token = mint_token(gateway.data_dir, tenant, agent)
+    _, account = mcp_front_account_jwt(AuthKeys.load(gateway.data_dir), gateway.data_dir)
+    await push_account_jwts(gateway.url, gateway.data_dir, [account])
+    return token
 
 
 async def wait_for_front_door(gateway: Gateway, timeout: float = 60.0) -> str:

@@ -99,6 +99,24 @@ def mint_token(data_dir: Path, tenant: str, agent: str) -> str:
     return token
 
 
+def token_holders(data_dir: Path) -> list[tuple[str, str]]:
+    """(tenant, agent) of every active agent holding a current token: the agents the
+    front door may act for (its NATS account imports exactly these agents' subjects)."""
+    holders = []
+    for path in sorted((Path(data_dir) / AGENTS_DIR).glob(f"*{TOKEN_SUFFIX}")):
+        stored = _read_json(path)
+        if stored is None:
+            continue
+        tenant, agent = str(stored.get("tenant")), str(stored.get("agent"))
+        if not (subjects.is_identity_token(tenant) and subjects.is_identity_token(agent)):
+            continue
+        if path != token_path(data_dir, tenant, agent):
+            continue
+        if _active_user(data_dir, tenant, agent) == stored.get("agent_user"):
+            holders.append((tenant, agent))
+    return holders
+
+
 def parse_token(token: str) -> tuple[str, str] | None:
     """(tenant, agent) a token claims to be for, or None if it is not one of ours."""
     parts = token.split(".")

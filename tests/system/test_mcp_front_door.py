@@ -367,6 +367,10 @@ async def test_the_front_door_identity_reaches_nothing_but_the_agents_subjects(
             await js.publish(subjects.event_subject("CallAuthorized", "echo"), b"{}", timeout=1)
         with pytest.raises(NatsError):
             await js.key_value(subjects.OUTCOMES_BUCKET)
+        # An agent that holds no front-door token: the front door cannot act for it.
+        await door.agent_creds("acme", "no-token")
+        with pytest.raises(NatsError):
+            await js.publish(subjects.calls_subject("acme", "no-token"), b"{}", timeout=1)
         # A call of its agent, with the reply subject aimed at toolgate's events stream.
         call_id = f"inject-{uuid.uuid4().hex[:8]}"
         call = ToolCall(
@@ -439,12 +443,13 @@ async def test_a_human_no_is_approval_denied_as_is_error(door: Gateway) -> None:
 
 def test_agents_token_prints_a_token_once_and_refuses_an_unknown_agent(door: Gateway) -> None:
     asyncio.run(door.agent_creds("acme", "cli-agent"))
-    done = toolgate("agents", "token", "acme", "cli-agent", "--data-dir", str(door.data_dir))
+    where = ["--data-dir", str(door.data_dir), "--nats-url", door.url]
+    done = toolgate("agents", "token", "acme", "cli-agent", *where)
     assert done.returncode == 0, done.stderr
     token = done.stdout.strip()
     assert token.startswith("tgmcp.acme.cli-agent.")
-    assert "shown once" in done.stderr
+    assert "shown once" in done.stderr and "active now" in done.stderr
     stored = (door.data_dir / "auth" / "agents" / "acme.cli-agent.mcp-token").read_text()
     assert token not in stored
-    ghost = toolgate("agents", "token", "acme", "ghost", "--data-dir", str(door.data_dir))
+    ghost = toolgate("agents", "token", "acme", "ghost", *where)
     assert ghost.returncode == 2 and "agents add acme ghost" in ghost.stderr

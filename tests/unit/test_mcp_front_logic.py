@@ -199,3 +199,16 @@ def test_a_token_file_is_not_mistaken_for_an_agent_record(tmp_path: Path) -> Non
     assert TokenStore(tmp_path).identify(token) is None
     add_agent(tmp_path, "acme", "researcher")  # re-added: a new identity, the old token stays dead
     assert TokenStore(tmp_path).identify(token) is None
+
+
+def test_token_holders_are_the_active_agents_with_a_current_token(tmp_path: Path) -> None:
+    from toolgate.services.mcp_front.tokens import token_holders
+
+    agent_record(tmp_path, "acme", "researcher", "U1")
+    agent_record(tmp_path, "acme", "writer", "U2")
+    agent_record(tmp_path, "acme", "idle", "U3")
+    mint_token(tmp_path, "acme", "researcher")
+    mint_token(tmp_path, "acme", "writer")
+    assert token_holders(tmp_path) == [("acme", "researcher"), ("acme", "writer")]
+    agent_record(tmp_path, "acme", "writer", "U2", revoked=True)
+    assert token_holders(tmp_path) == [("acme", "researcher")]
