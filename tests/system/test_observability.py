@@ -307,3 +307,40 @@ def test_the_endpoint_answers_404_elsewhere(observed: Gateway) -> None:
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(f"{observed.service('attacher').http_url}/nope", timeout=5)
     assert missing.value.code == 404
+
+
+@pytest.fixture
+def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    base = tmp_path_factory.mktemp("audited-health")
+    gateway = Gateway(
+        data_dir=base / "data", registry_dir=make_test_registry(base / "reg"), with_audit=True
+    )
+    gateway.stack.health_grace_s = HEALTH_GRACE_S
+    gateway.start()
+    yield gateway
+    gateway.stop()
+
+
+async def test_the_audit_fails_its_health_check_while_clickhouse_is_lost(
+    audited: Gateway,
+) -> None:
+    audit = audited.service("audit")
+    health = f"{audit.http_url}/healthz"
+    clickhouse = audited.stack.clickhouse
+    assert clickhouse is not None
+
+    async def verdict_is(alive: bool) -> bool:
+        verdict = await asyncio.to_thread(probe, health)
+        return verdict is not None and verdict["alive"] is alive
+
+    await _wait_for(lambda: verdict_is(True))
+    clickhouse.kill()
+    try:
+        await _wait_for(lambda: verdict_is(False))
+        why = " ".join((probe(health) or {}).get("why") or [])
+        assert "clickhouse" in why and "nats" not in why
+    finally:
+        clickhouse.ensure_running()
+    await _wait_for(lambda: verdict_is(True))
+    async with await audited.client() as client:  # and the audit writes again
+        assert (await client.call("echo", {"payload": "after"}, principal=BOB)).ok
