@@ -31,6 +31,7 @@ import msgspec
 
 from toolgate.contracts.authorization import arguments_sha256, canonical_json
 from toolgate.contracts.calls import PendingNotice, Status, ToolResult
+from toolgate.contracts.registry import SIDE_EFFECT_ACTIONS, ToolSpec
 
 Remedy = Literal["none", "correct", "retry", "final"]
 
@@ -161,3 +162,12 @@ def derive_call_id(
     """
     material = canonical_json([namespace, user, tool_call_id, tool, arguments_sha256(arguments)])
     return CALL_ID_PREFIX + hashlib.sha256(material).hexdigest()[:40]
+
+
+def may_need_a_human(spec: ToolSpec) -> bool:
+    """Whether the registry alone says a call of this tool can wait for a human: it is
+    declared `requires_approval`, it is `critical`, or it is a `high`-risk side effect
+    (the policy engine's floor). A policy can still ask for a human on any other call."""
+    if spec.requires_approval or spec.risk == "critical":
+        return True
+    return spec.risk == "high" and spec.action_class in SIDE_EFFECT_ACTIONS

@@ -6,17 +6,22 @@ the gateway checks the arguments). Invoking one publishes a `ToolCall`; what
 the model reads is the same text as in the LangChain integration. The
 gateway's statuses map onto the SDK's own extension points:
 
-- **approval**: each tool's `needs_approval` hook publishes the call and says
-  yes when the gateway answers that a human must decide. The SDK then stops
-  the run with an interruption (`result.interruptions`); the run state can be
-  serialized (`result.to_state().to_json()`) and resumed later, in another
-  process (give the session a `namespace`, e.g. the conversation id, so
-  the resumed run's calls keep their call_ids). The human decides in
-  toolgate (`toolgate approvals approve ...`);
-  `state.approve(item)` only lets the run go on, and the tool invocation then
-  fetches the gateway's final result for that call (it ran once, in the
-  gateway, or it was refused). `state.reject(item)` ends it on the SDK side
-  only: the gateway call stays waiting until a human decides or it expires.
+- **approval**: for a tool the registry says may need a human
+  (`requires_approval`, `critical`, or a `high`-risk side effect), the SDK's
+  `needs_approval` hook publishes the call and says yes when the gateway
+  answers that a human must decide. The SDK then stops the run with an
+  interruption (`result.interruptions`); the run state can be serialized
+  (`result.to_state().to_json()`) and resumed later, in another process (give
+  the session a `namespace`, e.g. the conversation id, so the resumed run's
+  calls keep their call_ids). The human decides in toolgate (`toolgate
+  approvals approve ...`); `state.approve(item)` only lets the run go on, and
+  the tool invocation then fetches the gateway's final result for that call
+  (it ran once, in the gateway, or it was refused). `state.reject(item)` ends
+  it on the SDK side only: the gateway call stays waiting until a human
+  decides or it expires. Other tools are published when invoked, after the
+  SDK's own tool input guardrails (`needs_approval` runs before those, so it
+  must not publish what a guardrail may still stop); should a policy ask for a
+  human there, the model reads "waiting for approval" with the call_id.
 - **tool output guardrail** (`gateway_status_guardrail`): `ok` is allowed;
   any error status is `reject_content` with the gateway's error text (so the
   run's `tool_output_guardrail_results` record which calls the gateway
@@ -45,7 +50,7 @@ from toolgate.client.gateway_client import ResultTimeout
 from toolgate.contracts.calls import ErrorCode, PendingNotice, ToolError, ToolResult, failure
 from toolgate.contracts.registry import ToolSpec
 
-from .core import ApprovalRequest, Observation, observe
+from .core import ApprovalRequest, Observation, may_need_a_human, observe
 from .session import GatewaySession, timed_out
 
 __all__ = ["GatewayOutput", "gateway_function_tools", "gateway_status_guardrail"]
@@ -92,6 +97,7 @@ def _function_tool(
     spec: ToolSpec, session: GatewaySession, guardrail: ToolOutputGuardrail[Any]
 ) -> FunctionTool:
     name = spec.name
+    asks_first = may_need_a_human(spec)
 
     async def invoke(ctx: ToolContext[Any], raw_arguments: str) -> GatewayOutput:
         try:
@@ -99,12 +105,14 @@ def _function_tool(
         except InvalidToolCallArguments as exc:
             result = _malformed(session.call_id_for(ctx.tool_call_id, name, {}), exc.message)
             return GatewayOutput(observe(result, name), result)
-        call_id = session.call_id_for(ctx.tool_call_id, name, arguments)
-        # The SDK calls this after needs_approval (and after a human's approval, when
-        # the run resumes): wait for the final result, not for the old pending notice.
-        result = await session.final(call_id, name, arguments, session.timeout)
-        if result is not None:
-            return GatewayOutput(observe(result, name), result)
+        if asks_first:
+            # Published by needs_approval; the SDK invokes once it may go on (after a
+            # human's approval, when the run resumes): wait for the final result, not
+            # for the pending notice still stored from before.
+            call_id = session.call_id_for(ctx.tool_call_id, name, arguments)
+            result = await session.final(call_id, name, arguments, session.timeout)
+            if result is not None:
+                return GatewayOutput(observe(result, name), result)
         seen, outcome = await session.observe(name, arguments, ctx.tool_call_id)
         return GatewayOutput(seen, outcome)
 
@@ -127,7 +135,9 @@ def _function_tool(
         on_invoke_tool=invoke,
         strict_json_schema=False,
         tool_output_guardrails=[guardrail],
-        needs_approval=needs_approval,
+        # Asking the gateway in needs_approval publishes the call before the SDK's own
+        # tool input guardrails run, so only tools that may need a human are asked there.
+        needs_approval=needs_approval if asks_first else False,
     )
 
 

@@ -19,6 +19,11 @@ from agents import Agent, RunConfig, Runner, ToolOutputGuardrailTripwireTriggere
 from agents.items import ToolCallOutputItem
 from agents.run_state import RunState
 from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.tool_guardrails import (
+    ToolGuardrailFunctionOutput,
+    ToolInputGuardrailData,
+    tool_input_guardrail,
+)
 
 from tests.harness import Gateway, count_types, events_of
 from tests.system.framework_graph import approve_in_cli
@@ -184,3 +189,30 @@ def test_run_sync_on_its_own_loop_reaches_the_gateway_through_a_background_sessi
         session.close()
     (found,) = outputs(result.new_items)
     assert found.observation.status == "ok" and json.loads(str(found))["items"]
+
+
+async def test_the_platforms_own_input_guardrail_stops_a_call_before_the_gateway_sees_it(
+    shared_gateway: Gateway, session: GatewaySession
+) -> None:
+    """needs_approval runs before the SDK's tool input guardrails: a tool that does not
+    need a human is published only when invoked, so a guardrail that refuses it first
+    leaves nothing at the gateway."""
+
+    @tool_input_guardrail
+    def no_limit_over_2(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
+        if json.loads(data.context.tool_arguments).get("limit", 0) > 2:
+            return ToolGuardrailFunctionOutput.reject_content("the platform allows limit <= 2")
+        return ToolGuardrailFunctionOutput.allow()
+
+    tools = gateway_function_tools(session)
+    for function_tool in tools:
+        function_tool.tool_input_guardrails = [no_limit_over_2]
+    model = ScriptedModel(
+        [[function_call("search_sources", SEARCH, call_id="fc_g")], [assistant_message("x")]]
+    )
+    agent = Agent(name="researcher", model=model, tools=tools)
+    result = await Runner.run(agent, "search", run_config=OFFLINE)
+    assert result.tool_input_guardrail_results[0].output.behavior["type"] == "reject_content"
+    assert "the platform allows limit <= 2" in json.dumps(model.calls[1].input, default=str)
+    call_id = session.call_id_for("fc_g", "search_sources", SEARCH)
+    assert not events_of(await shared_gateway.events(), call_id)  # never published

@@ -14,6 +14,7 @@ from toolgate.client.frameworks.core import (
     FINAL,
     approval_request,
     derive_call_id,
+    may_need_a_human,
     observe,
     remedy_of,
     waiting,
@@ -174,3 +175,18 @@ async def test_a_session_without_agent_creds_is_a_precise_error(
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SessionError, match="no agent creds: give creds="):
         await GatewaySession.connect(user="u-alice", session="s-1")
+
+
+def test_which_tools_may_need_a_human_by_the_registry_alone() -> None:
+    from tests.harness import TEST_TOOLS_DIR
+    from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
+
+    registry = load_registry(BUILTIN_TOOLS_DIR, TEST_TOOLS_DIR)
+    flagged = {spec.name for spec in registry if may_need_a_human(spec)}
+    assert flagged == {"approved_action"}  # requires_approval: true
+    spec = registry.get("count_runs")
+    assert spec is not None
+    high_write = spec.model_copy(update={"risk": "high"})  # a high-risk side effect
+    assert may_need_a_human(high_write)
+    assert not may_need_a_human(spec.model_copy(update={"risk": "high", "action": "read"}))
+    assert may_need_a_human(spec.model_copy(update={"risk": "critical", "action": "read"}))
