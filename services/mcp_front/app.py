@@ -51,6 +51,7 @@ from mcp.server.streamable_http_manager import (
 )
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.jsonrpc import INVALID_PARAMS
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
@@ -168,9 +169,14 @@ def build_server(door: FrontDoor) -> Server[Any]:
             task_id=task_id,
         )
         progress = Progress(ctx, door.options.progress_every_s)
+        # Watch for a human's wait only when the client can be told (it sent a progress
+        # token): that watch costs a subscription and a read of the bus per call.
+        asked = progress_token_from_params(ctx.params) is not None
         try:
             result = await door.client_for((tenant, agent)).submit(
-                call, timeout=door.options.result_timeout_s, on_pending=progress.waiting
+                call,
+                timeout=door.options.result_timeout_s,
+                on_pending=progress.waiting if asked else None,
             )
         except ResultTimeout:
             return logic.still_waiting(call_id, door.options.result_timeout_s)
