@@ -325,3 +325,37 @@ async def test_without_pausing_a_waiting_call_is_a_message_and_bad_arguments_nev
     )
     bad_id = malformed.artifact["result"]["call_id"]
     assert not events_of(await shared_gateway.events(), bad_id)  # never published
+
+
+async def test_the_interrupt_carries_the_hash_the_approvers_vote_on(
+    shared_gateway: Gateway, tmp_path: Path
+) -> None:
+    """The model wrote 7.0; the gateway validated it as the integer 7 and asks approvers
+    about that. The interrupt carries the gateway's hash, which an approver's vote matches."""
+    session = await open_session(shared_gateway)
+    checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
+    try:
+        graph = build(
+            session,
+            checkpointer,
+            StateChat(tool="approved_action", args={"amount": 7.0}, call_id="c_float"),
+        )
+        state = await graph.ainvoke(
+            {"messages": [HumanMessage("refund")]}, {"configurable": {"thread_id": "float-1"}}
+        )
+    finally:
+        checkpointer.close()
+        await session.aclose()
+    (request,) = state["__interrupt__"][0].value["requests"]
+    assert request["arguments_sha256"] == arguments_sha256({"amount": 7})
+    assert request["arguments_sha256"] != arguments_sha256({"amount": 7.0})
+    token = add_approver(shared_gateway.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
+    approver = connect_options(shared_gateway.stack.creds_of("approver"))
+    async with await ApprovalsClient.connect(shared_gateway.url, token=token, **approver) as a:
+        voted = await a.vote(
+            f"acme.researcher.{request['call_id']}",
+            "deny",
+            arguments_sha256=request["arguments_sha256"],
+            reason="checked the hash",
+        )
+    assert voted.accepted, voted
