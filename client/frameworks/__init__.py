@@ -11,5 +11,7 @@ Each integration is a module of its own, imported only when used, so
   (`pip install 'toolgate[openai-agents]'`).
 
 `core` (what the model reads for each status) and `session` (`GatewaySession`:
-the agent's connection, end user and tool listing) need no framework.
+the agent's connection, end user and tool listing) need no framework;
+`tool_messages` (LangChain `ToolMessage`s) needs langchain-core, `tool_calls`
+(a model's tool call at the gateway, the approval interrupt) langgraph too.
 """
