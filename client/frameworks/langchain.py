@@ -1,6 +1,6 @@
 """LangChain 1.x: gateway-backed tools, and a tool-call middleware for agents' own tools.
 
-`GatewayToolkit(session).get_tools()` lists the tools this agent may call (its
+`GatewayToolkit(session=session).get_tools()` lists the tools this agent may call (its
 creds say which agent it is; the registry's `allowed_agents` say which tools),
 each with the registry's description and input schema. Running one publishes
 a `ToolCall` and turns the `ToolResult` into the `ToolMessage`: the data as
