@@ -85,7 +85,15 @@ class GatewaySession:
         # (LangGraph's thread_id does): a fresh one per session unless given.
         self.namespace = namespace or f"session-{uuid.uuid4().hex}"
         self.timeout = timeout
-        self.loop = loop or asyncio.get_running_loop()  # the client's loop
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise SessionError(
+                    "make a session on the event loop its client was connected on, or pass "
+                    "loop= (GatewaySession.connect does this for you)"
+                ) from None
+        self.loop = loop  # the client's loop: every gateway step runs there
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ making one
