@@ -120,6 +120,7 @@ def _report(times: dict[str, list[float]]) -> None:
 
 def cmd_bench_mcp(args: argparse.Namespace) -> int:
     from toolgate.services.mcp_front.tokens import mint_token
+    from toolgate.stack import nats_auth
     from toolgate.stack.supervisor import DEFAULT_AGENT, DEFAULT_TENANT, Stack
 
     calls = max(1, int(args.calls))
@@ -129,6 +130,10 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
         try:
             stack.start()
             token = mint_token(stack.data_dir, DEFAULT_TENANT, DEFAULT_AGENT)
+            # As `toolgate agents token` does: the front door may now act for this agent.
+            keys = nats_auth.AuthKeys.load(stack.data_dir)
+            _, account = nats_auth.mcp_front_account_jwt(keys, stack.data_dir)
+            nats_auth.push_account_jwts_sync(stack.url, stack.data_dir, [account])
             times = asyncio.run(_measure(stack, calls, token))
         finally:
             with contextlib.suppress(Exception):

@@ -35,6 +35,7 @@ from typing import Any
 
 import mcp_types as types
 import nats
+import nats.errors
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
@@ -52,7 +53,7 @@ from mcp.server.streamable_http_manager import (
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
-from mcp_types.jsonrpc import INVALID_PARAMS
+from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -180,6 +181,15 @@ def build_server(door: FrontDoor) -> Server[Any]:
             )
         except ResultTimeout:
             return logic.still_waiting(call_id, door.options.result_timeout_s)
+        except nats.errors.Error as exc:
+            # The bus would not take the call (down, or this agent's grant not yet pushed
+            # to the server): nothing was decided; say so, retryable.
+            log.warning("%s.%s: call %s not published: %r", tenant, agent, call_id, exc)
+            raise MCPError(
+                INTERNAL_ERROR,
+                f"the gateway's bus did not take call {call_id} ({type(exc).__name__}); "
+                "retry with the same _meta toolgate/call_id",
+            ) from None
         finally:
             progress.stop()
         return logic.call_result(result)

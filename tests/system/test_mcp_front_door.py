@@ -453,3 +453,20 @@ def test_agents_token_prints_a_token_once_and_refuses_an_unknown_agent(door: Gat
     assert token not in stored
     ghost = toolgate("agents", "token", "acme", "ghost", *where)
     assert ghost.returncode == 2 and "agents add acme ghost" in ghost.stderr
+
+
+async def test_a_token_whose_grant_the_server_never_got_is_a_clear_protocol_error(
+    door: Gateway,
+) -> None:
+    """Minted offline (the server was not told): the front door's account imports nothing
+    of this agent, so the bus refuses the call; the client hears so, nothing runs."""
+    from toolgate.services.mcp_front.tokens import mint_token
+
+    await door.agent_creds("acme", "offline")
+    token = mint_token(door.data_dir, "acme", "offline")
+    async with mcp_client(door.stack.mcp_url or "", token) as c:
+        with pytest.raises(MCPError) as refused:
+            await c.call_tool("count_runs", {}, meta=meta("offline-1"))
+    assert refused.value.code == types.INTERNAL_ERROR
+    assert "did not take call offline-1" in refused.value.message
+    assert "offline-1" not in runs_of(door.data_dir)
