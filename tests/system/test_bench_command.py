@@ -84,8 +84,29 @@ def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
     assert_cpu_table(out, 1)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS and CPU are read from /proc")
+def test_bench_soak_prints_slices_backlog_and_memory_of_every_process(tmp_path: Path) -> None:
+    done = bench(tmp_path, "--soak", "40", "--rate", "20")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"^soak\s+40 calls open loop at 20 calls/s", out, re.MULTILINE), out
+    for label in ("first 4", "last 4", "all"):
+        assert_line(out, label, 5)  # p50 p90 p99 max, and how many were lost
+    assert re.search(r"^backlog\s+messages not yet acked", out, re.MULTILINE), out
+    assert re.search(r"^rss MiB", out, re.MULTILINE), out
+    for name in (*SERVICES, "nats-server", "clickhouse", "client"):
+        assert re.search(rf"^\s+{name}(\s+\d+\.\d+){{3}}\s+[+-]\d+\.\d+$", out, re.MULTILINE), out
+    assert_cpu_table(out, 1)
+
+
 def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None:
-    for flags in (["--rate", "0"], ["--rate", "10", "--curve"], ["--rounds", "0"]):
+    for flags in (
+        ["--rate", "0"],
+        ["--rate", "10", "--curve"],
+        ["--rounds", "0"],
+        ["--soak", "0"],
+        ["--soak", "10", "--curve"],
+    ):
         done = bench(tmp_path, *flags)
         assert done.returncode == 2, (flags, done.stdout, done.stderr)
         assert not (tmp_path / ".toolgate").exists()
