@@ -212,3 +212,29 @@ def test_token_holders_are_the_active_agents_with_a_current_token(tmp_path: Path
     assert token_holders(tmp_path) == [("acme", "researcher"), ("acme", "writer")]
     agent_record(tmp_path, "acme", "writer", "U2", revoked=True)
     assert token_holders(tmp_path) == [("acme", "researcher")]
+
+
+def test_the_front_door_account_imports_only_the_token_holders_subjects(tmp_path: Path) -> None:
+    from toolgate.runtime.creds import jwt_claims
+    from toolgate.stack.nats_auth import (
+        AuthKeys,
+        add_agent,
+        mcp_front_account_jwt,
+        revoke_agent,
+    )
+
+    add_agent(tmp_path, "acme", "researcher")
+    add_agent(tmp_path, "acme", "writer")
+    mint_token(tmp_path, "acme", "researcher")
+
+    def imported() -> list[str]:
+        _, token = mcp_front_account_jwt(AuthKeys.load(tmp_path), tmp_path)
+        return sorted(i["subject"] for i in jwt_claims(token)["nats"].get("imports") or [])
+
+    assert imported() == [
+        "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.toolgate.results.acme.researcher.>",
+        "toolgate.calls.acme.researcher",
+        "toolgate.results.acme.researcher.>",
+    ]
+    revoke_agent(tmp_path, "acme", "researcher")
+    assert imported() == []
