@@ -192,6 +192,10 @@ def build_server(door: FrontDoor) -> Server[Any]:
             ) from None
         finally:
             progress.stop()
+        if result.status == "unknown_tool":
+            # The gate's registry does not know it (this door's copy is older): the same
+            # protocol error as a tool this door does not list.
+            raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         return logic.call_result(result)
 
     @contextlib.asynccontextmanager
