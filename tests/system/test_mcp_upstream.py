@@ -59,18 +59,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     base = tmp_path_factory.mktemp("mcp-upstream")
     steady, drifting = Upstream().start(), Upstream().start()
     gateway = None
+    # A test replaces `drifting` (a redeployed upstream): stop whatever runs at the end.
+    running = Setup(gateway=None, steady=steady, drifting=drifting)  # type: ignore[arg-type]
     try:
         registry = make_test_registry(base / "registry")
         import_into(registry, steady, "up")
         import_into(registry, drifting, "drift")
         gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
         asyncio.run(wait_for_front_door(gateway))
-        yield Setup(gateway, steady, drifting)
+        running.gateway = gateway
+        yield running
     finally:
         if gateway is not None:
             gateway.stop()
-        steady.stop()
-        drifting.stop()
+        running.steady.stop()
+        running.drifting.stop()
 
 
 def test_import_writes_one_pinned_registry_file_per_upstream_tool(tmp_path: Path) -> None:
