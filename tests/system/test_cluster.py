@@ -228,3 +228,71 @@ async def test_losing_the_node_that_leads_a_stream_loses_and_repeats_nothing(
     assert in_audit == event_ids
     await agent.close()
     await admin.close()
+
+
+def test_toolgate_up_nats_cluster_3_as_an_operator_types_it(tmp_path: Path) -> None:
+    """The command itself: three nodes, streams on 3 replicas, a call answered, status."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TOOLGATE_DATA_DIR": str(tmp_path / ".toolgate")}
+    env.pop("TOOLGATE_NATS_URL", None)
+    env.pop("TOOLGATE_NATS_CREDS", None)
+    toolgate = [sys.executable, "-m", "toolgate.cli.main"]
+    up = subprocess.Popen(
+        [*toolgate, "up", "--nats-cluster", "3", "--nats-port", "0", "--no-audit"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        said = []
+        for line in up.stdout:  # bounded by the test timeout
+            said.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        nats_line = next(line for line in said if line.strip().startswith("NATS:"))
+        urls = nats_line.split(":", 1)[1].strip().split(",")
+        assert len(urls) == 3, said
+        context = json.loads((tmp_path / ".toolgate" / "context.json").read_text())
+        assert context["nats_url"] == ",".join(urls)
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*toolgate, *args], cwd=tmp_path, env=env, capture_output=True, text=True
+            )
+
+        called = run("call", "echo", '{"payload": "three nodes"}')
+        assert called.returncode == 0, called.stderr
+        assert json.loads(called.stdout)["data"] == {"payload": "three nodes"}
+        status = run("status")
+        assert status.returncode == 0, status.stderr
+        assert "executor-echo" in status.stdout and "validator    up" in status.stdout
+
+        async def replicas() -> set[int]:
+            nc = await nats.connect(
+                nats_servers(context["nats_url"]), **connect_options(context["creds"]["admin"])
+            )
+            js = nc.jetstream()
+            found = {
+                (await js.stream_info(name)).config.num_replicas or 0
+                for name in (
+                    subjects.CALLS_STREAM,
+                    subjects.EVENTS_STREAM,
+                    subjects.RESULTS_STREAM,
+                    f"KV_{subjects.OUTCOMES_BUCKET}",
+                )
+            }
+            await nc.close()
+            return found
+
+        assert asyncio.run(replicas()) == {3}
+    finally:
+        up.terminate()
+        up.wait(60)
+    assert up.returncode == 0
