@@ -43,7 +43,7 @@ STREAM = "TOOLGATE_BENCH_FLOOR"
 SUBJECT_PREFIX = "toolgate_bench"
 CALL_HEADER = "Tg-Call-Id"
 HOPS = 4
-BATCH = 16  # as the services' handler slots (toolgate.runtime.bus.CONCURRENCY)
+BATCH = 16  # messages per fetch (the services ask for their free slots: runtime.bus.CONCURRENCY)
 
 
 def hop_subject(index: int) -> str:
