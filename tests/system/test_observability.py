@@ -245,6 +245,13 @@ async def test_metrics_and_status_count_the_calls(
         return pending is not None
 
     await _wait_for(lag_gauges_read)
+    approvals = observed.service("approvals")
+
+    async def approvals_counted() -> bool:  # read from the approvals bucket
+        text = await asyncio.to_thread(_scrape, approvals)
+        return _sample(text, "toolgate_approvals_pending") == 0.0
+
+    await _wait_for(approvals_counted)
     text = _scrape(executor)
     assert _sample(text, "toolgate_tool_seconds_count", status="ok", tool="echo") is not None
     assert _sample(text, "toolgate_dependency_up", dependency="nats") == 1.0
