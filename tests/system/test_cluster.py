@@ -296,3 +296,38 @@ def test_toolgate_up_nats_cluster_3_as_an_operator_types_it(tmp_path: Path) -> N
         up.terminate()
         up.wait(60)
     assert up.returncode == 0
+
+
+def test_an_existing_cluster_named_by_several_urls_is_used_with_3_replicas(
+    tmp_path: Path,
+) -> None:
+    """`--nats-url a,b,c`: a cluster someone else runs (here: three nodes that trust this
+    data dir's operator, as a cluster configured with its nats-auth.conf would)."""
+    from toolgate.stack.nats_auth import create_credentials
+
+    data = tmp_path / "data"
+    registry = make_test_registry(tmp_path / "registry")
+    auth = create_credentials(data, tools=sorted(p.stem for p in registry.glob("*.yaml")))
+    cluster = NatsCluster(tmp_path / "theirs", 3, config_file=auth.auth_config).start()
+    try:
+        gateway = Gateway(data_dir=data, registry_dir=registry)
+        gateway.stack.nats_url = cluster.url
+        gateway.start()
+        try:
+            assert gateway.stack.cluster is None and gateway.stack.nats is None  # not ours
+
+            async def call_and_look() -> Any:
+                async with await gateway.client() as client:
+                    assert (await client.call("echo", {"payload": 3}, principal=BOB)).ok
+                nc = await gateway.connect()
+                info = await nc.jetstream().stream_info(subjects.CALLS_STREAM)
+                await nc.close()
+                return info
+
+            info = asyncio.run(call_and_look())
+            assert info.config.num_replicas == 3
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+        finally:
+            gateway.stop()
+    finally:
+        cluster.stop()
