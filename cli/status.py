@@ -108,7 +108,9 @@ def render(status: Status) -> str:
 
     lines = [f"toolgate at {status.nats_url}", "", "services"]
     if not status.services:
-        lines.append("  (none recorded: not started by `toolgate up` in this folder)")
+        lines.append(
+            "  (none recorded: no `toolgate up` in this folder, or it ran with --no-metrics)"
+        )
     for name, state in status.services.items():
         lines.append(f"  {name:<12} {state}")
     lines += ["", "lag per stage and tool (pending = not yet delivered; ack pending = in hand)"]
