@@ -331,3 +331,57 @@ def test_an_existing_cluster_named_by_several_urls_is_used_with_3_replicas(
             gateway.stop()
     finally:
         cluster.stop()
+
+
+async def test_the_lag_a_scaler_reads_is_the_consumer_leaders(tmp_path: Path) -> None:
+    """What KEDA's nats-jetstream trigger reads: /jsz on the monitoring port. On a cluster
+    only the node leading the durable reports its lag as consumer info does (checked
+    here: the followers said 0 pending), so the scaler must ask the leader by name
+    (`<server_name>.<endpoint>`: in infra/k8s server_name is the pod's name and the
+    endpoint the headless service)."""
+    import json
+    import urllib.request
+
+    from nats.js.api import ConsumerConfig as Config
+
+    cluster = NatsCluster(tmp_path / "nats", 3).start()
+    try:
+        nc = await nats.connect(nats_servers(cluster.url))
+        js = nc.jetstream()
+        await js.add_stream(name="WORK", subjects=["work.>"], num_replicas=3)
+        await js.add_consumer(
+            "WORK",
+            Config(
+                durable_name="executor-x", ack_policy=AckPolicy.EXPLICIT, filter_subject="work.>"
+            ),
+        )
+        for _ in range(50):
+            await js.publish("work.x", b"x")
+        sub = await js.pull_subscribe_bind("executor-x", "WORK")
+        for msg in await sub.fetch(20, timeout=10):
+            await msg.ack_sync()
+        info = await js.consumer_info("WORK", "executor-x")
+        await nc.close()
+        assert info.cluster is not None and info.num_pending == 30 and info.num_ack_pending == 0
+
+        def jsz(node: int) -> dict[str, Any]:
+            url = f"{cluster.nodes[node].monitor_url}/jsz?consumers=true&accounts=true"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                found = json.loads(answer.read())
+            for account in found.get("account_details") or []:
+                for stream in account.get("stream_detail") or []:
+                    for consumer in stream.get("consumer_detail") or []:
+                        if consumer["name"] == "executor-x":
+                            return dict(consumer)
+            raise AssertionError(f"node {node} does not list the durable")
+
+        async def leader_reports_the_acks() -> bool:  # its own view settles at once
+            return jsz(cluster.node_named(info.cluster.leader))["num_pending"] == 30
+
+        await _wait_for(leader_reports_the_acks, timeout=30)
+        leader = jsz(cluster.node_named(info.cluster.leader))
+        assert leader["num_pending"] == info.num_pending
+        assert leader["num_ack_pending"] == info.num_ack_pending
+        assert leader["cluster"]["leader"] == info.cluster.leader
+    finally:
+        cluster.stop()
