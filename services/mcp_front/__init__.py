@@ -1,1 +1,1 @@
-"""(being written)"""
+"""The MCP front door: MCP over Streamable HTTP onto the wire contract (see app.py)."""
