@@ -208,7 +208,7 @@ def _load_worker(url: str, keys: str, worker: int, stories: range, total: int) -
     return asyncio.run(run())
 
 
-ROWS_PER_STORY = 5.7  # 18/20 stories of 6 rows, 1/20 of 4, 1/20 of 3
+ROWS_PER_STORY = 4.85  # 18/20 stories of 5 rows, 1/20 of 4, 1/20 of 3
 
 
 def load(url: str, keys: Path, events: int, processes: int) -> tuple[int, float]:
