@@ -375,3 +375,62 @@ def test_stored_message_is_read_from_the_ack_subject(reply):
     stored = stored_message(_AckedMessage(reply))  # type: ignore[arg-type]
     assert (stored.stream, stored.sequence) == ("TOOLGATE_CALLS", 42)
     assert stored.stored_at == datetime(2026, 1, 2, 2, 54, 5, 678901, tzinfo=UTC)
+
+
+class TestRedactionEverywhere:
+    """A value sent to a hash/none tool appears in no excerpt, message or resource."""
+
+    LEAK = "the launch code is 0000"
+
+    def test_an_oversized_call_keeps_no_excerpt_of_a_guarded_tool(self, builder):
+        call = call_of("vault", {"payload": self.LEAK + "x" * 5000})
+        row = builder.row_for(stored_call(call))
+        assert "oversized call" in row["note"] and self.LEAK not in row["payload"]
+        assert json.loads(row["payload"])["excerpt"] == "[redacted]"
+        open_call = call_of("open_echo", {"payload": self.LEAK + "x" * 5000})
+        assert self.LEAK in builder.row_for(stored_call(open_call))["payload"]
+
+    def test_a_broken_call_naming_a_guarded_tool_is_not_quoted(self, builder):
+        broken = b'{"tool": "vault", "arguments": {"payload": "' + self.LEAK.encode()
+        row = builder.row_for(stored_call(broken))
+        assert self.LEAK not in row["payload"] and "not a decodable ToolCall" in row["note"]
+        plain = b'{"tool": "open_echo", "arguments": {"payload": "' + self.LEAK.encode()
+        assert self.LEAK in builder.row_for(stored_call(plain))["payload"]
+
+    def test_a_dead_letter_of_a_guarded_tool_keeps_no_excerpt(self, builder):
+        dead = MessageDeadLettered(
+            event_id="d-1",
+            call_id="",
+            occurred_at=T0,
+            service="validator",
+            reason="gave up",
+            source_subject="toolgate.calls.acme.researcher",
+            payload_excerpt='{"tool": "vault", "arguments": {"payload": "' + self.LEAK,
+        )
+        row = builder.row_for(stored_event(dead))
+        assert self.LEAK not in row["payload"]
+        assert json.loads(row["payload"])["payload_excerpt"] == "[redacted]"
+
+    def test_error_messages_and_resources_of_a_guarded_tool_are_redacted(self, builder):
+        from toolgate.contracts.events import ResourceSeen
+
+        call = call_of("vault")
+        error = ToolError(
+            code="SCHEMA_VALIDATION_FAILED",
+            message=f"'{self.LEAK}' is not valid",
+            retryable=False,
+            details=[{"path": "/payload", "message": f"'{self.LEAK}' is too long"}],
+        )
+        rejected = ArgumentsRejected(status="invalid_arguments", error=error, **common(call))
+        denied = CallDenied(
+            status="denied",
+            error=ToolError(code="POLICY_DENIED", message=self.LEAK, retryable=False),
+            resources=[ResourceSeen(type="Account", id=self.LEAK, attributes={"owner": self.LEAK})],
+            **common(call, "e-2"),
+        )
+        for event in (rejected, denied):
+            row = builder.row_for(stored_event(event))
+            assert self.LEAK not in row["payload"], type(event).__name__
+        payload = json.loads(builder.row_for(stored_event(rejected))["payload"])
+        assert payload["error"]["code"] == "SCHEMA_VALIDATION_FAILED"
+        assert payload["error"]["details"][0]["path"] == "/payload"
