@@ -4,7 +4,12 @@
   the wire contract: publish the call on `toolgate.calls.<tenant>.<agent>`
   with a publish ack, and wait on one subscription to
   `toolgate.results.<tenant>.<agent>.*`, matching results by call_id.
-- `GatewayDriver`: the same calls through `GatewayClient.submit`.
+- `GatewayDriver`: the same calls through `GatewayClient.call`, as an agent
+  makes them: the client mints each call_id (so, like the plain client, it
+  knows no earlier try can have stored a result and reads none), one
+  results subscription per connection, one publish ack per call. The
+  bench's call_id is not sent: a caller's own call_id is a possible retry,
+  which costs one more read of the stored result (a direct get) per call.
 - `FloorClient`: the plain client's loop against the raw floor
   (`toolgate.bench.floor`): publish to its first hop, wait on its out subject.
 """
@@ -118,8 +123,8 @@ class GatewayDriver:
         return cls(client, principal)
 
     async def call(self, call_id: str) -> None:
-        result = await self._client.submit(
-            tool_call(call_id, self._principal), timeout=RESULT_TIMEOUT_S
+        result = await self._client.call(
+            TOOL, {}, principal=self._principal, timeout=RESULT_TIMEOUT_S
         )
         if not result.ok:
             self.failures += 1

@@ -7,6 +7,16 @@ then lets it publish only to `toolgate.calls.<tenant>.<agent>` and read only
 `result(call_id)` fetches one again after a reconnect (a JetStream direct get
 by subject, scoped to this agent), and a second `call()` with the same call_id
 returns the recorded result without running anything again.
+
+Per connection, one subscription per agent (`toolgate.results.<tenant>.<agent>.>`,
+opened before the first publish) carries every result and `.pending` notice;
+a call waits on a future keyed by its result subject. A call whose call_id
+the caller chose may be a retry whose result is stored already: for it the
+client also asks for the stored result (a direct get whose reply lands on the
+client's own reply subscription, nothing awaited). A call_id the client minted
+in `call()` cannot have been used before, so it needs no such read. After a
+reconnect, every call still waiting reads its stored result, so a result
+published while the connection was down is not missed.
 """
 
 from __future__ import annotations
@@ -90,6 +100,26 @@ def _decode_pending(data: bytes, call_id: str) -> PendingNotice | None:
 # Told when a call waits for a human (its `.pending` notice); at most once per call.
 OnPending = Callable[[PendingNotice], object]
 
+_RESULTS_PREFIX_DOT = subjects.RESULTS_PREFIX + "."
+_PENDING_TAIL = "." + subjects.PENDING_SUFFIX
+
+
+class _Waiter:
+    """One submit waiting for the result of `call_id`."""
+
+    __slots__ = ("call_id", "future", "on_pending", "told")
+
+    def __init__(
+        self, call_id: str, future: asyncio.Future[ToolResult], on_pending: OnPending | None
+    ) -> None:
+        self.call_id, self.future, self.on_pending = call_id, future, on_pending
+        self.told = False
+
+    def tell(self, notice: PendingNotice) -> None:
+        if self.on_pending is not None and not self.told and not self.future.done():
+            self.told = True
+            self.on_pending(notice)
+
 
 class GatewayClient:
     def __init__(self, nc: Client, identity: tuple[str, str] | None = None) -> None:
@@ -97,6 +127,13 @@ class GatewayClient:
         self._js = nc.jetstream()
         # (tenant, agent) this connection speaks for; None on an unlocked bus.
         self.identity = identity
+        # Submits waiting, by result subject (one call_id may have several submits).
+        self._waiting: dict[str, list[_Waiter]] = {}
+        # Agents whose results subscription is open (one, unless the bus is unlocked).
+        self._listening: set[tuple[str, str]] = set()
+        self._listen_lock = asyncio.Lock()
+        # Where direct gets of stored results reply: `<inbox>.<stored subject minus prefix>`.
+        self._replies: str | None = None
 
     @classmethod
     async def connect(
@@ -121,6 +158,15 @@ class GatewayClient:
         async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
             errors.append(exc)
 
+        made: list[GatewayClient] = []
+        theirs = options.pop("reconnected_cb", None)
+
+        async def reconnected() -> None:  # results published while down: read them stored
+            if made:
+                await made[0]._recover()
+            if theirs is not None:
+                await theirs()
+
         options = {
             "connect_timeout": connect_timeout,
             "max_reconnect_attempts": -1,
@@ -128,6 +174,7 @@ class GatewayClient:
             "error_cb": remember,
             **connect_options(creds),
             **options,
+            "reconnected_cb": reconnected,
         }
         try:
             # Once connected, it reconnects forever; the first connect has a deadline.
@@ -136,7 +183,8 @@ class GatewayClient:
             )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise ConnectFailed(nats_url, errors[-1] if errors else exc) from None
-        return cls(nc, identity)
+        made.append(cls(nc, identity))
+        return made[0]
 
     async def close(self) -> None:
         await self._nc.drain()
@@ -200,56 +248,106 @@ class GatewayClient:
     ) -> ToolResult:
         """Publish `call` and wait for its one ToolResult.
 
-        `on_pending(notice)` is called once if the call waits for a human first
-        (the `.pending` notice on its result subject), so a caller can say so.
+        The call_id may have been used before (a retry): its stored result is
+        the answer then. `on_pending(notice)` is called once if the call waits
+        for a human first (the `.pending` notice on its result subject, live or
+        stored), so a caller can say so.
         """
+        return await self._submit(call, timeout, on_pending, fresh=False)
+
+    async def _submit(
+        self, call: ToolCall, timeout: float, on_pending: OnPending | None, *, fresh: bool
+    ) -> ToolResult:
+        """`fresh`: this client minted the call_id just now, so nothing can be stored for it."""
         tenant, agent = self._identity(call)
-        waiting: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
-        told: list[PendingNotice] = []
-
-        def tell(notice: PendingNotice | None) -> None:
-            if notice is not None and on_pending is not None and not told and not waiting.done():
-                told.append(notice)
-                on_pending(notice)
-
-        async def on_result(msg: Any) -> None:
-            result = _decode_result(msg.data, call.call_id)
-            if result is not None and not waiting.done():
-                waiting.set_result(result)
-
-        async def on_notice(msg: Any) -> None:
-            tell(_decode_pending(msg.data, call.call_id))
-
-        # Subscribe before publishing, so a fast result is not missed.
-        subject = subjects.results_subject(tenant, agent, call.call_id)
-        sub = await self._nc.subscribe(subject, cb=on_result)
-        notices = None
-        if on_pending is not None:
-            notices = await self._nc.subscribe(
-                subjects.pending_subject(tenant, agent, call.call_id), cb=on_notice
-            )
+        if (tenant, agent) not in self._listening:
+            await self._listen(tenant, agent)
+        key = subjects.results_subject(tenant, agent, call.call_id)
+        waiter = _Waiter(call.call_id, asyncio.get_running_loop().create_future(), on_pending)
+        waiters = self._waiting.get(key)
+        if waiters is None:
+            waiters = self._waiting[key] = [waiter]
+        else:
+            waiters.append(waiter)
         try:
+            # The subscription was sent before this publish on the same connection,
+            # so the server has it before the call exists: no live result is missed.
             refused = await self.publish(call)
             if refused is not None:
                 return refused
-            # A call_id used before already has its result stored (the gateway
-            # answers a retry with the first call's result): take it from there.
-            stored = await self._stored(tenant, agent, call.call_id)
-            if stored is not None and not waiting.done():
-                waiting.set_result(stored)
-            elif on_pending is not None:  # it may have been waiting since an earlier try
-                tell(await self._stored_notice(tenant, agent, call.call_id))
+            if not fresh:  # a retry's result, or its notice, may be stored already
+                await self._read_stored(key, pending=on_pending is not None)
             try:
-                return await asyncio.wait_for(asyncio.shield(waiting), timeout)
+                return await asyncio.wait_for(waiter.future, timeout)
             except TimeoutError:
                 raise ResultTimeout(
                     f"no result for {call.call_id} within {timeout}s; "
                     "fetch it later with result(call_id)"
                 ) from None
         finally:
-            await sub.unsubscribe()
-            if notices is not None:
-                await notices.unsubscribe()
+            waiters.remove(waiter)
+            if not waiters and self._waiting.get(key) is waiters:
+                del self._waiting[key]
+
+    async def _listen(self, tenant: str, agent: str) -> None:
+        """Open this agent's results subscription (once)."""
+        async with self._listen_lock:
+            if (tenant, agent) in self._listening:
+                return
+            prefix = subjects.agent_results_prefix(tenant, agent)
+            await self._nc.subscribe(f"{prefix}.>", cb=self._on_live)
+            self._listening.add((tenant, agent))
+
+    async def _on_live(self, msg: Any) -> None:
+        self._deliver(msg.subject, msg.data)
+
+    async def _on_stored(self, msg: Any) -> None:
+        """A direct get's reply: the stored message, or a status (404: nothing stored yet)."""
+        if not msg.data or (msg.headers and msg.headers.get("Status")):
+            return
+        assert self._replies is not None
+        self._deliver(_RESULTS_PREFIX_DOT + msg.subject[len(self._replies) + 1 :], msg.data)
+
+    def _deliver(self, subject: str, data: bytes) -> None:
+        """A message on a result subject (live or stored) to the submits waiting for it."""
+        waiters = self._waiting.get(subject)
+        if waiters is not None:
+            result = _decode_result(data, waiters[0].call_id)
+            if result is not None:
+                for waiter in waiters:
+                    if not waiter.future.done():
+                        waiter.future.set_result(result)
+            return
+        if subject.endswith(_PENDING_TAIL):
+            waiters = self._waiting.get(subject[: -len(_PENDING_TAIL)])
+            if waiters is not None:
+                notice = _decode_pending(data, waiters[0].call_id)
+                if notice is not None:
+                    for waiter in list(waiters):
+                        waiter.tell(notice)
+
+    async def _read_stored(self, key: str, *, pending: bool) -> None:
+        """Ask for the stored result at `key` (and its notice): the reply is delivered
+        like a live message; nothing is awaited (a 404 reply is dropped)."""
+        if self._replies is None:
+            replies = self._nc.new_inbox()
+            await self._nc.subscribe(f"{replies}.>", cb=self._on_stored)
+            self._replies = replies
+        direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
+        tail = key[len(_RESULTS_PREFIX_DOT) :]
+        await self._nc.publish(f"{direct_get}.{key}", b"", reply=f"{self._replies}.{tail}")
+        if pending:
+            await self._nc.publish(
+                f"{direct_get}.{key}{_PENDING_TAIL}",
+                b"",
+                reply=f"{self._replies}.{tail}{_PENDING_TAIL}",
+            )
+
+    async def _recover(self) -> None:
+        """After a reconnect: whatever was published while the connection was down is stored."""
+        for key, waiters in list(self._waiting.items()):
+            pending = any(w.on_pending is not None for w in waiters)
+            await self._read_stored(key, pending=pending)
 
     async def call(
         self,
@@ -266,8 +364,9 @@ class GatewayClient:
         on_pending: OnPending | None = None,
     ) -> ToolResult:
         """One call. Give `user` and `session` (this agent's tenant and name are added),
-        or a whole `principal` (whose tenant and agent must be this agent's)."""
-        return await self.submit(
+        or a whole `principal` (whose tenant and agent must be this agent's). Give
+        `call_id` to retry a call: its stored result is the answer if it has one."""
+        return await self._submit(
             ToolCall(
                 call_id=call_id or new_call_id(),
                 tool=tool,
@@ -276,8 +375,10 @@ class GatewayClient:
                 task_id=task_id,
                 context=context or {},
             ),
-            timeout=timeout,
-            on_pending=on_pending,
+            timeout,
+            on_pending,
+            # A call_id minted here is new: no earlier try can have stored a result.
+            fresh=call_id is None,
         )
 
     async def call_many(self, calls: Sequence[ToolCall], timeout: float = 30.0) -> list[ToolResult]:
@@ -298,14 +399,3 @@ class GatewayClient:
         except NotFoundError:
             return None
         return _decode_result(msg.data or b"", call_id)
-
-    async def _stored_notice(self, tenant: str, agent: str, call_id: str) -> PendingNotice | None:
-        try:
-            msg = await self._js.get_last_msg(
-                subjects.RESULTS_STREAM,
-                subjects.pending_subject(tenant, agent, call_id),
-                direct=True,
-            )
-        except NotFoundError:
-            return None
-        return _decode_pending(msg.data or b"", call_id)
