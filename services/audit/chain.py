@@ -270,19 +270,25 @@ def ensure_seal_key(keys_dir: Path) -> Ed25519PrivateKey:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
+        # Written whole under a private name, then linked into place: a replica starting
+        # at the same moment finds either no key or a complete one, never half a file.
+        draft = keys_dir / f".{SEAL_KEY_FILE}.{os.getpid()}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
         try:
-            fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(draft, private_path)
         except FileExistsError:
             pass  # another replica won the race; its key stands
         else:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(pem)
             public = key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
-            tmp = keys_dir / (SEAL_PUBLIC_FILE + ".tmp")
+            tmp = keys_dir / f".{SEAL_PUBLIC_FILE}.{os.getpid()}"
             tmp.write_bytes(public)
             tmp.replace(keys_dir / SEAL_PUBLIC_FILE)
+        finally:
+            draft.unlink(missing_ok=True)
     loaded = serialization.load_pem_private_key(private_path.read_bytes(), None)
     if not isinstance(loaded, Ed25519PrivateKey):
         raise ValueError(f"{private_path}: not an Ed25519 private key")

@@ -186,3 +186,25 @@ def test_several_writers_each_verify_on_their_own(replicas):
         marks += m
     report = check(table, marks)
     assert report.ok and report.chains == replicas
+
+
+def test_replicas_creating_the_seal_key_at_once_all_load_one_whole_key(tmp_path):
+    """Several sinks starting together on one host: none may read a half-written key."""
+    import multiprocessing
+
+    from toolgate.services.audit.chain import ensure_seal_key, load_seal_public_key
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(4) as pool:
+        keys = pool.map(_key_id_of, [tmp_path] * 8)
+    public = load_seal_public_key(tmp_path)
+    assert len(set(keys)) == 1
+    assert keys[0] == _key_id_of(tmp_path)
+    assert ensure_seal_key(tmp_path).public_key().public_bytes_raw() == public.public_bytes_raw()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit-seal.key", "audit-seal.pub"]
+
+
+def _key_id_of(path):  # type: ignore[no-untyped-def]
+    from toolgate.services.audit.chain import ensure_seal_key
+
+    return ensure_seal_key(path).public_key().public_bytes_raw().hex()
