@@ -330,9 +330,11 @@ class GatewayClient:
         """Ask for the stored result at `key` (and its notice): the reply is delivered
         like a live message; nothing is awaited (a 404 reply is dropped)."""
         if self._replies is None:
-            replies = self._nc.new_inbox()
-            await self._nc.subscribe(f"{replies}.>", cb=self._on_stored)
-            self._replies = replies
+            async with self._listen_lock:
+                if self._replies is None:
+                    replies = self._nc.new_inbox()
+                    await self._nc.subscribe(f"{replies}.>", cb=self._on_stored)
+                    self._replies = replies
         direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
         tail = key[len(_RESULTS_PREFIX_DOT) :]
         await self._nc.publish(f"{direct_get}.{key}", b"", reply=f"{self._replies}.{tail}")
