@@ -281,3 +281,27 @@ def test_a_listener_stopped_by_default_is_restarted(attacked: Gateway) -> None:
         "SELECT count() - uniqExact(event_id) FROM events"
     )
     assert dupes.result_rows[0][0] == 0
+
+
+def test_a_checkpoint_forged_by_the_writer_is_named(attacked: Gateway, capsys) -> None:
+    asyncio.run(audited(attacked))  # (earlier tests of this module left their findings)
+    code, out = verify(attacked, capsys)
+    assert "FORGED" not in out, out
+    admin = connect(attacked.audit_url("admin"))
+    chain, last = admin.query(
+        "SELECT chain_id, max(chain_seq) FROM event_log GROUP BY chain_id "
+        "ORDER BY max(recorded_at) DESC LIMIT 1"
+    ).result_rows[0]
+    # The writer may insert checkpoints (the sink must), but cannot sign one: a "final"
+    # checkpoint claimed early, to hide later rows as inserted, names itself.
+    connect(attacked.audit_url("writer")).command(
+        "INSERT INTO chain_checkpoints (chain_id, chain_seq, chain_hash, final, writer, "
+        "key_id, signature) VALUES ({c:String}, 1, 'x', 1, 'mallory', 'k', 'c2ln')",
+        parameters={"c": chain},
+    )
+    code, out = verify(attacked, capsys)
+    assert code == 1 and f"FORGED    chain {chain} seq 1:" in out, out
+    assert last > 1
+    admin.command(
+        "ALTER TABLE chain_checkpoints DELETE WHERE writer = 'mallory' SETTINGS mutations_sync = 1"
+    )
