@@ -55,7 +55,7 @@ from toolgate.contracts.events import (
 )
 from toolgate.runtime import telemetry
 from toolgate.runtime.creds import broker_options, nats_servers
-from toolgate.runtime.topology import stage_ack_wait
+from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
 
 log = logging.getLogger("toolgate")
 
@@ -94,8 +94,11 @@ ACK_WAIT_S = 30.0
 # per burst call, 1,089-1,141 against 889 calls/s (shared machine, noisy).
 CONCURRENCY = 32
 # How long one pull request waits for messages; the server then ends it (408)
-# and the loop asks again. Also bounds how long a request lost in a reconnect stalls.
+# and the loop asks again.
 PULL_EXPIRES_S = 1.0
+# A request whose end has not come by then is given up on (lost in a reconnect) and
+# asked again. Its end may still come later (a busy loop): it no longer counts.
+PULL_LOST_AFTER_S = PULL_EXPIRES_S + 1.0
 
 _json = msgspec.json.Encoder()
 # JetStream's answer when a write-once subject (discard new per subject) already holds one.
@@ -236,6 +239,15 @@ class PullConsumer:
     acks (through `settle`) only after its outputs are stored. A request whose
     end never came (a reconnect) is given up after its expiry and asked again;
     anything lost that way is redelivered after the consumer's AckWait.
+
+    Each request has a reply subject of its own (`<inbox>.<n>`), so the end
+    (408, 409) of a request given up on, arriving late on a busy loop, does not
+    end the current one: before, each such late end started one more request
+    that was never given up, and under load requests piled up, each with a
+    batch, past the handler slots. A message in hand longer than a third of
+    the AckWait is kept with `in_progress`, so a handler slowed by load is not
+    handed its message a second time (a redelivery counts as an attempt, and
+    MAX_ATTEMPTS of them give the message up).
     """
 
     def __init__(self, nc: Client, consumer: DurableConsumer) -> None:
@@ -244,13 +256,16 @@ class PullConsumer:
         self._durable = consumer.config.durable_name or ""
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{consumer.stream}.{self._durable}"
         self._inbox = nc.new_inbox()
-        self._handling: set[asyncio.Task[None]] = set()
+        self._asked = 0
+        self._current = ""  # the reply subject of the latest request
+        self._handling: dict[asyncio.Task[None], Msg] = {}
         self._expected = 0  # messages the open request may still bring
         self._open = False
         self._back_off = False
         self._wake = asyncio.Event()
         self._stopping = False
         self._asking: asyncio.Task[None] | None = None
+        self._keeping: asyncio.Task[None] | None = None
         # Ask again once this many slots are free (or nothing is in hand): at
         # saturation a request then brings several messages, not one.
         self._min_batch = max(1, consumer.concurrency // 4)
@@ -258,9 +273,15 @@ class PullConsumer:
     async def start(self) -> PullConsumer:
         await ensure_consumer(self._nc, self._consumer.stream, self._consumer.config)
         self._subscription = await self._nc.subscribe(
-            self._inbox, cb=self._on_message, pending_msgs_limit=-1, pending_bytes_limit=-1
+            self._inbox + ".*", cb=self._on_message, pending_msgs_limit=-1, pending_bytes_limit=-1
         )
         self._asking = asyncio.create_task(self._ask(), name=f"pull-{self._durable}")
+        ack_wait = self._consumer.config.ack_wait
+        if ack_wait:
+            self._keeping = asyncio.create_task(
+                self._keep_in_progress(heartbeat_interval(ack_wait)),
+                name=f"in-progress-{self._durable}",
+            )
         return self
 
     async def stop(self, grace_s: float = 10.0) -> None:
@@ -269,12 +290,14 @@ class PullConsumer:
             self._asking.cancel()
         if self._handling:
             await asyncio.wait(set(self._handling), timeout=grace_s)
+        if self._keeping is not None:
+            self._keeping.cancel()
 
     async def _on_message(self, msg: Msg) -> None:
         if not msg.reply:  # a status: 408 request expired, 409 a limit, 100 heartbeat
             status = (msg.headers or {}).get("Status")
-            if status == "100":
-                return
+            if status == "100" or msg.subject != self._current:
+                return  # a heartbeat, or the late end of a request given up on
             if status != "408":
                 self._back_off = True
                 log.info(
@@ -291,11 +314,11 @@ class PullConsumer:
             self._open = False
             self._wake.set()
         task = asyncio.create_task(self._handle(msg))
-        self._handling.add(task)
+        self._handling[task] = msg
         task.add_done_callback(self._handled)
 
     def _handled(self, task: asyncio.Task[None]) -> None:
-        self._handling.discard(task)
+        self._handling.pop(task, None)
         if not self._open:
             self._wake.set()
 
@@ -312,7 +335,7 @@ class PullConsumer:
             free = concurrency - len(self._handling)
             if self._open or free < (self._min_batch if self._handling else 1):
                 try:
-                    await asyncio.wait_for(self._wake.wait(), PULL_EXPIRES_S + 1.0)
+                    await asyncio.wait_for(self._wake.wait(), PULL_LOST_AFTER_S)
                 except TimeoutError:
                     self._open = False  # the request's end never came: ask again
                 continue
@@ -321,13 +344,28 @@ class PullConsumer:
                 await asyncio.sleep(0.5)
                 continue
             self._expected, self._open = free, True
+            self._asked += 1
+            self._current = f"{self._inbox}.{self._asked}"
             request = b'{"batch":%d,"expires":%d}' % (free, int(PULL_EXPIRES_S * 1e9))
             try:
-                await self._nc.publish(self._api, request, reply=self._inbox)
+                await self._nc.publish(self._api, request, reply=self._current)
             except Exception as exc:  # NATS reconnecting: ask again in a moment
                 log.warning("pull request on %s failed: %r", self._durable, exc)
                 self._open = False
                 await asyncio.sleep(0.5)
+
+    async def _keep_in_progress(self, every_s: float) -> None:
+        """Every `every_s`, `in_progress` for each message in hand since the last round."""
+        held: set[asyncio.Task[None]] = set()
+        while True:
+            await asyncio.sleep(every_s)
+            for task, msg in list(self._handling.items()):
+                if task in held:
+                    try:
+                        await msg.in_progress()
+                    except Exception as exc:  # NATS reconnecting: AckWait decides
+                        log.debug("in_progress on %s failed: %r", self._durable, exc)
+            held = set(self._handling)
 
 
 def consumer_config(
