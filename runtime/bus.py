@@ -472,7 +472,15 @@ class LeanJetStream(JetStreamContext):
         if not self._reply_prefix:
             if self._listening is None:
                 self._listening = asyncio.ensure_future(self._listen())
-            await self._listening
+            listening = self._listening
+            try:
+                # Shielded: a publish cancelled here (a tool's timeout, a shutdown) must
+                # not cancel the one subscription every later publish waits for.
+                await asyncio.shield(listening)
+            except BaseException:
+                if listening.done() and self._listening is listening:
+                    self._listening = None  # it failed: the next publish subscribes again
+                raise
         headers = dict(headers) if headers else {}
         if stream is not None:
             headers["Nats-Expected-Stream"] = stream

@@ -8,6 +8,7 @@ asked again while that one was still open on the server, and each later end
 did the same: requests piled up, each with a batch, past the handler slots.
 And a handler slowed past the AckWait had its message handed out again,
 each delivery counting as an attempt towards MAX_ATTEMPTS (then a dead letter).
+Also LeanJetStream's one reply subscription, which a cancelled publish broke.
 """
 
 from __future__ import annotations
@@ -138,3 +139,44 @@ async def test_a_message_held_past_a_third_of_its_ack_wait_is_kept_in_progress(
         assert held.in_progress_sent == sent  # nothing for a message no longer in hand
     finally:
         await pulling.stop()
+
+
+class BlockingSubscribe:
+    """A connection whose first subscribe waits until released; a publish is acked at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.on_reply: Any = None
+        self.subscribes = 0
+
+    def new_inbox(self) -> str:
+        return "_INBOX.lean"
+
+    async def subscribe(self, subject: str, cb: Any, **options: Any) -> object:
+        self.subscribes += 1
+        await self.release.wait()
+        self.on_reply = cb
+        return object()
+
+    async def publish(self, subject: str, payload: bytes, reply: str = "", **kw: Any) -> None:
+        ack = Delivered()
+        ack.subject, ack.data = reply, b'{"stream":"S","seq":1}'
+        asyncio.get_running_loop().call_soon(asyncio.ensure_future, self.on_reply(ack))
+
+
+async def test_a_publish_cancelled_while_the_reply_subscription_opens_does_not_break_the_next() -> (
+    None
+):
+    # Before: the first publish awaited the shared subscribing task itself, so cancelling
+    # that publish (a tool's timeout) cancelled it, and every later publish of the
+    # connection raised CancelledError: outputs never published, inputs never settled.
+    nc = BlockingSubscribe()
+    js = bus.LeanJetStream(nc)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(js.publish("s.out", b"1"))
+    await until(lambda: nc.subscribes == 1)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    nc.release.set()
+    ack = await js.publish("s.out", b"2")
+    assert ack.seq == 1
