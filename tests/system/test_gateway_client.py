@@ -4,12 +4,21 @@ call_id, a retry's stored result read back, pending notices told once before the
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit
 
 import pytest
 
 from tests.harness import Gateway, events_of
-from tests.system.test_approval_flow import action, approvals_as, approver, key, waiting
-from toolgate.client.gateway_client import new_call_id
+from tests.system.test_approval_flow import (
+    action,
+    approvals_as,
+    approver,
+    key,
+    stored_on,
+    waiting,
+)
+from toolgate.client.gateway_client import GatewayClient, new_call_id
+from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall
 from toolgate.contracts.events import ExecutionStarted
 
@@ -109,3 +118,96 @@ async def test_a_pending_notice_then_the_result(shared_gateway: Gateway) -> None
         results = await asyncio.gather(first, retry)
     assert results[0] == results[1] and results[0].ok
     assert len(told) == 2  # once each, never again once the result is in
+
+
+class _Proxy:
+    """A TCP proxy in front of NATS that can cut its connections and refuse new ones."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target, self.open, self.port = target, True, 0
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self._writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        self.open = False
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+
+    def close(self) -> None:
+        self.cut()
+        self._server.close()
+
+
+async def test_a_result_published_while_the_client_was_disconnected_is_read_after_reconnect(
+    shared_gateway: Gateway,
+) -> None:
+    """The call's id is minted by the client (no stored read at submit): only the read
+    after the reconnect can find a result published while the connection was down."""
+    erin = approver(shared_gateway, "erin", "acme")
+    host, port = urlsplit(shared_gateway.url).hostname, urlsplit(shared_gateway.url).port
+    assert host is not None and port is not None
+    proxy = _Proxy((host, port))
+    await proxy.start()
+    creds = await shared_gateway.agent_creds(BOB.tenant, BOB.agent)
+    noticed: list[str] = []
+    client = await GatewayClient.connect(
+        f"nats://127.0.0.1:{proxy.port}", creds, reconnect_time_wait=0.1
+    )
+    try:
+        async with await approvals_as(shared_gateway, erin) as approvals:
+            called = asyncio.create_task(
+                client.call(
+                    "approved_action",
+                    {"amount": 11},
+                    principal=BOB,
+                    timeout=120,
+                    on_pending=lambda n: noticed.append(n.call_id),
+                )
+            )
+            for _ in range(300):
+                if noticed:
+                    break
+                await asyncio.sleep(0.05)
+            assert noticed, "no pending notice"
+            call_id = noticed[0]
+            state = await waiting(approvals, key(BOB, call_id))
+            proxy.cut()  # the client is down; the result is published now
+            granted = await approvals.vote(
+                state.key, "approve", arguments_sha256=state.arguments_sha256, reason="ok"
+            )
+            assert granted.accepted
+            subject = subjects.results_subject(BOB.tenant, BOB.agent, call_id)
+            for _ in range(300):
+                if await stored_on(shared_gateway, BOB, subject):
+                    break
+                await asyncio.sleep(0.1)
+            assert not called.done()
+            proxy.open = True  # it reconnects, and reads what it missed
+            result = await asyncio.wait_for(called, 60)
+        assert result.ok and result.call_id == call_id
+    finally:
+        proxy.close()
+        await client.close()
