@@ -281,7 +281,8 @@ def run_audit_bench(
             pipeline_events_per_s = measure_pipeline_peak(tmp, burst)
         nats_server = EmbeddedNats(tmp / "nats").start()
         clickhouse = None if clickhouse_url else EmbeddedClickHouse(tmp / "clickhouse").start()
-        url = clickhouse_url or f"{clickhouse.url}/audit_bench"  # type: ignore[union-attr]
+        # The embedded server's admin: the sink applies the schema of this private database.
+        url = clickhouse_url or clickhouse.url_for("admin", "audit_bench")  # type: ignore[union-attr]
         try:
             asyncio.run(apply_topology(nats_server.url))
             print(f"sink: backlog of {calls} calls ({calls * ROWS_PER_CALL} rows) ...", flush=True)
