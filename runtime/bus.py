@@ -609,6 +609,12 @@ async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: 
             )
             await msg.nak(delay=retry_delay(delivery.attempt))
             return
+        log.error(
+            "giving up on %s after %s attempts (dead letter): %r",
+            delivery.subject,
+            delivery.attempt,
+            exc,
+        )
         try:
             await give_up(exc)
         except Exception as again:
