@@ -902,6 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
     for action, text in (
         ("add", "mint one agent's NATS identity; prints its creds path"),
         ("revoke", "refuse an agent's creds and cut its connections"),
+        ("token", "print a new bearer token of an agent for the MCP front door"),
     ):
         command = agent_actions.add_parser(action, help=text)
         command.add_argument("tenant", help="tenant name (letters, digits, - _; at most 64)")
@@ -918,10 +919,9 @@ def build_parser() -> argparse.ArgumentParser:
             "else the one `toolgate up` recorded; now %(default)s)",
         )
     agent_actions.add_parser("list", help="every agent, active or revoked")
-    from toolgate.cli.mcp import add_serve_flags, add_token_parser
+    from toolgate.cli.mcp import add_serve_flags
     from toolgate.cli.mcp import register as register_mcp
 
-    add_token_parser(agent_actions)
     for command in agent_actions.choices.values():
         command.add_argument(
             "--data-dir",

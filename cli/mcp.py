@@ -134,28 +134,6 @@ def push_front_door_account(args: argparse.Namespace, data_dir: Path) -> str | N
     return _push_account(args, data_dir, token)
 
 
-def add_token_parser(agent_actions: Any) -> None:
-    command = agent_actions.add_parser(
-        "token", help="print a new bearer token of an agent for the MCP front door"
-    )
-    command.add_argument("tenant", help="tenant name (an agent `agents add` minted)")
-    command.add_argument("agent", help="agent name")
-    command.add_argument(
-        "--offline",
-        action="store_true",
-        help="only write the files; do not tell a running server (default: tell it)",
-    )
-    command.add_argument(
-        "--nats-url",
-        default=env.env_nats_url(),
-        help="the running server to tell (default: $TOOLGATE_NATS_URL, else the one "
-        "`toolgate up` recorded; now %(default)s)",
-    )
-
-
-# ---------------------------------------------------------------- tools import-mcp
-
-
 def registry_name(prefix: str, tool: str) -> str:
     """A registry tool name (subject-safe) for an upstream tool: PREFIX_TOOL, lower case."""
     slug = re.sub(r"[^a-z0-9_]+", "_", tool.lower()).strip("_") or "tool"
