@@ -30,7 +30,7 @@ from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
-from toolgate.services.audit.pull import PullBatches, ensure_consumer
+from toolgate.services.audit.pull import PullBatches
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
 
@@ -133,7 +133,7 @@ def build_sink(
         await writer.publish_seals()  # the genesis, signed before the bus was there
         watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
         for stream, source in SOURCES:
-            await ensure_consumer(
+            await bus.ensure_consumer(
                 nc,
                 stream,
                 bus.consumer_config(

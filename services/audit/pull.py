@@ -15,31 +15,16 @@ redelivered by JetStream after the ack wait.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig
-from nats.js.errors import NotFoundError
 
 log = logging.getLogger("toolgate.audit")
 
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 HEARTBEAT_STATUS = "100"
-
-
-async def ensure_consumer(nc: Client, stream: str, config: ConsumerConfig) -> None:
-    """Create the durable once; later replicas (and restarts) find it and leave it as is."""
-    js = nc.jetstream()
-    try:
-        await js.consumer_info(stream, config.durable_name or "")
-    except NotFoundError:
-        # Named as well as durable: the server then takes the request on
-        # CONSUMER.CREATE.<stream>.<name>.<filter>, the subject the locked bus
-        # grants (the legacy DURABLE.CREATE subject is not granted).
-        await js.add_consumer(stream, dataclasses.replace(config, name=config.durable_name))
 
 
 class PullBatches:
