@@ -223,3 +223,16 @@ def count_types(events: list[Event]) -> Counter[str]:
 
 
 __all__ = ["CallAuthorized", "Gateway", "make_test_registry", "read_events", "events_of"]
+
+
+async def flushed(nc: nats.NATS) -> None:
+    """Everything this connection sent (its SUBs too) has reached the server.
+
+    One `flush()` is not enough in nats-py 2.16: it writes its PING straight
+    to the socket, ahead of commands still queued for the flusher task, so the
+    PONG can come back before a just-made subscription is registered (a
+    publish from another connection then misses it, ~2% of tries). The second
+    PING goes out after the first flush emptied the queue.
+    """
+    await nc.flush()
+    await nc.flush()

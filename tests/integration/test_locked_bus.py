@@ -31,6 +31,7 @@ from nats.errors import NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NotFoundError
 
+from tests.harness import flushed
 from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -361,7 +362,7 @@ async def test_agent_reads_its_results_and_pending_notices_and_no_one_else_does(
 
     await agent.subscribe(result, cb=on_msg)
     await agent.subscribe(pending, cb=on_msg)
-    await agent.flush()
+    await flushed(agent)
     approvals = (await locked.connect("approvals")).jetstream()
     attacher = (await locked.connect("attacher")).jetstream()
     await approvals.publish(pending, b"{}", stream=subjects.RESULTS_STREAM)
@@ -535,7 +536,7 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
         await msg.respond(b"counted:" + msg.data)
 
     await approvals.subscribe(VOTE_SUBJECT, queue="approvals", cb=answer)
-    await approvals.flush()
+    await flushed(approvals)
     # The approver is in the account APPROVERS: its request crosses to TOOLGATE's
     # approvals service through the import, and the answer comes back.
     approver = await locked.connect("approver")

@@ -19,7 +19,7 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
-from tests.harness import Gateway, events_of
+from tests.harness import Gateway, events_of, flushed
 from tests.tools.faulty import runs_of
 from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
@@ -240,7 +240,7 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
                 await nc.jetstream(timeout=2).get_last_msg(
                     subjects.EVENTS_STREAM, subjects.event_filter(ApprovalRequested)
                 )
-            await nc.flush()
+            await flushed(nc)
         finally:
             await nc.close()
         refused_by_server = " ".join(str(e) for e in errors).lower()

@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
-from tests.harness import Gateway, make_test_registry
+from tests.harness import Gateway, flushed, make_test_registry
 from tests.mcp_support import agent_token, mcp_client, structured, toolgate, wait_for_front_door
 from tests.tools.faulty import runs_of
 from toolgate.contracts import subjects
@@ -361,7 +361,7 @@ async def test_the_front_door_identity_reaches_nothing_but_the_agents_subjects(
     )
     try:
         await front.publish(subjects.event_subject("CallAuthorized", "echo"), b"{}")
-        await front.flush()
+        await flushed(front)
         js = front.jetstream()
         with pytest.raises(NatsError):
             await js.publish(subjects.event_subject("CallAuthorized", "echo"), b"{}", timeout=1)

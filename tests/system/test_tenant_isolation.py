@@ -34,7 +34,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
-from tests.harness import REPO_ROOT, TEST_TOOLS_DIR, Gateway, events_of
+from tests.harness import REPO_ROOT, TEST_TOOLS_DIR, Gateway, events_of, flushed
 from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall, ToolResult
@@ -336,7 +336,7 @@ async def test_other_tenant_cannot_subscribe_to_acme_results(gw: Gateway) -> Non
         await mallory.nc.subscribe(
             f"{subjects.agent_results_prefix(*MALLORY)}.>", cb=collector(own)
         )
-        await mallory.nc.flush()
+        await flushed(mallory.nc)
 
         async with await gw.client(*ACME) as acme:
             secrets = [secret() for _ in range(3)]
@@ -348,7 +348,7 @@ async def test_other_tenant_cannot_subscribe_to_acme_results(gw: Gateway) -> Non
             )
         assert mine.ok
         await wait_for(lambda: len(own) == 1, what="mallory's own result")
-        await mallory.nc.flush()  # anything the server routed to her before now has arrived
+        await flushed(mallory.nc)  # anything the server routed to her before now has arrived
     finally:
         await mallory.close()
 
@@ -458,14 +458,14 @@ async def test_other_tenant_inbox_wildcard_sees_none_of_acme_replies(gw: Gateway
     got: list[Msg] = []
     try:
         await mallory.nc.subscribe("_INBOX.>", cb=collector(got))
-        await mallory.nc.flush()
+        await flushed(mallory.nc)
         assert mallory.errors == []  # her own account's inboxes: allowed
         async with await gw.client(*ACME) as acme:
             # Publish acks, direct gets and results all travel on acme's inboxes.
             secrets = [secret() for _ in range(3)]
             acme_results = [await acme_echo(acme, s) for s in secrets]
             await acme.result("call_never_made")
-        await mallory.nc.flush()
+        await flushed(mallory.nc)
         seen_during_acme = list(got)
 
         # The listener works: her own client's replies do arrive on it.
@@ -504,7 +504,7 @@ async def test_other_tenant_cannot_publish_on_acme_calls_subject(gw: Gateway) ->
         ):
             await mallory.nc.publish(other, forged)
             await mallory.violation("publish", other)
-        await mallory.nc.flush()
+        await flushed(mallory.nc)
     finally:
         await mallory.close()
 
@@ -777,7 +777,7 @@ async def acme_listener(gw: Gateway) -> AsyncIterator[tuple[RawAgent, list[Msg]]
     listener = await RawAgent.connect(gw, *ACME)
     heard: list[Msg] = []
     await listener.nc.subscribe(f"{subjects.agent_results_prefix(*ACME)}.>", cb=collector(heard))
-    await listener.nc.flush()
+    await flushed(listener.nc)
     yield listener, heard
     await listener.close()
 
@@ -836,7 +836,7 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
         )
         for reply in replies:
             await mallory.nc.publish(own, b"", reply=reply)
-        await mallory.nc.flush()
+        await flushed(mallory.nc)
     finally:
         await mallory.close()
     assert sorted(m.subject for m in mine) == sorted(
@@ -858,7 +858,7 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
     assert denied.error.code == "TASK_SCOPE_VIOLATION"
     await settled(gw)
     assert _authorized_version(await gw.events(), after_call.call_id) == version_before
-    await listener.nc.flush()  # whatever the server routed to acme has arrived
+    await flushed(listener.nc)  # whatever the server routed to acme has arrived
 
     # acme heard only its own well-formed results, one per call.
     acme_calls = {before_call.call_id, first.call_id, after_call.call_id, denied.call_id}
