@@ -146,6 +146,9 @@ def test_serve_keeps_trying_in_one_line(folder: Path, nobody: str) -> None:
         stderr=subprocess.PIPE,
         text=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")},
+        # Ctrl-C reaches it even when the tests were started in the background
+        # (a shell's `&` leaves SIGINT ignored, and children inherit that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         time.sleep(8)
