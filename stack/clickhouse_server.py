@@ -49,7 +49,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -59,7 +58,7 @@ import urllib.request
 from pathlib import Path
 
 from toolgate.stack import clickhouse_access
-from toolgate.stack.processes import free_port
+from toolgate.stack.processes import free_port, port_is_free
 
 __all__ = [
     "EmbeddedClickHouse",
@@ -116,16 +115,6 @@ USERS_FILE = "users.xml"
 
 class ClickHouseServerError(RuntimeError):
     """The embedded server failed to start or stop."""
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def _http_base(host: str, port: int) -> str:
@@ -404,7 +393,7 @@ class EmbeddedClickHouse:
     def start(self, timeout: float = 60) -> EmbeddedClickHouse:
         if self.running():
             return self
-        if not _port_is_free(self.host, self.port):
+        if not port_is_free(self.port, self.host):
             raise ClickHouseServerError(f"port {self.host}:{self.port} is already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.write_access()

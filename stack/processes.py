@@ -62,7 +62,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     if low - _LISTEN_PORTS_FROM >= 1_000:
         for _ in range(100):
             port = random.randrange(_LISTEN_PORTS_FROM, low)
-            if _bindable(host, port):
+            if port_is_free(port, host):
                 return port
     with socket.socket() as sock:  # no room below the range: the kernel's choice
         sock.bind((host, 0))
@@ -77,8 +77,10 @@ def _ephemeral_low() -> int:
         return 32768  # Linux's default; elsewhere a fair guess
 
 
-def _bindable(host: str, port: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Nothing listens on `port` now (checked as servers bind: SO_REUSEADDR)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

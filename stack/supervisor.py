@@ -13,7 +13,6 @@ import importlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,13 @@ from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_wait
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
-from toolgate.stack.processes import die_with_parent, free_port, kill_process, stop_process
+from toolgate.stack.processes import (
+    die_with_parent,
+    free_port,
+    kill_process,
+    port_is_free,
+    stop_process,
+)
 
 log = logging.getLogger("toolgate.up")
 
@@ -466,16 +471,6 @@ class Stack:
             self.nats.stop()
         if self.cluster is not None:
             self.cluster.stop()
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def run_until_signalled(stack: Stack) -> int:
