@@ -73,6 +73,21 @@ async def open_session(gateway: Gateway, agent: str = "researcher") -> GatewaySe
     )
 
 
+async def deny_as_a_new_approver(
+    gateway: Gateway, name: str, request: dict[str, Any], reason: str
+) -> Any:
+    """An approver of acme (a new one) denies the interrupt's call, by the hash it carries."""
+    token = add_approver(gateway.data_dir, f"{name}-{uuid.uuid4().hex[:6]}", ["acme"])
+    approver = connect_options(gateway.stack.creds_of("approver"))
+    async with await ApprovalsClient.connect(gateway.url, token=token, **approver) as a:
+        return await a.vote(
+            f"acme.researcher.{request['call_id']}",
+            "deny",
+            arguments_sha256=request["arguments_sha256"],
+            reason=reason,
+        )
+
+
 async def pause(
     gateway: Gateway, checkpoint: Path, thread: str, **node: Any
 ) -> tuple[dict[str, Any], GatewaySession, SQLiteCheckpointer, Any]:
@@ -178,15 +193,7 @@ async def test_a_denied_approval_resumes_into_approval_denied_and_never_runs(
     request, session, checkpointer, graph = await pause(
         shared_gateway, tmp_path / "g.sqlite", thread
     )
-    token = add_approver(shared_gateway.data_dir, f"dave-{uuid.uuid4().hex[:6]}", ["acme"])
-    approver = connect_options(shared_gateway.stack.creds_of("approver"))
-    async with await ApprovalsClient.connect(shared_gateway.url, token=token, **approver) as a:
-        voted = await a.vote(
-            f"acme.researcher.{request['call_id']}",
-            "deny",
-            arguments_sha256=request["arguments_sha256"],
-            reason="not this one",
-        )
+    voted = await deny_as_a_new_approver(shared_gateway, "dave", request, "not this one")
     assert voted.accepted
     try:
         state = await graph.ainvoke(
@@ -349,13 +356,5 @@ async def test_the_interrupt_carries_the_hash_the_approvers_vote_on(
     (request,) = state["__interrupt__"][0].value["requests"]
     assert request["arguments_sha256"] == arguments_sha256({"amount": 7})
     assert request["arguments_sha256"] != arguments_sha256({"amount": 7.0})
-    token = add_approver(shared_gateway.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
-    approver = connect_options(shared_gateway.stack.creds_of("approver"))
-    async with await ApprovalsClient.connect(shared_gateway.url, token=token, **approver) as a:
-        voted = await a.vote(
-            f"acme.researcher.{request['call_id']}",
-            "deny",
-            arguments_sha256=request["arguments_sha256"],
-            reason="checked the hash",
-        )
+    voted = await deny_as_a_new_approver(shared_gateway, "erin", request, "checked the hash")
     assert voted.accepted, voted
