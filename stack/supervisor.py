@@ -22,6 +22,7 @@ from types import ModuleType
 
 import nats
 import nats.errors
+from nats.js.errors import ServiceUnavailableError
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
@@ -41,6 +42,8 @@ from toolgate.stack.processes import (
 )
 
 log = logging.getLogger("toolgate.up")
+# How long streams and buckets may wait for a just-started JetStream to take them.
+JETSTREAM_READY_S = 30.0
 
 # How often `toolgate up` asks each service's /healthz.
 HEALTH_CHECK_S = 5.0
@@ -291,6 +294,20 @@ class Stack:
             self.start_mcp_front()
         self.record_context()
 
+    async def _apply_when_jetstream_answers(self, options: dict[str, object]) -> None:
+        """Streams and buckets; a cluster that has just elected its meta leader may still
+        answer 503 "JetStream not enabled for account" for a moment (it enables the
+        account's JetStream after loading its JWT): ask again until JETSTREAM_READY_S."""
+        deadline = time.monotonic() + JETSTREAM_READY_S
+        while True:
+            try:
+                await apply_topology(self.url, self.topology, **options)
+                return
+            except ServiceUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
     async def apply_topology(self, connect_timeout: float = 5.0) -> None:
         """Streams and buckets, as the admin; StackError within `connect_timeout` if the
         server is not there or refuses the operator's admin."""
@@ -311,7 +328,7 @@ class Stack:
                 nats.connect(nats_servers(self.url), **options), connect_timeout
             )
             await probe.close()
-            await apply_topology(self.url, self.topology, **options)
+            await self._apply_when_jetstream_answers(options)
             timeouts = {
                 spec.name: spec.timeout_s
                 for spec in load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR]))
