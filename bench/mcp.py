@@ -2,14 +2,23 @@
 
 Starts a private gateway as `toolgate up` starts it (locked bus, the front
 door on loopback; the audit off, so the machine is quieter) and sends the
-same no-op call (`echo`) one at a time two ways, interleaved in blocks so a
-shared machine's drift hits both alike:
+same no-op call (`echo`) one at a time, interleaved in blocks so a shared
+machine's drift hits every way alike:
 
-- `MCP front door`: the official SDK's client (`mcp.Client`, Streamable HTTP,
-  a bearer token) -> tools/call -> the front door -> the bus -> its result;
-- `NATS (GatewayClient)`: the same agent, straight on the wire contract.
+- `SDK client <era>`: the official SDK's client (`mcp.Client`, Streamable
+  HTTP, a bearer token), in both protocol eras -> tools/call -> the front
+  door -> the bus -> its result: what an MCP agent sees;
+- `plain POST`: the same 2026-07-28 tools/call request the SDK's client
+  sends, written on one keep-alive HTTP/1.1 connection and read back by
+  Content-Length: what the front door itself adds, without an SDK client's
+  own cost on the same cores;
+- `NATS (GatewayClient)`: the same call straight on the wire contract, as
+  another agent of the same tenant (an agent's results reach every connection
+  listening for that agent: one agent for both would wake each client for
+  the other's results).
 
-Prints p50/p99 of each and the difference. Progress to stderr.
+Prints p50/p99 of each, what each front-door way adds over NATS, and the CPU
+per call of the front door and of this client. Progress to stderr.
 """
 
 from __future__ import annotations
@@ -17,21 +26,96 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
+from toolgate.bench import procs
 from toolgate.bench.loops import percentile, say
 
 BLOCK = 50
-DOOR = "MCP front door"
 NATS = "NATS (GatewayClient)"
+PLAIN = "plain POST 2026-07-28"
+MODERN_ERA = "2026-07-28"
+FRONT_DOOR = "mcp"  # the front door's process, as the stack names it
 
 
-async def _measure(stack: object, calls: int, token: str) -> dict[str, list[float]]:
+class PlainPost:
+    """The least an MCP client can do: one keep-alive HTTP/1.1 connection and the
+    same JSON-RPC `tools/call` POST the SDK's client sends in the 2026-07-28 era
+    (its `_meta` envelope and routing headers), the answer read by Content-Length.
+    A measuring stick for the server side only, not a client to build on."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port, self.path = parts.hostname or "", parts.port or 80, parts.path
+        self.token = token
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> PlainPost:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+    async def call(self, request_id: int, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        assert self.reader is not None and self.writer is not None
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "method": "tools/call",
+                "params": {
+                    "name": tool,
+                    "arguments": arguments,
+                    "_meta": {
+                        "io.modelcontextprotocol/protocolVersion": MODERN_ERA,
+                        "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                    },
+                },
+            },
+            separators=(",", ":"),
+        ).encode()
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {self.token}\r\n"
+            "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+            f"MCP-Protocol-Version: {MODERN_ERA}\r\nMcp-Method: tools/call\r\n"
+            f"Mcp-Name: {tool}\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        status_line, *header_lines = (
+            (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        )
+        headers = {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(":") for line in header_lines if line)
+        }
+        if "content-length" not in headers:
+            raise RuntimeError(f"the front door answered without Content-Length: {status_line}")
+        answer = await self.reader.readexactly(int(headers["content-length"]))
+        if status_line.split(" ", 2)[1] != "200":
+            raise RuntimeError(f"the front door answered {status_line}: {answer[:300]!r}")
+        found = json.loads(answer)
+        assert isinstance(found, dict)
+        return found
+
+
+async def _measure(
+    stack: object, calls: int, token: str, nats_creds: Path
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -56,11 +140,13 @@ async def _measure(stack: object, calls: int, token: str) -> dict[str, list[floa
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
         for _ in range(2)
     )
-    gateway = await GatewayClient.connect(stack.url, stack.creds_of("agent"))
+    gateway = await GatewayClient.connect(stack.url, nats_creds)
+    processes = procs.of_stack(stack)
     async with (
         modern_http,
         legacy_http,
         gateway,
+        PlainPost(url, token) as plain,
         Client(streamable_http_client(url, http_client=modern_http)) as modern,
         Client(streamable_http_client(url, http_client=legacy_http), mode="legacy") as legacy,
     ):
@@ -73,17 +159,24 @@ async def _measure(stack: object, calls: int, token: str) -> dict[str, list[floa
 
             return call
 
+        async def via_plain(i: int) -> None:
+            answer = await plain.call(i, "echo", {"payload": i})
+            if answer.get("result", {}).get("isError") is not False:
+                raise RuntimeError(f"echo failed through the front door: {answer}")
+
         async def via_nats(i: int) -> None:
             result = await gateway.call("echo", {"payload": i}, user="u-bench", session="s-bench")
             if not result.ok:
                 raise RuntimeError(f"echo failed on NATS: {result}")
 
         ways = {
-            f"{DOOR} {modern.protocol_version}": via(modern),
-            f"{DOOR} {legacy.protocol_version}": via(legacy),
+            f"SDK client {modern.protocol_version}": via(modern),
+            f"SDK client {legacy.protocol_version}": via(legacy),
+            PLAIN: via_plain,
             NATS: via_nats,
         }
         times: dict[str, list[float]] = {name: [] for name in ways}
+        cpu: dict[str, dict[str, float]] = {name: {} for name in ways}
         # Warm up every path (connections, the pipeline's first-call costs).
         for way in ways.values():
             for i in range(20):
@@ -92,28 +185,41 @@ async def _measure(stack: object, calls: int, token: str) -> dict[str, list[floa
         while done < calls:
             block = min(BLOCK, calls - done)
             for name, way in ways.items():
+                before = processes.snapshot()
                 for i in range(block):
                     started = time.perf_counter()
                     await way(done + i)
                     times[name].append((time.perf_counter() - started) * 1000)
+                for process, seconds in procs.delta(before, processes.snapshot()).items():
+                    cpu[name][process] = cpu[name].get(process, 0.0) + seconds
             done += block
             say(f"{done}/{calls} calls each way")
-    return times
+    return times, cpu
 
 
-def _report(times: dict[str, list[float]]) -> None:
-    print("no-op tool (echo), one call at a time, the same agent; interleaved blocks of", BLOCK)
-    print(f"{'':34} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8}")
-    figures = {}
+def _report(times: dict[str, list[float]], cpu: dict[str, dict[str, float]]) -> None:
+    print("no-op tool (echo), one call at a time; interleaved blocks of", BLOCK)
+    print(
+        f"{'':26} {'calls':>6} {'p50 ms':>8} {'p99 ms':>8} {'adds p50':>9} {'adds p99':>9}"
+        f" {'door cpu':>9} {'client cpu':>11} {'all cpu':>8}"
+    )
+    nats = sorted(times[NATS])
+    nats_p50, nats_p99 = percentile(nats, 0.50), percentile(nats, 0.99)
     for name, values in times.items():
         ordered = sorted(values)
-        figures[name] = (percentile(ordered, 0.50), percentile(ordered, 0.99))
-        print(f"{name:34} {len(values):>6} {figures[name][0]:>8.2f} {figures[name][1]:>8.2f}")
-    nats = figures[NATS]
-    for name, (p50, p99) in figures.items():
-        if name != NATS:
-            label = f"adds ({name.removeprefix(DOOR + ' ')})"
-            print(f"{label:34} {'':>6} {p50 - nats[0]:>8.2f} {p99 - nats[1]:>8.2f}")
+        p50, p99 = percentile(ordered, 0.50), percentile(ordered, 0.99)
+        adds = "" if name == NATS else f"{p50 - nats_p50:>9.2f} {p99 - nats_p99:>9.2f}"
+        per_call = {process: s * 1000 / len(values) for process, s in cpu[name].items()}
+        print(
+            f"{name:26} {len(values):>6} {p50:>8.2f} {p99:>8.2f} {adds:>19}"
+            f" {per_call.get(FRONT_DOOR, 0.0):>9.2f} {per_call.get('client', 0.0):>11.2f}"
+            f" {sum(per_call.values()):>8.2f}"
+        )
+    print(
+        "(adds: over NATS; cpu: ms of CPU per call of the front door's process, of this\n"
+        " client (the SDK's or GatewayClient), and of every process of the gateway and this\n"
+        " client together)"
+    )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"(load average {load}, {os.cpu_count()} cores)")
 
@@ -133,11 +239,12 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
             # As `toolgate agents token` does: the front door may now act for this agent.
             keys = nats_auth.AuthKeys.load(stack.data_dir)
             _, account = nats_auth.mcp_front_account_jwt(keys, stack.data_dir)
-            nats_auth.push_account_jwts_sync(stack.url, stack.data_dir, [account])
-            times = asyncio.run(_measure(stack, calls, token))
+            nats_creds, nats_agent = nats_auth.add_agent(stack.data_dir, DEFAULT_TENANT, "bench")
+            nats_auth.push_account_jwts_sync(stack.url, stack.data_dir, [account, nats_agent])
+            times, cpu = asyncio.run(_measure(stack, calls, token, nats_creds))
         finally:
             with contextlib.suppress(Exception):
                 stack.stop()
-    _report(times)
+    _report(times, cpu)
     sys.stdout.flush()
     return 0

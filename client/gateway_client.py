@@ -44,6 +44,7 @@ from toolgate.contracts.calls import (
     failure,
 )
 from toolgate.runtime.creds import connect_options, identity_of_creds, nats_servers
+from toolgate.runtime.jetstream import LeanJetStream
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
 _pending_decoder = msgspec.json.Decoder(PendingNotice)
@@ -124,7 +125,8 @@ class _Waiter:
 class GatewayClient:
     def __init__(self, nc: Client, identity: tuple[str, str] | None = None) -> None:
         self._nc = nc
-        self._js = nc.jetstream()
+        # Publish acks on one reply subscription, decoded with msgspec (the services' own).
+        self._js = LeanJetStream(nc)
         # (tenant, agent) this connection speaks for; None on an unlocked bus.
         self.identity = identity
         # Submits waiting, by result subject (one call_id may have several submits).
@@ -244,16 +246,23 @@ class GatewayClient:
         return None
 
     async def submit(
-        self, call: ToolCall, timeout: float = 30.0, *, on_pending: OnPending | None = None
+        self,
+        call: ToolCall,
+        timeout: float = 30.0,
+        *,
+        on_pending: OnPending | None = None,
+        fresh: bool = False,
     ) -> ToolResult:
         """Publish `call` and wait for its one ToolResult.
 
         The call_id may have been used before (a retry): its stored result is
         the answer then. `on_pending(notice)` is called once if the call waits
         for a human first (the `.pending` notice on its result subject, live or
-        stored), so a caller can say so.
+        stored), so a caller can say so. `fresh=True` says the caller minted the
+        call_id just now (`new_call_id()`), so no result can be stored for it:
+        the read of the store (a request to the server per call) is skipped.
         """
-        return await self._submit(call, timeout, on_pending, fresh=False)
+        return await self._submit(call, timeout, on_pending, fresh=fresh)
 
     async def _submit(
         self, call: ToolCall, timeout: float, on_pending: OnPending | None, *, fresh: bool

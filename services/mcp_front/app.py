@@ -155,13 +155,14 @@ def build_server(door: FrontDoor) -> Server[Any]:
             log.info("%s.%s asked for unknown or hidden tool %r", tenant, agent, params.name)
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         try:
-            call_id = logic.requested_call_id(meta) or new_call_id()
+            requested = logic.requested_call_id(meta)
             user = logic.meta_text(meta, logic.USER_META_KEY, f"mcp:{agent}")
             session = logic.meta_text(meta, logic.SESSION_META_KEY, f"mcp:{tenant}.{agent}")
             task_id = logic.meta_text(meta, logic.TASK_META_KEY, None)
         except logic.BadMeta as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from None
         assert user is not None and session is not None
+        call_id = requested or new_call_id()
         call = ToolCall(
             call_id=call_id,
             tool=params.name,
@@ -178,6 +179,9 @@ def build_server(door: FrontDoor) -> Server[Any]:
                 call,
                 timeout=door.options.result_timeout_s,
                 on_pending=progress.waiting if asked else None,
+                # A call_id minted here has no stored result to look for; a client's
+                # own (a retry) may have one.
+                fresh=requested is None and not __import__("os").environ.get("TG_NOFRESH"),
             )
         except ResultTimeout:
             return logic.still_waiting(call_id, door.options.result_timeout_s)
@@ -337,7 +341,12 @@ def serve(settings: GatewaySettings, options: FrontDoorOptions) -> None:
     app = build_app(settings, options, url)
     log.info("MCP front door on %s (registry %s)", url, settings.load_registry().version)
     config = uvicorn.Config(
-        app, host=options.host, port=options.port, log_level="warning", lifespan="on"
+        app,
+        host=options.host,
+        port=options.port,
+        log_level="warning",
+        lifespan="on",
+        http=__import__("os").environ.get("TG_HTTP", "auto"),
     )
     uvicorn.Server(config).run()
 

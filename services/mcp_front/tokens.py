@@ -128,26 +128,54 @@ def parse_token(token: str) -> tuple[str, str] | None:
     return tenant, agent
 
 
+# Tokens recently found valid, remembered with the files that made them so (a bound:
+# past it the memory starts afresh).
+KNOWN_TOKENS_MAX: Final = 10_000
+
+Stamp = tuple[int, int, int]  # (inode, size, mtime_ns) of a file
+
+
+def _stamp(path: str) -> Stamp | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
 @dataclass(frozen=True)
 class _Cached:
-    stamp: tuple[int, int, int]  # (inode, size, mtime_ns)
+    stamp: Stamp
     content: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class _Known:
+    """A token found valid, and the stamps of the two files that said so."""
+
+    identity: tuple[str, str]
+    paths: tuple[str, str]
+    stamps: tuple[Stamp, Stamp]
+
+
 class TokenStore:
-    """Who a token is, read from the data dir (files re-read only when they change)."""
+    """Who a token is, read from the data dir (files re-read only when they change).
+
+    Every request costs two stats: a token found valid is remembered with the
+    stamps of its token file and its agent's record, and trusted again only while
+    neither file has changed (minting, revoking and re-adding all rewrite one).
+    """
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = Path(data_dir)
         self._files: dict[Path, _Cached] = {}
+        self._known: dict[str, _Known] = {}
 
     def _read(self, path: Path) -> dict[str, Any] | None:
-        try:
-            stat = path.stat()
-        except OSError:
+        stamp = _stamp(str(path))
+        if stamp is None:
             self._files.pop(path, None)
             return None
-        stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         cached = self._files.get(path)
         if cached is None or cached.stamp != stamp:
             cached = _Cached(stamp, _read_json(path))
@@ -156,6 +184,24 @@ class TokenStore:
 
     def identify(self, token: str) -> tuple[str, str] | None:
         """(tenant, agent) of a valid token of an active agent, else None."""
+        known = self._known.get(token)
+        if known is not None:
+            if (_stamp(known.paths[0]), _stamp(known.paths[1])) == known.stamps:
+                return known.identity
+            del self._known[token]
+        identity = self._identify(token)
+        if identity is not None:
+            paths = (
+                token_path(self.data_dir, *identity),
+                agent_record_path(self.data_dir, *identity),
+            )
+            stamps = (self._files[paths[0]].stamp, self._files[paths[1]].stamp)
+            if len(self._known) >= KNOWN_TOKENS_MAX:
+                self._known.clear()
+            self._known[token] = _Known(identity, (str(paths[0]), str(paths[1])), stamps)
+        return identity
+
+    def _identify(self, token: str) -> tuple[str, str] | None:
         claimed = parse_token(token)
         if claimed is None:
             return None

@@ -1,4 +1,5 @@
-"""The services' hot path on a real nats-server: PullConsumer and LeanJetStream (runtime/bus.py).
+"""The services' hot path on a real nats-server: PullConsumer (runtime/bus.py) and
+LeanJetStream (runtime/jetstream.py).
 
 Every stage consumes through a PullConsumer and publishes through a
 LeanJetStream, so these are the bus's promises the stages build on: every
@@ -20,6 +21,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
 
 from toolgate.runtime import bus
+from toolgate.runtime.jetstream import LeanJetStream
 from toolgate.stack.nats_server import EmbeddedNats
 
 STREAM = "PULLTEST"
@@ -116,7 +118,7 @@ async def test_a_message_its_handler_gave_up_on_is_redelivered(nc: Client) -> No
 
 
 async def test_lean_publish_answers_as_nats_py_does(nc: Client) -> None:
-    js = bus.LeanJetStream(nc)
+    js = LeanJetStream(nc)
     first = await js.publish(SUBJECT, b"x", stream=STREAM, headers={"Nats-Msg-Id": "m1"})
     assert (first.stream, first.duplicate) == (STREAM, False)
     again = await js.publish(SUBJECT, b"x", stream=STREAM, headers={"Nats-Msg-Id": "m1"})

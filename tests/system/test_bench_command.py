@@ -110,3 +110,15 @@ def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None
         done = bench(tmp_path, *flags)
         assert done.returncode == 2, (flags, done.stdout, done.stderr)
         assert not (tmp_path / ".toolgate").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU is read from /proc")
+def test_bench_mcp_prints_every_way_what_it_adds_and_cpu(tmp_path: Path) -> None:
+    done = bench(tmp_path, "mcp", "-n", "10")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for label in ("SDK client 2026-07-28", "SDK client 2025-11-25", "plain POST 2026-07-28"):
+        assert_line(out, label, 8)  # calls, p50, p99, adds p50, adds p99, three CPU figures
+    assert_line(out, "NATS (GatewayClient)", 6)
+    assert re.search(r"^\S.*\s10\s", out.splitlines()[2]), out  # ten calls each way
+    assert ".. 10/10 calls each way" in done.stderr

@@ -21,6 +21,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from toolgate.runtime import bus
+from toolgate.runtime.jetstream import LeanJetStream
 
 
 class Status:
@@ -171,7 +172,7 @@ async def test_a_publish_cancelled_while_the_reply_subscription_opens_does_not_b
     # that publish (a tool's timeout) cancelled it, and every later publish of the
     # connection raised CancelledError: outputs never published, inputs never settled.
     nc = BlockingSubscribe()
-    js = bus.LeanJetStream(nc)  # type: ignore[arg-type]
+    js = LeanJetStream(nc)  # type: ignore[arg-type]
     first = asyncio.ensure_future(js.publish("s.out", b"1"))
     await until(lambda: nc.subscribes == 1)
     first.cancel()
