@@ -181,7 +181,7 @@ def build_server(door: FrontDoor) -> Server[Any]:
                 on_pending=progress.waiting if asked else None,
                 # A call_id minted here has no stored result to look for; a client's
                 # own (a retry) may have one.
-                fresh=requested is None and not __import__("os").environ.get("TG_NOFRESH"),
+                fresh=requested is None,
             )
         except ResultTimeout:
             return logic.still_waiting(call_id, door.options.result_timeout_s)
@@ -346,7 +346,6 @@ def serve(settings: GatewaySettings, options: FrontDoorOptions) -> None:
         port=options.port,
         log_level="warning",
         lifespan="on",
-        http=__import__("os").environ.get("TG_HTTP", "auto"),
     )
     uvicorn.Server(config).run()
 
