@@ -57,6 +57,11 @@ class ErrorCode:
     # An upstream MCP tool now serves another definition than the one an operator
     # imported and reviewed (its hash is pinned in the registry): refused until re-imported.
     UPSTREAM_CHANGED: Final = "UPSTREAM_CHANGED"
+    # A stage of the gateway gave up on the call (its attempts ran out on an error no
+    # retry mended). `retryable` says whether the tool surely did not run.
+    GATEWAY_GAVE_UP: Final = "GATEWAY_GAVE_UP"
+    # The tool's output is larger than a result may be (MAX_OUTPUT_BYTES).
+    OUTPUT_TOO_LARGE: Final = "OUTPUT_TOO_LARGE"
 
 
 class Principal(msgspec.Struct, frozen=True):

@@ -189,6 +189,20 @@ class MessageDeadLettered(Event, frozen=True, kw_only=True):
     payload_bytes: int = 0
 
 
+class CallAbandoned(Event, frozen=True, kw_only=True):
+    """A stage gave up on this call: the call ends in an error result, not in silence.
+
+    Emitted beside the MessageDeadLettered a stage records when its attempts run
+    out (runtime/bus.py `give_up_on`), whenever the message it gave up on names
+    the call (its call_id and principal). Terminal: the attacher turns it into
+    the call's result (`execution_error`/`GATEWAY_GAVE_UP`), unless the call
+    already has one.
+    """
+
+    status: Status
+    error: ToolError
+
+
 AnyEvent = (
     ArgumentsValidated
     | ArgumentsRejected
@@ -204,6 +218,7 @@ AnyEvent = (
     | ExecutionRefused
     | ResultAttached
     | MessageDeadLettered
+    | CallAbandoned
 )
 
 TERMINAL_EVENTS: tuple[type[Event], ...] = (
@@ -213,6 +228,7 @@ TERMINAL_EVENTS: tuple[type[Event], ...] = (
     ApprovalExpired,
     ExecutionSucceeded,
     ExecutionFailed,
+    CallAbandoned,
 )
 
 _encoder = msgspec.json.Encoder()

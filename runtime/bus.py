@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 from faststream import FastStream
 from faststream.nats import ConsumerConfig, NatsBroker
 from nats.aio.client import Client
@@ -41,13 +42,16 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import PendingNotice, Principal, ToolResult
+from toolgate.contracts.calls import ErrorCode, PendingNotice, Principal, ToolError, ToolResult
 from toolgate.contracts.events import (
+    CallAbandoned,
     Event,
     MessageDeadLettered,
+    carried_fields,
+    decode_event,
     derive_event_id,
     encode_event,
     utc_now,
@@ -87,6 +91,25 @@ log.addFilter(_QuietSupervisor())
 # it. JetStream's own max_deliver is unlimited on purpose: if dead-lettering
 # itself fails (NATS is down), the message must stay, not vanish.
 MAX_ATTEMPTS = 5
+# Errors that say the bus is not answering now (a reconnect, a leader election, a
+# node down), not that the message is bad: they never count towards giving up. A
+# stage retries such a message, backing off to every 15 s, until the bus answers;
+# giving up would end a good call with an error because of an outage.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,  # nats.errors.TimeoutError (a request or publish ack) is one
+    nats.errors.NoRespondersError,  # a stream with no leader yet
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoServersError,
+    ServiceUnavailableError,  # 503: JetStream not ready, no quorum
+    NoStreamResponseError,
+    ConnectionError,
+)
+# Stages that act before the tool runs: when one of them gives up, the tool did not run.
+BEFORE_EXECUTION = frozenset({"validator", "policy", "approvals"})
 ACK_WAIT_S = 30.0
 # Handlers of one consumer running at once (each holds one un-acked message).
 # A stage's message waits on one to four NATS round trips, so slots, not CPU,
@@ -499,15 +522,21 @@ async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: 
 
     `work` publishes the stage's output (with publish acks) and is safe to
     run again. After MAX_ATTEMPTS, `give_up(exc)` records a dead letter (and
-    an error result where one can be formed) and the message is terminated.
-    If even that fails, the message is nak'ed again: never dropped silently.
+    ends the call in an error result where the message names it: `give_up_on`)
+    and the message is terminated. If even that fails, the message is nak'ed
+    again: never dropped silently. An error of the bus itself (TRANSIENT_ERRORS)
+    is retried for as long as it lasts, never given up on.
     """
     try:
         await work()
     except Exception as exc:  # a handler never lets an exception reach the broker
-        if not delivery.is_last_attempt:
+        if not delivery.is_last_attempt or is_transient(exc):
             log.warning(
-                "attempt %s on %s failed, retrying: %r", delivery.attempt, delivery.subject, exc
+                "attempt %s on %s failed, retrying%s: %r",
+                delivery.attempt,
+                delivery.subject,
+                " until the bus answers" if delivery.is_last_attempt else "",
+                exc,
             )
             await msg.nak(delay=retry_delay(delivery.attempt))
             return
@@ -541,3 +570,90 @@ def dead_letter(
         payload_excerpt=raw[:512].decode("utf-8", "replace"),
         payload_bytes=len(raw),
     )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Does `exc` say the bus is not answering now, rather than that the message is bad?"""
+    return isinstance(exc, TRANSIENT_ERRORS)
+
+
+def abandoned(
+    service: str,
+    delivery: Delivery,
+    raw: bytes,
+    call: dict[str, Any] | None = None,
+) -> CallAbandoned | None:
+    """The end of the call whose message `service` gave up on, if the message names one.
+
+    `call`: the call's event fields (`call_fields`/`carried_fields`) where the
+    stage knows them otherwise (the validator's input is a ToolCall); else they
+    are read from `raw` as an event. None if no call (call_id and principal) is
+    named, or if the message is itself a CallAbandoned: giving up on the end of a
+    call never ends it again.
+    """
+    if call is None:
+        try:
+            event = decode_event(raw)
+        except Exception:
+            return None
+        if isinstance(event, CallAbandoned):
+            return None
+        call = carried_fields(event)
+    call_id, principal = call.get("call_id"), call.get("principal")
+    if not call_id or not isinstance(principal, Principal):
+        return None
+    attempts = f"after {delivery.attempt} attempt(s)"
+    if service in BEFORE_EXECUTION:
+        message = (
+            f"the gateway's {service} gave up on this call {attempts}; the tool did not run. "
+            "Send the call again under a new call_id."
+        )
+    elif service == "executor":
+        message = (
+            f"the gateway's executor gave up on this call {attempts}; whether the tool ran "
+            "is not known (an operator can see in the audit: toolgate audit trace CALL_ID)."
+        )
+    else:
+        message = (
+            f"the gateway's {service} gave up on this call {attempts}; its outcome is in "
+            "the audit, but no result could be formed from it."
+        )
+    return CallAbandoned(
+        event_id=derive_event_id(delivery.message_id, f"{service}/abandoned"),
+        occurred_at=utc_now(),
+        service=service,
+        status="execution_error",
+        error=ToolError(
+            code=ErrorCode.GATEWAY_GAVE_UP,
+            message=message,
+            retryable=service in BEFORE_EXECUTION,
+        ),
+        **call,
+    )
+
+
+async def give_up_on(
+    publisher: Publisher,
+    service: str,
+    delivery: Delivery,
+    raw: bytes,
+    exc: Exception,
+    call: dict[str, Any] | None = None,
+) -> None:
+    """What a stage does when it gives up on a message: record it for an operator (a
+    dead letter with the reason), and end the call it names in an error result (a
+    CallAbandoned the attacher answers), so no agent waits for a result that never comes."""
+    end = abandoned(service, delivery, raw, call)
+    letter = dead_letter(service, delivery, raw, exc)
+    if end is not None:  # the audit files the dead letter under the call, and its sender
+        letter = msgspec.structs.replace(
+            letter,
+            call_id=end.call_id,
+            principal=end.principal,
+            tool=end.tool,
+            task_id=end.task_id,
+            traceparent=end.traceparent,
+        )
+    await publisher.emit(letter)
+    if end is not None:
+        await publisher.emit(end)

@@ -338,7 +338,7 @@ def build_app(
                 await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
 
         await bus.settle(msg, delivery, work, give_up)
 

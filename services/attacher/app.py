@@ -1,7 +1,8 @@
 """The attacher service: every call ends here in exactly one ToolResult.
 
 Consumes: the terminal events `ArgumentsRejected`, `CallDenied`,
-`ExecutionSucceeded`, `ExecutionFailed` (one durable each).
+`ApprovalDenied`, `ApprovalExpired`, `ExecutionSucceeded`, `ExecutionFailed`
+and `CallAbandoned` (a stage gave up on the call), one durable each.
 Emits: the `ToolResult` on `toolgate.results.<tenant>.<agent>.<call_id>`
 (results stream, written once: a call's first result is never replaced) and
 `ResultAttached` for the audit.
@@ -64,7 +65,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             )
 
         async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
 
         await bus.settle(msg, delivery, work, give_up)
 

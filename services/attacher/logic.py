@@ -25,6 +25,7 @@ from toolgate.contracts.events import (
     ApprovalDenied,
     ApprovalExpired,
     ArgumentsRejected,
+    CallAbandoned,
     CallDenied,
     Event,
     ExecutionFailed,
@@ -56,7 +57,10 @@ class ResultBuilder:
             if provenance is not None:
                 result = msgspec.structs.replace(result, provenance=provenance)
             return result
-        if isinstance(event, ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired):
+        if isinstance(
+            event,
+            ArgumentsRejected | CallDenied | ApprovalDenied | ApprovalExpired | CallAbandoned,
+        ):
             return failure(event.call_id, event.status, event.error)
         raise TypeError(f"{type(event).__name__} is not a terminal event")
 

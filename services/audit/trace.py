@@ -38,6 +38,7 @@ STAGE = {
     "ExecutionRefused": 4,
     "ExecutionSucceeded": 5,
     "ExecutionFailed": 5,
+    "CallAbandoned": 5,
     "ResultAttached": 6,
 }
 OUTPUT_CHECKED = ("ok", "invalid_tool_result")
@@ -164,6 +165,8 @@ def describe(row: dict[str, Any]) -> list[str]:
         ]
     if kind == "MessageDeadLettered":
         return [f"dead-lettered: {payload.get('reason', '')}"]
+    if kind == "CallAbandoned":
+        return [f"{row['service']} gave up on the call: {error.get('message', '')}"]
     return [f"{kind}{note}"]
 
 

@@ -101,7 +101,7 @@ class ToolRunner:
             await self._process(msg, delivery)
 
         async def give_up(exc: Exception) -> None:
-            await self.publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+            await bus.give_up_on(self.publisher, SERVICE, delivery, msg.data, exc)
 
         await bus.settle(msg, delivery, work, give_up)
 

@@ -22,6 +22,12 @@ from toolgate.contracts.events import CallAuthorized
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable, is_inline
 
+# The largest output a tool may return (as JSON). Its terminal event, its stored
+# outcome and its result each carry it, in messages of at most MAX_MESSAGE_BYTES
+# (8 MiB, runtime/topology.py) beside the call's own fields; a larger output
+# would fail every publish and leave the agent without an answer.
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+
 ToolFunction = Callable[[dict[str, Any], ToolContext], Any]
 
 
@@ -224,7 +230,7 @@ async def run_tool(
             ),
         )
     try:
-        msgspec.json.encode(output)
+        size = len(msgspec.json.encode(output))
     except (TypeError, ValueError, OverflowError) as exc:
         return ToolOutcome(
             "invalid_tool_result",
@@ -232,6 +238,17 @@ async def run_tool(
             error=ToolError(
                 code=ErrorCode.OUTPUT_SCHEMA_VIOLATION,
                 message=f"{spec.name} returned a value that is not JSON: {exc}",
+                retryable=False,
+            ),
+        )
+    if size > MAX_OUTPUT_BYTES:
+        return ToolOutcome(
+            "invalid_tool_result",
+            elapsed(),
+            error=ToolError(
+                code=ErrorCode.OUTPUT_TOO_LARGE,
+                message=f"{spec.name} returned {size} bytes of output; a result holds at most "
+                f"{MAX_OUTPUT_BYTES} (the output was withheld)",
                 retryable=False,
             ),
         )

@@ -360,7 +360,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                     await publisher.emit(result)
 
             async def give_up(exc: Exception) -> None:
-                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+                await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
 
             await bus.settle(msg, delivery, work, give_up)
 

@@ -13,6 +13,7 @@ emits nothing (the first call's one result is the answer) and is logged.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from faststream import FastStream
 from nats.aio.msg import Msg
@@ -134,7 +135,9 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 await publisher.emit(event)
 
         async def give_up(exc: Exception) -> None:
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, raw, exc))
+            await bus.give_up_on(
+                publisher, SERVICE, delivery, raw, exc, call=call_named(checker, raw, delivery)
+            )
 
         await bus.settle(msg, delivery, work, give_up)
 
@@ -147,6 +150,23 @@ def build_app(settings: GatewaySettings) -> FastStream:
 
     bus.run_consumers(app, broker)
     return app
+
+
+def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict[str, Any]:
+    """The event fields of the call a message names (empty if it names none): what a
+    give-up needs to end that call in an error result."""
+    identity = identity_of(delivery.subject)
+    try:
+        outcome = checker.check(raw, identity) if identity is not None else None
+    except Exception:  # the check itself may be what kept failing
+        return {}
+    if isinstance(outcome, Validated):
+        return call_fields(outcome.call)
+    if isinstance(outcome, Rejected):
+        if outcome.call is not None:
+            return call_fields(outcome.call)
+        return {"call_id": outcome.call_id, "principal": outcome.principal}
+    return {}
 
 
 def outcome_call_id(outcome: Validated | Rejected) -> str:

@@ -15,15 +15,19 @@ from tests.tools.faulty import runs_of
 from toolgate.client.gateway_client import MESSAGE_TOO_LARGE_ERR_CODE, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.calls import Principal, ToolCall, ToolError
 from toolgate.contracts.events import (
+    ArgumentsValidated,
     Authorization,
+    CallAbandoned,
     CallAuthorized,
+    CallDenied,
     ExecutionRefused,
     MessageDeadLettered,
     encode_event,
     utc_now,
 )
+from toolgate.runtime.bus import MAX_ATTEMPTS
 from toolgate.runtime.creds import connect_options
 from toolgate.services.executor.tools.save_evidence import read_evidence
 from toolgate.services.validator.logic import MAX_ARGUMENT_DEPTH
@@ -408,3 +412,39 @@ async def test_nats_server_restart_loses_no_call(gateway: Gateway) -> None:
         results = await asyncio.gather(*(client.submit(c, timeout=120) for c in calls))
     assert [r.data for r in results] == [{"payload": i} for i in range(100)]
     assert gateway.all_alive()
+
+
+async def test_a_stage_that_gives_up_on_a_call_still_answers_the_agent(
+    shared_gateway: Gateway,
+) -> None:
+    """A stage whose attempts run out (here: the policy service, handed an event of the
+    wrong type on its subject, as a producer's bug would; it raises every time) records
+    a dead letter and ends the call: the agent gets an error result it can act on,
+    instead of waiting for a result that never comes."""
+    call_id = new_call_id()
+    misrouted = CallDenied(
+        event_id=new_call_id(),
+        call_id=call_id,
+        occurred_at=utc_now(),
+        service="a-buggy-producer",
+        tool="echo",
+        principal=BOB,
+        status="denied",
+        error=ToolError(code="POLICY_DENIED", message="not for the policy service"),
+    )
+    nc = await shared_gateway.connect()
+    await nc.jetstream().publish(
+        subjects.event_subject(ArgumentsValidated, "echo"), encode_event(misrouted)
+    )
+    await nc.close()
+    async with await shared_gateway.client() as client:
+        result = await _result_of(client, call_id)
+    assert (result.ok, result.status) == (False, "execution_error")
+    assert result.error is not None and result.error.code == "GATEWAY_GAVE_UP"
+    assert result.error.retryable and "the tool did not run" in result.error.message
+    events = events_of(await shared_gateway.events(), call_id)
+    letters = [e for e in events if isinstance(e, MessageDeadLettered)]
+    assert [(e.service, e.principal) for e in letters] == [("policy", BOB)]
+    assert f"after {MAX_ATTEMPTS} attempts: TypeError" in letters[0].reason
+    assert [e.service for e in events if isinstance(e, CallAbandoned)] == ["policy"]
+    assert not any(isinstance(e, CallAuthorized) for e in events)

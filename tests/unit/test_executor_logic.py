@@ -22,6 +22,7 @@ from toolgate.contracts.events import Authorization, CallAuthorized, utc_now
 from toolgate.contracts.registry import load_registry
 from toolgate.contracts.tooling import ToolContext, ToolRefused, ToolUnavailable
 from toolgate.services.executor.logic import (
+    MAX_OUTPUT_BYTES,
     Conclude,
     OutcomeRecord,
     Refuse,
@@ -68,6 +69,11 @@ def not_json(arguments: dict[str, Any], ctx: ToolContext) -> Any:
     return {"when": object()}
 
 
+def too_large(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    # One byte over: no message could carry it to the agent.
+    return "x" * (MAX_OUTPUT_BYTES - 1)
+
+
 async def async_ok(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     await asyncio.sleep(0)
     return {"payload": arguments}
@@ -80,6 +86,7 @@ async def async_ok(arguments: dict[str, Any], ctx: ToolContext) -> dict[str, Any
         (unavailable, "execution_error", "TOOL_RAISED", True),
         (buggy, "execution_error", "TOOL_RAISED", True),
         (not_json, "invalid_tool_result", "OUTPUT_SCHEMA_VIOLATION", False),
+        (too_large, "invalid_tool_result", "OUTPUT_TOO_LARGE", False),
     ],
 )
 async def test_tool_failures_are_classified(
