@@ -39,8 +39,14 @@ def connect_options(creds_path: Path | str | None) -> dict[str, Any]:
 
 
 def broker_options(creds_path: Path | str | None) -> dict[str, Any]:
-    """The same for FastStream's `NatsBroker`."""
-    return connect_options(creds_path)
+    """The same for FastStream's `NatsBroker` (its `security`, not the deprecated
+    `user_credentials`)."""
+    from faststream.nats import NatsCredentials
+
+    options = connect_options(creds_path)
+    if not options:
+        return {}
+    return {"security": NatsCredentials(options["user_credentials"])}
 
 
 def env_creds() -> Path | None:
