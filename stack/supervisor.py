@@ -248,15 +248,17 @@ class Stack:
                 replicas=max(self.topology.replicas, min(len(nats_servers(self.nats_url)), 3)),
             )
         if not self.nats_url:
-            if self.nats_port and not port_is_free(self.nats_port):
+            # A cluster takes --nats-port and the ports after it, one per node.
+            ports = [self.nats_port + i for i in range(max(self.nats_cluster, 1))]
+            taken = [port for port in ports if self.nats_port and not port_is_free(port)]
+            if taken:
                 raise StackError(
-                    f"port {self.nats_port} is in use (another `toolgate up`, or a NATS "
+                    f"port {taken[0]} is in use (another `toolgate up`, or a NATS "
                     "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
                 )
             auth_config = self.creds.auth_config if self.creds else None
             if self.nats_cluster > 1:
                 self.topology = replace(self.topology, replicas=min(self.nats_cluster, 3))
-                ports = [self.nats_port + i for i in range(self.nats_cluster)]
                 self.cluster = NatsCluster(
                     self.data_dir / "nats",
                     self.nats_cluster,

@@ -339,6 +339,25 @@ def test_up_on_a_port_in_use(folder: Path) -> None:
     check(done, Case((), 2, (f"port {port} is in use", "--nats-port 0")))
 
 
+def test_up_on_a_cluster_whose_second_port_is_in_use(folder: Path) -> None:
+    """`--nats-cluster 3 --nats-port P` takes P, P+1 and P+2: each is checked first."""
+    from toolgate.stack.processes import port_is_free
+
+    with socket.socket() as taken:
+        while True:  # a free P whose next two ports are free too; then take P+1
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                first = probe.getsockname()[1]
+            if first < 65000 and port_is_free(first + 1) and port_is_free(first + 2):
+                break
+        taken.bind(("127.0.0.1", first + 1))
+        taken.listen(1)
+        done = toolgate(
+            ["up", "--nats-cluster", "3", "--nats-port", str(first), "--no-audit"], folder
+        )
+    check(done, Case((), 2, (f"port {first + 1} is in use", "--nats-port 0")))
+
+
 # ---------------------------------------------------------------- bad input, no answer
 
 
