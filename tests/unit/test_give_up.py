@@ -28,6 +28,7 @@ from toolgate.contracts.events import (
 from toolgate.contracts.registry import load_registry
 from toolgate.runtime import bus
 from toolgate.services.attacher.logic import ResultBuilder
+from toolgate.services.audit.trace import STAGE, describe
 
 BOB = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-9")
 CALL = ToolCall(call_id="c-give-up", tool="echo", arguments={"payload": 1}, principal=BOB)
@@ -197,3 +198,19 @@ def test_the_attacher_answers_an_abandoned_call_with_its_error() -> None:
     result = ResultBuilder(load_registry()).result_for(end)
     assert (result.call_id, result.ok, result.status) == (CALL.call_id, False, "execution_error")
     assert result.error == end.error
+
+
+def test_the_audit_trace_tells_who_gave_up_and_what_the_agent_was_told() -> None:
+    end = bus.abandoned("executor", delivery(bus.MAX_ATTEMPTS), encode_event(validated()))
+    assert end is not None
+    row = {
+        "event_type": "CallAbandoned",
+        "service": "executor",
+        "payload": encode_event(end).decode(),
+        "policy_version": "",
+        "note": "",
+    }
+    (line,) = describe(row)
+    assert line.startswith("executor gave up on the call: ")
+    assert end.error.message in line
+    assert STAGE["CallAbandoned"] == STAGE["ExecutionFailed"]
