@@ -422,10 +422,6 @@ class Delivery:
         """A stable id for the stored message: the root of derived event ids."""
         return f"seq:{self.stream_sequence}"
 
-    @property
-    def is_last_attempt(self) -> bool:
-        return self.attempt >= MAX_ATTEMPTS
-
 
 def delivery_of(msg: Msg) -> Delivery:
     meta = msg.metadata
@@ -516,56 +512,99 @@ class Publisher:
         return True
 
 
+class FailureCounts:
+    """How often each message in hand failed on an error that is not the bus's own.
+
+    JetStream's delivery count (`Delivery.attempt`) also counts the deliveries
+    an outage cost, so after a long one every message in flight is past
+    MAX_ATTEMPTS: giving up on that count would end good calls on their first
+    real error. Counted per process (a message is tried by one worker at a time;
+    another worker or a restart starts again from 0, which only retries more),
+    bounded: the oldest counts are forgotten first.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._counts: dict[tuple[str, int], int] = {}
+
+    def failed(self, delivery: Delivery) -> int:
+        key = (delivery.subject, delivery.stream_sequence)
+        count = self._counts.pop(key, 0) + 1
+        self._counts[key] = count  # last in: the newest (dicts keep insertion order)
+        while len(self._counts) > self.limit:
+            del self._counts[next(iter(self._counts))]
+        return count
+
+    def of(self, delivery: Delivery) -> int:
+        return self._counts.get((delivery.subject, delivery.stream_sequence), 0)
+
+    def forget(self, delivery: Delivery) -> None:
+        self._counts.pop((delivery.subject, delivery.stream_sequence), None)
+
+
+FAILURES = FailureCounts()
+
+
 @telemetry.observed  # a span and the stage's latency, when switched on (else straight through)
 async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
     """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
 
     `work` publishes the stage's output (with publish acks) and is safe to
-    run again. After MAX_ATTEMPTS, `give_up(exc)` records a dead letter (and
-    ends the call in an error result where the message names it: `give_up_on`)
-    and the message is terminated. If even that fails, the message is nak'ed
-    again: never dropped silently. An error of the bus itself (TRANSIENT_ERRORS)
-    is retried for as long as it lasts, never given up on.
+    run again. An error of the bus itself (TRANSIENT_ERRORS) is retried for as
+    long as it lasts, and does not count. After MAX_ATTEMPTS other failures,
+    `give_up(exc)` records a dead letter (and ends the call in an error result
+    where the message names it: `give_up_on`) and the message is terminated.
+    If even that fails, the message is nak'ed again: never dropped silently.
     """
     try:
         await work()
     except Exception as exc:  # a handler never lets an exception reach the broker
-        if not delivery.is_last_attempt or is_transient(exc):
-            log.warning(
-                "attempt %s on %s failed, retrying%s: %r",
+        if is_transient(exc):
+            # Loud once it has lasted: a bus that refuses a publish (permissions) looks
+            # the same as one that is away, and would be retried for ever too.
+            (log.error if delivery.attempt >= MAX_ATTEMPTS else log.warning)(
+                "delivery %s of %s: the bus did not answer, retrying until it does: %r",
                 delivery.attempt,
                 delivery.subject,
-                " until the bus answers" if delivery.is_last_attempt else "",
                 exc,
             )
             await msg.nak(delay=retry_delay(delivery.attempt))
             return
+        failures = FAILURES.failed(delivery)
+        if failures < MAX_ATTEMPTS:
+            log.warning("attempt %s on %s failed, retrying: %r", failures, delivery.subject, exc)
+            await msg.nak(delay=retry_delay(failures))
+            return
         log.error(
-            "giving up on %s after %s attempts (dead letter): %r",
+            "giving up on %s after %s failed attempts (dead letter): %r",
             delivery.subject,
-            delivery.attempt,
+            failures,
             exc,
         )
         try:
             await give_up(exc)
         except Exception as again:
             log.error("giving up on %s failed too, will retry: %r", delivery.subject, again)
-            await msg.nak(delay=retry_delay(delivery.attempt))
+            await msg.nak(delay=retry_delay(failures))
             return
+        FAILURES.forget(delivery)
         await msg.term()
         return
+    FAILURES.forget(delivery)
     await msg.ack()
 
 
 def dead_letter(
     service: str, delivery: Delivery, raw: bytes, exc: Exception, call_id: str = ""
 ) -> MessageDeadLettered:
+    attempts = max(FAILURES.of(delivery), 1)
     return MessageDeadLettered(
         event_id=derive_event_id(delivery.message_id, f"{service}/gave-up"),
         occurred_at=utc_now(),
         service=service,
         call_id=call_id,
-        reason=f"{service} gave up after {delivery.attempt} attempts: {exc!r}",
+        reason=f"{service} gave up after {attempts} failed attempt(s) "
+        f"(delivery {delivery.attempt}): {exc!r}",
         source_subject=delivery.subject,
         payload_excerpt=raw[:512].decode("utf-8", "replace"),
         payload_bytes=len(raw),
@@ -602,7 +641,7 @@ def abandoned(
     call_id, principal = call.get("call_id"), call.get("principal")
     if not call_id or not isinstance(principal, Principal):
         return None
-    attempts = f"after {delivery.attempt} attempt(s)"
+    attempts = f"after {max(FAILURES.of(delivery), 1)} failed attempt(s)"
     if service in BEFORE_EXECUTION:
         message = (
             f"the gateway's {service} gave up on this call {attempts}; the tool did not run. "
@@ -639,10 +678,15 @@ async def give_up_on(
     raw: bytes,
     exc: Exception,
     call: dict[str, Any] | None = None,
+    end_call: bool = True,
 ) -> None:
     """What a stage does when it gives up on a message: record it for an operator (a
     dead letter with the reason), and end the call it names in an error result (a
-    CallAbandoned the attacher answers), so no agent waits for a result that never comes."""
+    CallAbandoned the attacher answers), so no agent waits for a result that never comes.
+
+    `end_call=False`: something else will still end the call (a stored approval the
+    approvers or the sweeper close); ending it here could let it run after the agent
+    was told it did not."""
     end = abandoned(service, delivery, raw, call)
     letter = dead_letter(service, delivery, raw, exc)
     if end is not None:  # the audit files the dead letter under the call, and its sender
@@ -652,8 +696,9 @@ async def give_up_on(
             principal=end.principal,
             tool=end.tool,
             task_id=end.task_id,
+            arguments_sha256=end.arguments_sha256,
             traceparent=end.traceparent,
         )
     await publisher.emit(letter)
-    if end is not None:
+    if end is not None and end_call:
         await publisher.emit(end)

@@ -136,6 +136,19 @@ class ApprovalsService:
             )
         await self.publish_outbox(state, revision)
 
+    async def holds_approval_for(self, raw: bytes) -> bool:
+        """Is an approval stored for the call of this ApprovalRequested? (True when that
+        cannot be told: the safe answer for a caller deciding whether to end the call.)"""
+        try:
+            event = decode_event(raw)
+            if not isinstance(event, ApprovalRequested):
+                return False
+            return await self._store().get(new_state(event).key) is not None
+        except InvalidIdentity:
+            return False
+        except Exception:
+            return True
+
     async def publish_outbox(self, state: ApprovalState, revision: int) -> None:
         """Publish the events `state` stands for that are not known to be out yet."""
         events = events_of(state)
@@ -338,7 +351,10 @@ def build_app(
                 await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
 
         async def give_up(exc: Exception) -> None:
-            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
+            # A stored approval still ends the call (approvers vote, the sweeper expires
+            # it): telling the agent now that the tool did not run could be wrong later.
+            stored = await service.holds_approval_for(msg.data)
+            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=not stored)
 
         await bus.settle(msg, delivery, work, give_up)
 

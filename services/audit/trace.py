@@ -13,6 +13,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from toolgate.contracts.calls import ErrorCode
 from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
 
 # What a trace shows of each event: the recorded columns, without the call's own
@@ -153,12 +154,15 @@ def describe(row: dict[str, Any]) -> list[str]:
     if kind == "ResultAttached":
         lines = []
         if row["status"] in OUTPUT_CHECKED:
-            verdict = (
-                "valid"
-                if row["status"] == "ok"
-                else f"INVALID ({row['error_code']}): the tool's output broke its output_schema"
-            )
-            lines.append(f"result checked against the output_schema: {verdict}")
+            if row["error_code"] == ErrorCode.OUTPUT_TOO_LARGE:
+                lines.append("result withheld: the tool's output was larger than a result may be")
+            else:
+                verdict = (
+                    "valid"
+                    if row["status"] == "ok"
+                    else f"INVALID ({row['error_code']}): the tool's output broke its output_schema"
+                )
+                lines.append(f"result checked against the output_schema: {verdict}")
         return lines + [
             f"result attached: {row['status']}"
             + (f" {row['error_code']}" if row["error_code"] else "")

@@ -135,9 +135,10 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 await publisher.emit(event)
 
         async def give_up(exc: Exception) -> None:
-            await bus.give_up_on(
-                publisher, SERVICE, delivery, raw, exc, call=call_named(checker, raw, delivery)
-            )
+            call = call_named(checker, raw, delivery)
+            if call and not await owns_call(claims[0], call, delivery):
+                call = {}  # a duplicate: the call is the first message's to end, not this one's
+            await bus.give_up_on(publisher, SERVICE, delivery, raw, exc, call=call)
 
         await bus.settle(msg, delivery, work, give_up)
 
@@ -167,6 +168,16 @@ def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict
             return call_fields(outcome.call)
         return {"call_id": outcome.call_id, "principal": outcome.principal}
     return {}
+
+
+async def owns_call(claims: CallIdClaims, call: dict[str, Any], delivery: bus.Delivery) -> bool:
+    """Does this message own the call it names (it claimed the call_id, now or before)?"""
+    try:
+        principal = call["principal"]
+        key = subjects.call_key(principal.tenant, principal.agent, call["call_id"])
+        return await claims.claim(key, delivery.message_id)
+    except Exception:  # cannot tell: leave the call to whoever owns it
+        return False
 
 
 def outcome_call_id(outcome: Validated | Rejected) -> str:

@@ -98,6 +98,16 @@ async def test_tool_failures_are_classified(
     assert outcome.error is not None and outcome.error.retryable is retryable
 
 
+async def test_output_of_exactly_the_largest_size_is_passed_on(tmp_path: Path) -> None:
+    assert SPEC is not None
+
+    def at_the_limit(arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        return "x" * (MAX_OUTPUT_BYTES - 2)  # with its two quotes: MAX_OUTPUT_BYTES of JSON
+
+    outcome = await run_tool(at_the_limit, {}, ctx(tmp_path), SPEC, POOL)
+    assert outcome.status == "ok" and len(outcome.output) == MAX_OUTPUT_BYTES - 2
+
+
 async def test_tool_past_its_timeout_is_a_timeout(tmp_path: Path) -> None:
     assert SPEC is not None
     fast = SPEC.model_copy(update={"timeout_s": 0.05})
