@@ -169,9 +169,12 @@ async def test_losing_the_node_that_leads_a_stream_loses_and_repeats_nothing(
     await _wait_for(some_answered)
     leader = (await js_admin.stream_info(stream)).cluster.leader
     victim = cluster.node_named(leader)
+    # Read while every node is up: read after the kill, it may only come once the
+    # admin connection has failed over, by when a fast machine has answered every call.
+    # At most the 400 published so far: the other 1,600 go out after the kill.
+    answered_at_kill = await results_stored()
     cluster.kill(victim)
     killed.set()
-    answered_at_kill = await _asking_again(results_stored)
 
     async def more_answered_without_it() -> bool:
         return await results_stored() >= min(answered_at_kill + 300, CALLS)
@@ -196,7 +199,6 @@ async def test_losing_the_node_that_leads_a_stream_loses_and_repeats_nothing(
 
     await _wait_for(caught_up)
 
-    assert answered_at_kill < CALLS, "the kill must land mid-run to prove anything"
     assert new_leader != leader
     # Every call exactly one result, and the right one.
     results: list[ToolResult] = []
