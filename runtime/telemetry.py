@@ -173,6 +173,15 @@ def configure(service: str, metrics: bool, environ: dict[str, str] | None = None
     _tracing = Tracing(service) if env.get(OTLP_ENDPOINT_ENV) else None
 
 
+def export_library_spans() -> None:
+    """Export the spans of libraries that trace through OpenTelemetry's global API (the
+    MCP SDK's server spans) with this process's tracer, when tracing is on."""
+    if _tracing is not None:
+        from opentelemetry import trace
+
+        trace.set_tracer_provider(_tracing.provider)
+
+
 def reset() -> None:
     """Both switches off again (tests; a service's shutdown)."""
     global _metrics, _tracing

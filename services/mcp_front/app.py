@@ -54,6 +54,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from opentelemetry.trace import get_current_span
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -65,6 +66,7 @@ from starlette.routing import Route
 from toolgate.client.gateway_client import GatewayClient, ResultTimeout, new_call_id
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall
 from toolgate.contracts.registry import Registry
+from toolgate.runtime import telemetry
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.mcp_front import logic
@@ -163,12 +165,15 @@ def build_server(door: FrontDoor) -> Server[Any]:
             raise MCPError(INVALID_PARAMS, str(exc)) from None
         assert user is not None and session is not None
         call_id = requested or new_call_id()
+        # The client's trace goes on with the call: every event and audit row carries it.
+        traceparent = logic.traceparent_of_span(get_current_span().get_span_context())
         call = ToolCall(
             call_id=call_id,
             tool=params.name,
             arguments=dict(params.arguments or {}),
             principal=Principal(tenant=tenant, user=user, agent=agent, session=session),
             task_id=task_id,
+            context={"traceparent": traceparent} if traceparent else {},
         )
         progress = Progress(ctx, door.options.progress_every_s)
         # Watch for a human's wait only when the client can be told (it sent a progress
@@ -337,6 +342,9 @@ def serve(settings: GatewaySettings, options: FrontDoorOptions) -> None:
     """Run the front door until SIGINT/SIGTERM (uvicorn's own handling)."""
     import uvicorn
 
+    # Traces when OTEL_EXPORTER_OTLP_ENDPOINT is set (`toolgate serve` configured them):
+    # the SDK's span of each request (`tools/call NAME`), parent of the call's spans.
+    telemetry.export_library_spans()
     url = public_url(options)
     app = build_app(settings, options, url)
     log.info("MCP front door on %s (registry %s)", url, settings.load_registry().version)

@@ -25,6 +25,19 @@ SESSION_META_KEY: Final = "toolgate/session"
 TASK_META_KEY: Final = "toolgate/task_id"
 
 
+def traceparent_of_span(span_context: Any) -> str | None:
+    """The W3C `traceparent` of an OpenTelemetry span context, if it is a valid one.
+
+    Inside a tools/call handler the current span is the SDK's server span, child
+    of the trace context the client sent in `_meta` (an instrumented SDK client
+    sends it on its own). Without a tracer set up it is that remote context
+    itself, so the client's trace still reaches the call."""
+    if span_context is None or not span_context.is_valid:
+        return None
+    flags = int(span_context.trace_flags) & 0xFF
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags:02x}"
+
+
 class BadMeta(ValueError):
     """A `_meta` value the front door cannot use: an invalid-params protocol error."""
 

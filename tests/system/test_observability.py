@@ -12,6 +12,7 @@ import gzip
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -351,3 +352,33 @@ async def test_the_audit_fails_its_health_check_while_clickhouse_is_lost(
     await _wait_for(lambda: verdict_is(True))
     async with await audited.client() as client:  # and the audit writes again
         assert (await client.call("echo", {"payload": "after"}, principal=BOB)).ok
+
+
+async def test_an_mcp_clients_trace_goes_on_through_the_front_door(
+    observed: Gateway, otlp: tuple[OtlpReceiver, str]
+) -> None:
+    """An instrumented MCP client sends its trace context in `_meta`: the front door's
+    span (the SDK's `tools/call echo`) is its child, and the call's spans in the
+    pipeline are the front door's children, in the client's trace."""
+    from tests.mcp_support import agent_token, mcp_client, wait_for_front_door
+
+    receiver, _ = otlp
+    await wait_for_front_door(observed)
+    client_trace, client_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    meta = {"traceparent": f"00-{client_trace}-{client_span}-01"}
+    token = await agent_token(observed, "acme", "researcher")
+    async with mcp_client(observed.stack.mcp_url or "", token) as c:
+        answer = await c.call_tool("echo", {"payload": "traced"}, meta=meta)
+    assert not answer.is_error
+
+    async def exported() -> bool:
+        names = {s.name for s in receiver.of_trace(client_trace)}
+        return {"tools/call echo", "process validator", "execute_tool echo"} <= names
+
+    await _wait_for(exported)
+    spans = {s.name: s for s in receiver.of_trace(client_trace)}
+    door = spans["tools/call echo"]
+    assert door.service == "toolgate-mcp" and door.parent_span_id == client_span
+    assert door.attributes["gen_ai.tool.name"] == "echo"
+    assert spans["process validator"].parent_span_id == door.span_id
+    assert spans["execute_tool echo"].service == "toolgate-executor"

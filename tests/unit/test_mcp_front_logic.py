@@ -238,3 +238,19 @@ def test_the_front_door_account_imports_only_the_token_holders_subjects(tmp_path
     ]
     revoke_agent(tmp_path, "acme", "researcher")
     assert imported() == []
+
+
+def test_the_traceparent_of_a_span_context() -> None:
+    from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, TraceFlags
+
+    span = SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    assert (
+        logic.traceparent_of_span(span) == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    )
+    assert logic.traceparent_of_span(INVALID_SPAN_CONTEXT) is None
+    assert logic.traceparent_of_span(None) is None
