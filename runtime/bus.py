@@ -690,15 +690,7 @@ async def give_up_on(
     end = abandoned(service, delivery, raw, call)
     letter = dead_letter(service, delivery, raw, exc)
     if end is not None:  # the audit files the dead letter under the call, and its sender
-        letter = msgspec.structs.replace(
-            letter,
-            call_id=end.call_id,
-            principal=end.principal,
-            tool=end.tool,
-            task_id=end.task_id,
-            arguments_sha256=end.arguments_sha256,
-            traceparent=end.traceparent,
-        )
+        letter = msgspec.structs.replace(letter, **carried_fields(end))
     await publisher.emit(letter)
     if end is not None and end_call:
         await publisher.emit(end)
