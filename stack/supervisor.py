@@ -111,12 +111,17 @@ class ServiceProcess:
     # Its /healthz and /metrics (`--http-port`); None: it serves none.
     http_port: int | None = None
     failed_checks: int = 0
+    # The environment it was first started with: a restart runs the same service
+    # (its OTLP endpoint, its TOOLGATE_* settings), whatever the parent's is by then.
+    env: dict[str, str] | None = None
 
     @property
     def http_url(self) -> str | None:
         return f"http://127.0.0.1:{self.http_port}" if self.http_port else None
 
     def start(self) -> None:
+        if self.env is None:
+            self.env = os.environ.copy()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
         self.process = subprocess.Popen(
@@ -124,7 +129,7 @@ class ServiceProcess:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=os.environ.copy(),
+            env=self.env,
             preexec_fn=die_with_parent,
         )
         log_file.close()

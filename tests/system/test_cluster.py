@@ -200,25 +200,33 @@ async def test_losing_the_node_that_leads_a_stream_loses_and_repeats_nothing(
     await _wait_for(caught_up)
 
     assert new_leader != leader
-    # Every call exactly one result, and the right one.
-    results: list[ToolResult] = []
-    for call in calls:
-        stored = await js_admin.get_last_msg(
-            subjects.RESULTS_STREAM,
-            subjects.results_subject(BOB.tenant, BOB.agent, call.call_id),
-            direct=True,
-        )
-        results.append(msgspec.json.decode(stored.data, type=ToolResult))
+
+    # Every call exactly one result, and the right one. (Each read is asked again if
+    # it meets a node that is not ready yet: the restarted one has only just caught up.)
+    async def stored_results() -> list[ToolResult]:
+        found = []
+        for call in calls:
+            stored = await js_admin.get_last_msg(
+                subjects.RESULTS_STREAM,
+                subjects.results_subject(BOB.tenant, BOB.agent, call.call_id),
+                direct=True,
+            )
+            found.append(msgspec.json.decode(stored.data, type=ToolResult))
+        return found
+
+    results = await _asking_again(stored_results)
     assert [r.status for r in results] == ["ok"] * CALLS, Counter(r.status for r in results)
     assert [r.data for r in results] == [{"payload": i} for i in range(CALLS)]
-    attached = await _result_attached_per_call(admin)
+    attached = await _asking_again(lambda: _result_attached_per_call(admin))
     assert set(attached) == {c.call_id for c in calls}
     assert set(attached.values()) == {1}
 
     # Every event reaches the audit once: one row per distinct event id of the stream,
     # plus one per stored call message.
-    event_ids = set(await _stream_event_ids(admin))
-    stored_calls = (await js_admin.stream_info(subjects.CALLS_STREAM)).state.messages
+    event_ids = set(await _asking_again(lambda: _stream_event_ids(admin)))
+    stored_calls = (
+        await _asking_again(lambda: js_admin.stream_info(subjects.CALLS_STREAM))
+    ).state.messages
     audit = clustered.audit_client()
 
     async def audited() -> bool:
