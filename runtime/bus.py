@@ -27,6 +27,7 @@ import gc
 import logging
 import os
 import socket
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -545,6 +546,41 @@ class FailureCounts:
 FAILURES = FailureCounts()
 
 
+class BusTroubleLog:
+    """One log line a second, at most, for messages the bus did not answer.
+
+    In a failover every message in hand fails at once, and again at each retry:
+    a line per message is thousands of lines in seconds. The first is logged,
+    then one line a second says how many more there were.
+    """
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self.last_at: float | None = None
+        self.held = 0
+
+    def failed(self, delivery: Delivery, exc: BaseException) -> None:
+        now = self.clock()
+        if self.last_at is not None and now - self.last_at < self.every_s:
+            self.held += 1
+            return
+        more = f" (and {self.held} more since the last line)" if self.held else ""
+        # Loud once it has lasted: a bus that refuses a publish (permissions) looks the
+        # same as one that is away, and is retried for ever too.
+        (log.error if delivery.attempt >= MAX_ATTEMPTS else log.warning)(
+            "delivery %s of %s: the bus did not answer, retrying until it does: %r%s",
+            delivery.attempt,
+            delivery.subject,
+            exc,
+            more,
+        )
+        self.last_at, self.held = now, 0
+
+
+BUS_TROUBLE = BusTroubleLog()
+
+
 @telemetry.observed  # a span and the stage's latency, when switched on (else straight through)
 async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
     """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
@@ -560,14 +596,7 @@ async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: 
         await work()
     except Exception as exc:  # a handler never lets an exception reach the broker
         if is_transient(exc):
-            # Loud once it has lasted: a bus that refuses a publish (permissions) looks
-            # the same as one that is away, and would be retried for ever too.
-            (log.error if delivery.attempt >= MAX_ATTEMPTS else log.warning)(
-                "delivery %s of %s: the bus did not answer, retrying until it does: %r",
-                delivery.attempt,
-                delivery.subject,
-                exc,
-            )
+            BUS_TROUBLE.failed(delivery, exc)
             await msg.nak(delay=retry_delay(delivery.attempt))
             return
         failures = FAILURES.failed(delivery)

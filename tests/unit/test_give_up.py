@@ -368,3 +368,20 @@ async def test_approvals_leave_a_stored_approval_to_end_its_call(tmp_path: Path)
     service.store = ApprovalStates(None, fails=True)  # type: ignore[assignment]
     assert await service.holds_approval_for(raw)  # cannot tell: do not end it
     assert not await service.holds_approval_for(encode_event(validated()))
+
+
+def test_a_failover_logs_a_line_a_second_not_a_line_a_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    trouble = bus.BusTroubleLog(every_s=1.0, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="toolgate"):
+        for _ in range(500):  # every message in hand fails at once
+            trouble.failed(delivery(1), nats.errors.TimeoutError())
+        now[0] += 1.5
+        trouble.failed(delivery(bus.MAX_ATTEMPTS), nats.errors.TimeoutError())
+    lines = [r for r in caplog.records if "the bus did not answer" in r.getMessage()]
+    assert len(lines) == 2
+    assert lines[0].levelname == "WARNING" and "more since" not in lines[0].getMessage()
+    assert "(and 499 more since the last line)" in lines[1].getMessage()
+    assert lines[1].levelname == "ERROR"  # it has lasted: louder
