@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import mcp_types as types
 import msgspec
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from toolgate.contracts.calls import ToolResult, is_valid_call_id
 from toolgate.contracts.registry import Registry, ToolSpec
@@ -91,6 +92,23 @@ def meta_text(meta: dict[str, Any] | None, key: str, default: str | None) -> str
     if not isinstance(value, str) or not value or len(value) > 256:
         raise BadMeta(f"_meta {key} must be a non-empty string of at most 256 characters")
     return value
+
+
+def handshake_era(protocol_version: str | None) -> bool:
+    """Whether a request with this `MCP-Protocol-Version` header belongs to the
+    handshake era (sessions, `initialize`): the SDK's own rule, so both agree."""
+    return protocol_version is None or protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+# In a request's body, the sign that its client wants to hear while it waits.
+_PROGRESS_TOKEN: Final = b"progressToken"
+
+
+def wants_stream(body: bytes) -> bool:
+    """Whether a 2026-07-28 request must be served by the streaming session manager: it
+    carries a progress token. Read as bytes, not parsed: a `progressToken` anywhere
+    (in arguments, say) only picks the stream, which is never wrong, only slower."""
+    return _PROGRESS_TOKEN in body
 
 
 def call_result(result: ToolResult) -> types.CallToolResult:

@@ -340,6 +340,109 @@ async def test_a_call_waiting_for_a_human_reports_progress_and_honours_cancellat
     assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
 
 
+MODERN_VERSION = "2026-07-28"
+
+
+def modern_call(tool: str, arguments: dict[str, Any], call_id: str) -> dict[str, Any]:
+    """A 2026-07-28 tools/call as the SDK's client writes it, without a progress token."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+                "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+                CALL_ID: call_id,
+            },
+        },
+    }
+
+
+def modern_headers(token: str, tool: str) -> dict[str, str]:
+    return {
+        **ACCEPT,
+        "Authorization": f"Bearer {token}",
+        "MCP-Protocol-Version": MODERN_VERSION,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": tool,
+    }
+
+
+async def test_a_call_without_a_progress_token_is_one_json_answer(door: Gateway) -> None:
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    call_id = f"one-{uuid.uuid4().hex[:8]}"
+    body = modern_call("echo", {"payload": 3}, call_id)
+    async with httpx2.AsyncClient() as http:
+        answer = await http.post(url, json=body, headers=modern_headers(token, "echo"))
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    assert int(answer.headers["content-length"]) == len(answer.content)
+    result = answer.json()["result"]
+    assert result["isError"] is False
+    assert result["structuredContent"] == {"payload": 3}
+    assert result["_meta"][CALL_ID] == call_id
+
+
+async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_the_call(
+    door: Gateway,
+) -> None:
+    """No progress token: no stream to close, so the front door watches the connection
+    while the call waits for a human; the call stays with the approvers."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    approver_token = add_approver(door.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
+    call_id = f"gone-{uuid.uuid4().hex[:8]}"
+    arguments = {"amount": 11}
+    log = door.data_dir / "logs" / "mcp.log"
+    said = f"went away while call {call_id} waited for a human"
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
+        request = asyncio.ensure_future(
+            http.post(
+                url,
+                json=modern_call("approved_action", arguments, call_id),
+                headers=modern_headers(token, "approved_action"),
+            )
+        )
+        async with await ApprovalsClient.connect(
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+        ) as approvals:
+            for _ in range(600):  # the call reaches the approvers
+                if any(view.call_id == call_id for view in await approvals.pending()):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"{call_id} never waited for an approval")
+            assert not request.done()
+            assert said not in log.read_text()
+            request.cancel()  # the client goes away: its connection is closed
+            with pytest.raises(asyncio.CancelledError):
+                await request
+            for _ in range(300):
+                if said in log.read_text():
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError(f"the front door kept waiting: {log.read_text()[-2000:]}")
+            assert call_id not in runs_of(door.data_dir, "approved_action")
+            await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "approve",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="checked",
+            )
+    # The call went on without its client: a retry with its call_id collects the result.
+    async with mcp_client(url, token) as c:
+        result = await c.call_tool("approved_action", arguments, meta=meta(call_id))
+    assert result.is_error is False, result
+    assert structured(result) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+
+
 def test_toolgate_up_prints_the_front_door(door: Gateway) -> None:
     recorded = json.loads((door.data_dir / "context.json").read_text())
     assert recorded["mcp_url"] == door.stack.mcp_url

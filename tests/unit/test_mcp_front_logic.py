@@ -254,3 +254,28 @@ def test_the_traceparent_of_a_span_context() -> None:
     )
     assert logic.traceparent_of_span(INVALID_SPAN_CONTEXT) is None
     assert logic.traceparent_of_span(None) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "handshake"),
+    [
+        (None, True),  # no header: an `initialize` or a handshake-era client
+        ("2025-11-25", True),
+        ("2025-06-18", True),
+        ("2026-07-28", False),
+        ("1999-01-01", False),  # unknown: the SDK's modern entry answers it with its error
+    ],
+)
+def test_the_era_of_a_request_is_the_sdks_own_rule(header: str | None, handshake: bool) -> None:
+    assert logic.handshake_era(header) is handshake
+
+
+def test_only_a_body_with_a_progress_token_asks_for_the_stream() -> None:
+    plain = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}}
+    assert not logic.wants_stream(json.dumps(plain).encode())
+    asked = {**plain, "params": {"name": "echo", "_meta": {"progressToken": 7}}}
+    assert logic.wants_stream(json.dumps(asked).encode())
+    # Anywhere in the body: the stream, which is never wrong, only slower.
+    in_arguments = {**plain, "params": {"name": "echo", "arguments": {"progressToken": 1}}}
+    assert logic.wants_stream(json.dumps(in_arguments).encode())
+    assert not logic.wants_stream(b"")
