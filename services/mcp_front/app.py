@@ -13,7 +13,7 @@ the `WWW-Authenticate` header of the MCP authorization spec. Then:
   through the same client every platform uses (`GatewayClient`). A call waiting
   for a human sends progress notifications while it waits (when the client sent a
   progress token); a cancelled request, or a client gone away, stops waiting (the
-  call itself stays with the approvers).
+  call itself goes on, and a retry with its call_id collects the result).
 
 A 2026-07-28 request with a progress token is served by the SDK's streaming
 session manager (its answer may become a stream); any other by the one that
@@ -82,9 +82,9 @@ MCP_PATH = "/mcp"
 log = logging.getLogger("toolgate.mcp_front")
 # While a call waits for a human, a progress notification this often.
 PROGRESS_EVERY_S = 5.0
-# While a call answered in one JSON body waits for a human, whether its client is
-# still there is checked this often (a gone client's wait ends).
-GONE_CHECK_EVERY_S = 1.0
+# A call answered in one JSON body that is still waiting after this long has its
+# client's connection watched: when it closes, the wait ends.
+WATCH_AFTER_S = 1.0
 # Set in the ASGI scope of a request answered in one JSON body (no stream).
 SINGLE_ANSWER_SCOPE_KEY = "toolgate.single_answer"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -185,22 +185,24 @@ def build_server(door: FrontDoor) -> Server[Any]:
             task_id=task_id,
             context={"traceparent": traceparent} if traceparent else {},
         )
-        # The client asked to hear of a wait (it sent a progress token): its answer is a
-        # stream, told every few seconds while a human decides. A client that did not is
-        # answered in one JSON body; while its call waits for a human, the door checks it
-        # is still there and stops waiting when it is gone.
-        told = progress_token_from_params(ctx.params) is not None
+        # A client that sent a progress token is on a stream: it is told while a human
+        # decides, and closing the stream cancels this handler (the SDK does that). A
+        # client answered in one JSON body has no stream: the door watches its
+        # connection itself once the call has taken a while.
         single = isinstance(ctx.request, Request) and bool(
             ctx.request.scope.get(SINGLE_ANSWER_SCOPE_KEY)
         )
+        tell = not single and progress_token_from_params(ctx.params) is not None
         try:
             async with asyncio.timeout(None) as until_gone:
-                waiting = Waiting(ctx, door.options.progress_every_s, told, until_gone)
+                waiting = Waiting(
+                    ctx, door.options.progress_every_s, until_gone, tell=tell, watch=single
+                )
                 try:
                     result = await door.client_for((tenant, agent)).submit(
                         call,
                         timeout=door.options.result_timeout_s,
-                        on_pending=waiting.begin if told or single else None,
+                        on_pending=waiting.begin if tell else None,
                         # A call_id minted here has no stored result to look for; a
                         # client's own (a retry) may have one.
                         fresh=requested is None,
@@ -221,10 +223,10 @@ def build_server(door: FrontDoor) -> Server[Any]:
         except TimeoutError:
             if not until_gone.expired():
                 raise
-            # The client went away while a human decides.
+            # The client went away: nobody reads this answer.
             log.info(
-                "%s.%s went away while call %s waited for a human; the call stays with the "
-                "approvers and its result can be fetched by call_id",
+                "%s.%s went away while call %s was in flight; the call goes on and its "
+                "result can be fetched by call_id",
                 tenant,
                 agent,
                 call_id,
@@ -264,53 +266,70 @@ def build_server(door: FrontDoor) -> Server[Any]:
 
 
 class Waiting:
-    """What the front door does while a call waits for a human (from its `.pending`
-    notice on): a client that sent a progress token is told so now and every few
-    seconds; a client answered in one JSON body is checked for every second, and when it
-    has gone away its wait ends (`until_gone` expires). The call itself stays with the
-    approvers either way; a retry with its call_id collects the result."""
+    """What the front door does while a call is in flight.
+
+    A client on a stream that sent a progress token is told, from the call's
+    `.pending` notice on, that a human decides, at once and every few seconds. A
+    client answered in one JSON body has its connection watched once the call has
+    taken `WATCH_AFTER_S` (a quick call costs a timer, no task): when it closes, the
+    wait ends (`until_gone` expires). The call itself goes on either way; a retry with
+    its call_id collects the result."""
 
     def __init__(
         self,
         ctx: ServerRequestContext[Any, Any],
         every_s: float,
-        tell: bool,
         until_gone: asyncio.Timeout,
+        *,
+        tell: bool,
+        watch: bool,
     ) -> None:
         self.ctx = ctx
         self.every_s = every_s
-        self.tell = tell
         self.until_gone = until_gone
         self.started = time.monotonic()
         self.task: asyncio.Task[None] | None = None
+        self.timer = (
+            asyncio.get_running_loop().call_later(WATCH_AFTER_S, self._start_watch)
+            if watch
+            else None
+        )
 
     def begin(self, notice: PendingNotice) -> None:
-        self.started = time.monotonic()
+        """The call waits for a human (its `.pending` notice): tell the client."""
         if self.task is None:
-            work = self._tell(notice) if self.tell else self._watch()
-            self.task = asyncio.create_task(work)
+            self.task = asyncio.create_task(self._tell(notice))
 
     def waited_s(self) -> float:
         return round(time.monotonic() - self.started, 3)
 
     async def _tell(self, notice: PendingNotice) -> None:
+        started = time.monotonic()
         expires = f" (until {notice.expires_at})" if notice.expires_at else ""
         message = f"waiting for a human approval: {notice.message}{expires}"
         while True:
             with contextlib.suppress(Exception):  # a client gone away: nothing to tell
-                await self.ctx.session.report_progress(self.waited_s(), message=message)
+                await self.ctx.session.report_progress(
+                    round(time.monotonic() - started, 3), message=message
+                )
             await asyncio.sleep(self.every_s)
 
+    def _start_watch(self) -> None:
+        if self.task is None:
+            self.task = asyncio.create_task(self._watch())
+
     async def _watch(self) -> None:
+        # The body has been read and nothing else reads this request's messages: the
+        # next one is its end (the SDK's streaming mode waits the same way).
         request = self.ctx.request
         assert isinstance(request, Request)
-        while True:
-            if await request.is_disconnected():
-                self.until_gone.reschedule(asyncio.get_running_loop().time())
-                return
-            await asyncio.sleep(GONE_CHECK_EVERY_S)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.until_gone.reschedule(asyncio.get_running_loop().time())
 
     def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         if self.task is not None:
             self.task.cancel()
 
@@ -324,8 +343,10 @@ class AnswerRouter:
     2026-07-28 request goes to the one that answers in one JSON body, which skips the
     streaming mode's per-request task group (measured: about a fifth of the front
     door's CPU for a quick call). Requests of the handshake era (and their sessions)
-    always go to the streaming one. A `progressToken` anywhere in the body picks the
-    stream: it is never wrong, only slower.
+    always go to the streaming one. The body is searched, not parsed: `progressToken`
+    anywhere (in the arguments, say) picks the stream, which costs only speed; a token
+    spelled so the search misses it (a JSON escape) gets one JSON body and no progress,
+    and the door still watches that client's connection.
     """
 
     def __init__(

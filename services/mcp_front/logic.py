@@ -105,9 +105,10 @@ _PROGRESS_TOKEN: Final = b"progressToken"
 
 
 def wants_stream(body: bytes) -> bool:
-    """Whether a 2026-07-28 request must be served by the streaming session manager: it
-    carries a progress token. Read as bytes, not parsed: a `progressToken` anywhere
-    (in arguments, say) only picks the stream, which is never wrong, only slower."""
+    """Whether a 2026-07-28 request goes to the streaming session manager: it carries a
+    progress token. Searched as bytes, not parsed: `progressToken` anywhere (in the
+    arguments, say) picks the stream, which costs only speed; a key spelled with a JSON
+    escape is missed, and that client gets one JSON body without progress."""
     return _PROGRESS_TOKEN in body
 
 

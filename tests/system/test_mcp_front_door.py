@@ -36,6 +36,7 @@ from toolgate.contracts.registry import load_registry
 from toolgate.runtime.creds import connect_options
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient
+from toolgate.services.mcp_front.app import WATCH_AFTER_S
 from toolgate.stack.nats_auth import revoke_agent
 
 pytestmark = pytest.mark.system
@@ -373,12 +374,19 @@ def modern_headers(token: str, tool: str) -> dict[str, str]:
 
 
 async def test_a_call_without_a_progress_token_is_one_json_answer(door: Gateway) -> None:
+    """Served by the SDK's JSON-response manager: it answers a client that accepts only
+    JSON. A call that asks for progress needs a stream, so that client is refused."""
     url = door.stack.mcp_url or ""
     token = await agent_token(door, "acme", "researcher")
     call_id = f"one-{uuid.uuid4().hex[:8]}"
-    body = modern_call("echo", {"payload": 3}, call_id)
+    json_only = {**modern_headers(token, "echo"), "Accept": "application/json"}
     async with httpx2.AsyncClient() as http:
-        answer = await http.post(url, json=body, headers=modern_headers(token, "echo"))
+        answer = await http.post(
+            url, json=modern_call("echo", {"payload": 3}, call_id), headers=json_only
+        )
+        asks_progress = modern_call("echo", {"payload": 4}, f"{call_id}-p")
+        asks_progress["params"]["_meta"]["progressToken"] = 1
+        refused = await http.post(url, json=asks_progress, headers=json_only)
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"] == "application/json"
     assert int(answer.headers["content-length"]) == len(answer.content)
@@ -386,20 +394,23 @@ async def test_a_call_without_a_progress_token_is_one_json_answer(door: Gateway)
     assert result["isError"] is False
     assert result["structuredContent"] == {"payload": 3}
     assert result["_meta"][CALL_ID] == call_id
+    assert refused.status_code == 406
 
 
-async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_the_call(
-    door: Gateway,
-) -> None:
-    """No progress token: no stream to close, so the front door watches the connection
-    while the call waits for a human; the call stays with the approvers."""
+async def wait_until_pending(approvals: ApprovalsClient, call_id: str) -> None:
+    for _ in range(600):
+        if any(view.call_id == call_id for view in await approvals.pending()):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{call_id} never waited for an approval")
+
+
+async def test_a_client_answered_in_one_body_waits_through_an_approval(door: Gateway) -> None:
     url = door.stack.mcp_url or ""
     token = await agent_token(door, "acme", "researcher")
-    approver_token = add_approver(door.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
-    call_id = f"gone-{uuid.uuid4().hex[:8]}"
-    arguments = {"amount": 11}
-    log = door.data_dir / "logs" / "mcp.log"
-    said = f"went away while call {call_id} waited for a human"
+    approver_token = add_approver(door.data_dir, f"finn-{uuid.uuid4().hex[:6]}", ["acme"])
+    call_id = f"stay-{uuid.uuid4().hex[:8]}"
+    arguments = {"amount": 12}
     async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
         request = asyncio.ensure_future(
             http.post(
@@ -411,12 +422,50 @@ async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_th
         async with await ApprovalsClient.connect(
             door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
         ) as approvals:
-            for _ in range(600):  # the call reaches the approvers
-                if any(view.call_id == call_id for view in await approvals.pending()):
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError(f"{call_id} never waited for an approval")
+            await wait_until_pending(approvals, call_id)
+            # Past the moment the door starts watching the connection: still waiting.
+            await asyncio.sleep(3 * WATCH_AFTER_S)
+            assert not request.done()
+            await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "approve",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="checked",
+            )
+        answer = await asyncio.wait_for(request, 600)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    result = answer.json()["result"]
+    assert result["isError"] is False, result
+    assert result["structuredContent"] == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+
+
+async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_the_call(
+    door: Gateway,
+) -> None:
+    """No progress token: no stream to close, so the front door watches the connection
+    itself while the call waits; the call stays with the approvers."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    approver_token = add_approver(door.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
+    call_id = f"gone-{uuid.uuid4().hex[:8]}"
+    arguments = {"amount": 11}
+    log = door.data_dir / "logs" / "mcp.log"
+    said = f"went away while call {call_id} was in flight"
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
+        request = asyncio.ensure_future(
+            http.post(
+                url,
+                json=modern_call("approved_action", arguments, call_id),
+                headers=modern_headers(token, "approved_action"),
+            )
+        )
+        async with await ApprovalsClient.connect(
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+        ) as approvals:
+            await wait_until_pending(approvals, call_id)
+            await asyncio.sleep(3 * WATCH_AFTER_S)  # watched, and not taken for gone
             assert not request.done()
             assert said not in log.read_text()
             request.cancel()  # the client goes away: its connection is closed
