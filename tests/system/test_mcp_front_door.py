@@ -492,6 +492,42 @@ async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_th
     assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
 
 
+async def test_a_client_that_leaves_a_slow_call_ends_the_wait_not_the_call(
+    door: Gateway,
+) -> None:
+    """Not only a human's wait: any call that takes more than a second is watched."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    call_id = f"slow-{uuid.uuid4().hex[:8]}"
+    arguments = {"sleep_s": 4 * WATCH_AFTER_S}
+    log = door.data_dir / "logs" / "mcp.log"
+    said = f"went away while call {call_id} was in flight"
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
+        request = asyncio.ensure_future(
+            http.post(
+                url,
+                json=modern_call("count_runs", arguments, call_id),
+                headers=modern_headers(token, "count_runs"),
+            )
+        )
+        await asyncio.sleep(2 * WATCH_AFTER_S)
+        assert not request.done()
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    for _ in range(300):
+        if said in log.read_text():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"the front door kept waiting: {log.read_text()[-2000:]}")
+    # The tool ran once, and its result is the retry's answer.
+    async with mcp_client(url, token) as c:
+        result = await c.call_tool("count_runs", arguments, meta=meta(call_id))
+    assert result.is_error is False, result
+    assert runs_of(door.data_dir, "count_runs").count(call_id) == 1
+
+
 def test_toolgate_up_prints_the_front_door(door: Gateway) -> None:
     recorded = json.loads((door.data_dir / "context.json").read_text())
     assert recorded["mcp_url"] == door.stack.mcp_url
