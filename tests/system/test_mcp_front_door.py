@@ -9,9 +9,10 @@ whose JSON-RPC ids collide; a request from a foreign Origin or Host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -397,41 +398,79 @@ async def test_a_call_without_a_progress_token_is_one_json_answer(door: Gateway)
     assert refused.status_code == 406
 
 
-async def wait_until_pending(approvals: ApprovalsClient, call_id: str) -> None:
+def single_body_call(
+    http: httpx2.AsyncClient,
+    url: str,
+    token: str,
+    tool: str,
+    arguments: dict[str, Any],
+    call_id: str,
+) -> asyncio.Future[httpx2.Response]:
+    """A 2026-07-28 tools/call without a progress token, in flight."""
+    return asyncio.ensure_future(
+        http.post(
+            url, json=modern_call(tool, arguments, call_id), headers=modern_headers(token, tool)
+        )
+    )
+
+
+@contextlib.asynccontextmanager
+async def approver_of_acme(door: Gateway) -> AsyncIterator[ApprovalsClient]:
+    token = add_approver(door.data_dir, f"appr-{uuid.uuid4().hex[:6]}", ["acme"])
+    async with await ApprovalsClient.connect(
+        door.url, token=token, **connect_options(door.stack.creds_of("approver"))
+    ) as approvals:
+        yield approvals
+
+
+async def approve_when_pending(
+    approvals: ApprovalsClient, call_id: str, arguments: dict[str, Any], *, then: float = 0.0
+) -> None:
+    """Once the call waits for an approval, wait `then` more seconds, and approve it."""
     for _ in range(600):
         if any(view.call_id == call_id for view in await approvals.pending()):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"{call_id} never waited for an approval")
+    await asyncio.sleep(then)
+    await approvals.vote(
+        f"acme.researcher.{call_id}",
+        "approve",
+        arguments_sha256=arguments_sha256(arguments),
+        reason="checked",
+    )
+
+
+async def leave(request: asyncio.Future[httpx2.Response]) -> None:
+    """The client goes away: its connection is closed."""
+    assert not request.done()
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+
+
+async def door_says(door: Gateway, text: str) -> None:
+    log = door.data_dir / "logs" / "mcp.log"
+    for _ in range(300):
+        if text in log.read_text():
             return
         await asyncio.sleep(0.1)
-    raise AssertionError(f"{call_id} never waited for an approval")
+    raise AssertionError(f"the front door never said {text!r}: {log.read_text()[-2000:]}")
+
+
+LONG_READ = httpx2.Timeout(30.0, read=600.0)
 
 
 async def test_a_client_answered_in_one_body_waits_through_an_approval(door: Gateway) -> None:
     url = door.stack.mcp_url or ""
     token = await agent_token(door, "acme", "researcher")
-    approver_token = add_approver(door.data_dir, f"finn-{uuid.uuid4().hex[:6]}", ["acme"])
     call_id = f"stay-{uuid.uuid4().hex[:8]}"
     arguments = {"amount": 12}
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
-        request = asyncio.ensure_future(
-            http.post(
-                url,
-                json=modern_call("approved_action", arguments, call_id),
-                headers=modern_headers(token, "approved_action"),
-            )
-        )
-        async with await ApprovalsClient.connect(
-            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
-        ) as approvals:
-            await wait_until_pending(approvals, call_id)
-            # Past the moment the door starts watching the connection: still waiting.
-            await asyncio.sleep(3 * WATCH_AFTER_S)
-            assert not request.done()
-            await approvals.vote(
-                f"acme.researcher.{call_id}",
-                "approve",
-                arguments_sha256=arguments_sha256(arguments),
-                reason="checked",
-            )
+    async with httpx2.AsyncClient(timeout=LONG_READ) as http, approver_of_acme(door) as approvals:
+        request = single_body_call(http, url, token, "approved_action", arguments, call_id)
+        # Approved well after the door started watching the connection: still there.
+        await approve_when_pending(approvals, call_id, arguments, then=3 * WATCH_AFTER_S)
         answer = await asyncio.wait_for(request, 600)
     assert answer.status_code == 200, answer.text
     assert answer.headers["content-type"] == "application/json"
@@ -448,42 +487,21 @@ async def test_a_client_answered_in_one_body_that_goes_away_ends_the_wait_not_th
     itself while the call waits; the call stays with the approvers."""
     url = door.stack.mcp_url or ""
     token = await agent_token(door, "acme", "researcher")
-    approver_token = add_approver(door.data_dir, f"erin-{uuid.uuid4().hex[:6]}", ["acme"])
     call_id = f"gone-{uuid.uuid4().hex[:8]}"
     arguments = {"amount": 11}
-    log = door.data_dir / "logs" / "mcp.log"
     said = f"went away while call {call_id} was in flight"
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
-        request = asyncio.ensure_future(
-            http.post(
-                url,
-                json=modern_call("approved_action", arguments, call_id),
-                headers=modern_headers(token, "approved_action"),
-            )
+    async with httpx2.AsyncClient(timeout=LONG_READ) as http, approver_of_acme(door) as approvals:
+        request = single_body_call(http, url, token, "approved_action", arguments, call_id)
+        approval = asyncio.ensure_future(
+            approve_when_pending(approvals, call_id, arguments, then=3600)
         )
-        async with await ApprovalsClient.connect(
-            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
-        ) as approvals:
-            await wait_until_pending(approvals, call_id)
-            await asyncio.sleep(3 * WATCH_AFTER_S)  # watched, and not taken for gone
-            assert not request.done()
-            assert said not in log.read_text()
-            request.cancel()  # the client goes away: its connection is closed
-            with pytest.raises(asyncio.CancelledError):
-                await request
-            for _ in range(300):
-                if said in log.read_text():
-                    break
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError(f"the front door kept waiting: {log.read_text()[-2000:]}")
-            assert call_id not in runs_of(door.data_dir, "approved_action")
-            await approvals.vote(
-                f"acme.researcher.{call_id}",
-                "approve",
-                arguments_sha256=arguments_sha256(arguments),
-                reason="checked",
-            )
+        await asyncio.sleep(3 * WATCH_AFTER_S)  # watched, and not taken for gone
+        assert said not in (door.data_dir / "logs" / "mcp.log").read_text()
+        await leave(request)
+        await door_says(door, said)
+        assert call_id not in runs_of(door.data_dir, "approved_action")
+        approval.cancel()
+        await approve_when_pending(approvals, call_id, arguments)
     # The call went on without its client: a retry with its call_id collects the result.
     async with mcp_client(url, token) as c:
         result = await c.call_tool("approved_action", arguments, meta=meta(call_id))
@@ -500,27 +518,11 @@ async def test_a_client_that_leaves_a_slow_call_ends_the_wait_not_the_call(
     token = await agent_token(door, "acme", "researcher")
     call_id = f"slow-{uuid.uuid4().hex[:8]}"
     arguments = {"sleep_s": 4 * WATCH_AFTER_S}
-    log = door.data_dir / "logs" / "mcp.log"
-    said = f"went away while call {call_id} was in flight"
-    async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=600.0)) as http:
-        request = asyncio.ensure_future(
-            http.post(
-                url,
-                json=modern_call("count_runs", arguments, call_id),
-                headers=modern_headers(token, "count_runs"),
-            )
-        )
+    async with httpx2.AsyncClient(timeout=LONG_READ) as http:
+        request = single_body_call(http, url, token, "count_runs", arguments, call_id)
         await asyncio.sleep(2 * WATCH_AFTER_S)
-        assert not request.done()
-        request.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await request
-    for _ in range(300):
-        if said in log.read_text():
-            break
-        await asyncio.sleep(0.1)
-    else:
-        raise AssertionError(f"the front door kept waiting: {log.read_text()[-2000:]}")
+        await leave(request)
+    await door_says(door, f"went away while call {call_id} was in flight")
     # The tool ran once, and its result is the retry's answer.
     async with mcp_client(url, token) as c:
         result = await c.call_tool("count_runs", arguments, meta=meta(call_id))
