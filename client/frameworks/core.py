@@ -12,8 +12,9 @@ so the three integrations cannot drift apart:
   status has a `Remedy`: `correct` (fix the arguments or pick another tool),
   `retry` (a transient failure the gateway marked retryable), `final` (do not
   try again: denied, a human said no, the tool is broken);
-- waiting for a human: a clear "waiting for approval" text with the call_id,
-  and an `ApprovalRequest` record that LangGraph carries in its interrupt.
+- waiting for a human: an `ApprovalRequest` record that a pause carries (LangGraph's
+  interrupt); where the run does not pause, an error (`not_run`) naming the
+  call_id: never a success, the tool has not run (DESIGN invariant 13).
 
 `derive_call_id` gives each model tool call a call_id that is bound to the
 conversation, the end user, the tool and the exact arguments: a model cannot
@@ -30,7 +31,7 @@ from typing import Any, Final, Literal
 import msgspec
 
 from toolgate.contracts.authorization import arguments_sha256, canonical_json
-from toolgate.contracts.calls import PendingNotice, Status, ToolResult
+from toolgate.contracts.calls import ErrorCode, PendingNotice, Status, ToolResult
 from toolgate.contracts.registry import SIDE_EFFECT_ACTIONS, ToolSpec
 
 Remedy = Literal["none", "correct", "retry", "final"]
@@ -138,15 +139,24 @@ def approval_request(
     )
 
 
-def waiting(request: ApprovalRequest) -> Observation:
-    """The model's view of a call that waits for a human: not a result, not an error."""
+def not_run(request: ApprovalRequest) -> Observation:
+    """The model's view of a call that waits for a human, where the run cannot pause for it
+    (DESIGN invariant 13): an error, never a success, since the tool has not run.
+
+    The call itself stays in the approvals inbox (an agent cannot withdraw it): a human
+    may still approve it, and then it runs once in the gateway with its result stored
+    under the call_id; or it is refused or expires. The text says so and how to fetch it.
+    """
     expiry = f" until {request.expires_at}" if request.expires_at else ""
     text = (
-        f"WAITING FOR APPROVAL: call_id {request.call_id} ({request.tool}) waits for a human "
-        f"decision{expiry}: {request.why}. The tool has not run. Do not call it again; "
-        f"its result will be available under call_id {request.call_id} once a human decides."
+        f"ERROR approval_pending ({ErrorCode.APPROVAL_REQUIRED}) from tool {request.tool}, "
+        f"call_id {request.call_id}.\n"
+        f"The tool has not run: it waits for a human decision{expiry}: {request.why}.\n"
+        "This run did not pause for it, so nothing was done. Do not call it again: "
+        "the call stays in the approvals inbox. If a human approves it, it runs once in "
+        f"the gateway; read its result later with `toolgate result {request.call_id}`."
     )
-    return Observation(text, False, "approval_pending", "none", request.call_id)
+    return Observation(text, True, "approval_pending", "final", request.call_id)
 
 
 def derive_call_id(

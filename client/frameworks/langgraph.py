@@ -6,7 +6,10 @@ no tools at all. Each tool call of the last AI message goes to the gateway
 integration. When the gateway says a human must decide, the node raises a
 LangGraph `interrupt` carrying the approval requests (call_id, tool,
 arguments, arguments hash, why, expiry), so the graph pauses, its state in the
-checkpointer. Resuming (`Command(resume=...)`, in this process or another,
+checkpointer. (A graph without a checkpointer cannot be resumed, so there, and
+with `pause_for_approval=False`, a call waiting for a human is an error
+`ToolMessage` naming the call_id instead: never a success, the tool has not run.)
+Resuming (`Command(resume=...)`, in this process or another,
 an hour later) re-runs the node: every call keeps its call_id (derived from
 the thread, the user, the model's tool call id, the tool and the arguments),
 so the gateway answers from its record, and the node waits up to
@@ -42,7 +45,13 @@ from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langgraph.checkpoint.memory import InMemorySaver
 
 from .session import GatewaySession
-from .tool_calls import APPROVAL_INTERRUPT, DEFAULT_RESUME_WAIT_S, ModelToolCall, pause_for
+from .tool_calls import (
+    APPROVAL_INTERRUPT,
+    DEFAULT_RESUME_WAIT_S,
+    ModelToolCall,
+    can_pause,
+    pause_for,
+)
 from .tool_messages import thread_of
 
 __all__ = ["APPROVAL_INTERRUPT", "GatewayToolNode", "SQLiteCheckpointer"]
@@ -66,7 +75,7 @@ class GatewayToolNode(RunnableLambda):
         self.session = session
         self.messages_key = messages_key
         self.resume_wait = resume_wait
-        # False: a pending call becomes a "waiting for approval" message instead of a pause.
+        # False (or no checkpointer): a pending call is an error message, not a pause.
         self.pause_for_approval = pause_for_approval
 
     def _calls(self, state: Any, config: RunnableConfig) -> list[ModelToolCall]:
@@ -83,8 +92,8 @@ class GatewayToolNode(RunnableLambda):
         namespace = thread_of(config)
         return [ModelToolCall(dict(c), self.session, namespace) for c in last.tool_calls]
 
-    def _pause(self, calls: list[ModelToolCall]) -> bool:
-        return self.pause_for_approval and pause_for(calls)
+    def _pause(self, calls: list[ModelToolCall], config: RunnableConfig) -> bool:
+        return self.pause_for_approval and can_pause(config) and pause_for(calls)
 
     def _update(self, calls: list[ModelToolCall]) -> dict[str, Any]:
         return {self.messages_key: [c.message() for c in calls]}
@@ -94,7 +103,7 @@ class GatewayToolNode(RunnableLambda):
         outcomes = await asyncio.gather(*(c.decide() for c in calls))
         for call, outcome in zip(calls, outcomes, strict=True):
             call.outcome = outcome
-        while self._pause(calls):
+        while self._pause(calls, config):
             waiting_calls = [c for c in calls if c.waiting]
             finals = await asyncio.gather(*(c.final(self.resume_wait) for c in waiting_calls))
             for call, final in zip(waiting_calls, finals, strict=True):
@@ -108,7 +117,7 @@ class GatewayToolNode(RunnableLambda):
         calls = self._calls(state, config)
         for call in calls:
             call.outcome = run(call.decide())
-        while self._pause(calls):
+        while self._pause(calls, config):
             for call in calls:
                 if call.waiting:
                     call.outcome = run(call.final(self.resume_wait))

@@ -21,7 +21,10 @@ gateway's statuses map onto the SDK's own extension points:
   decides or it expires. Other tools are published when invoked, after the
   SDK's own tool input guardrails (`needs_approval` runs before those, so it
   must not publish what a guardrail may still stop); should a policy ask for a
-  human there, the model reads "waiting for approval" with the call_id.
+  human there (or a run be let go on before a human decided in toolgate), the
+  tool call fails: an `approval_pending` error naming the call_id, which the
+  output guardrail rejects like any error (or halts on, with
+  `halt_on={"approval_pending"}`), never a success: the tool has not run.
 - **tool output guardrail** (`gateway_status_guardrail`): `ok` is allowed;
   any error status is `reject_content` with the gateway's error text (so the
   run's `tool_output_guardrail_results` record which calls the gateway

@@ -38,8 +38,8 @@ from .core import (
     Observation,
     approval_request,
     derive_call_id,
+    not_run,
     observe,
-    waiting,
 )
 
 T = TypeVar("T")
@@ -316,7 +316,8 @@ class GatewaySession:
         tool_call_id: str | None,
         namespace: str | None = None,
     ) -> tuple[Observation, ToolResult | ApprovalRequest]:
-        """One model tool call through the gateway, as the model should see it."""
+        """One model tool call through the gateway, as the model should see it: a call
+        that waits for a human is an error here (`not_run`), as this does not pause."""
         call_id = self.call_id_for(tool_call_id, tool, arguments, namespace)
         try:
             outcome = await self.decide(call_id, tool, arguments)
@@ -324,7 +325,7 @@ class GatewaySession:
             outcome = timed_out(call_id, self.timeout)
         if isinstance(outcome, PendingNotice):
             request = approval_request(outcome, tool, arguments)
-            return waiting(request), request
+            return not_run(request), request
         return observe(outcome, tool), outcome
 
 

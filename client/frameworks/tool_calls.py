@@ -1,8 +1,12 @@
 """One model tool call on its way through the gateway, and the approval pause.
 
-Shared by LangGraph's `GatewayToolNode` and LangChain's `GatewayToolMiddleware`
-(both run inside a LangGraph graph, where `interrupt` pauses the graph and a
-resume runs the node again from the start). Needs langchain-core and langgraph.
+Shared by LangGraph's `GatewayToolNode`, LangChain's `GatewayToolMiddleware` and
+`GatewayTool` (all run inside a LangGraph graph, where `interrupt` pauses the graph
+and a resume runs the node again from the start). Needs langchain-core and langgraph.
+
+A pause is only worth its name when the graph can be resumed: its state is in a
+checkpointer. Without one (or when told not to pause), a call waiting for a human
+is an error tool message (`core.not_run`), never a success (DESIGN invariant 13).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.config import get_config
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.types import interrupt
 
 from toolgate.contracts.calls import ErrorCode, PendingNotice, ToolError, ToolResult, failure
 
-from .core import ApprovalRequest, approval_request, observe, waiting
+from .core import ApprovalRequest, approval_request, not_run, observe
 from .session import GatewaySession, timed_out
 from .tool_messages import tool_message
 
@@ -73,12 +80,25 @@ class ModelToolCall:
 
     def message(self) -> ToolMessage:
         assert self.outcome is not None
-        if isinstance(self.outcome, PendingNotice):  # when told not to pause
+        if isinstance(self.outcome, PendingNotice):  # the run did not pause: not a success
             request = self.request()
-            return tool_message(waiting(request), request, self.tool_call_id, self.name)
+            return tool_message(not_run(request), request, self.tool_call_id, self.name)
         return tool_message(
             observe(self.outcome, self.name), self.outcome, self.tool_call_id, self.name
         )
+
+
+def can_pause(config: RunnableConfig | None = None) -> bool:
+    """Whether this code runs in a LangGraph graph that keeps its state in a checkpointer,
+    so that an interrupt is a pause a resume can pick up (`config`: the node's, else
+    the one LangGraph set for this task)."""
+    if config is None:
+        try:
+            config = get_config()
+        except RuntimeError:  # not run by LangGraph at all
+            return False
+    configurable = config.get("configurable") or {}
+    return configurable.get(CONFIG_KEY_CHECKPOINTER) is not None
 
 
 def pause_for(calls: list[ModelToolCall]) -> bool:

@@ -297,12 +297,12 @@ def test_a_graph_driven_synchronously_pauses_and_resumes_the_same_way(
 
 
 @pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the broken message, stored
-async def test_without_pausing_a_waiting_call_is_a_message_and_bad_arguments_never_leave(
+async def test_without_pausing_a_waiting_call_is_an_error_and_bad_arguments_never_leave(
     shared_gateway: Gateway, tmp_path: Path
 ) -> None:
-    """pause_for_approval=False: the model reads "waiting for approval" with the call_id.
-    A tool call whose arguments are not an object (LangChain's own validation bypassed)
-    is answered MALFORMED_CALL without a round trip."""
+    """pause_for_approval=False: the model reads an approval_pending error with the call_id,
+    never a success (DESIGN invariant 13). A tool call whose arguments are not an object
+    (LangChain's own validation bypassed) is answered MALFORMED_CALL without a round trip."""
     broken = AIMessage.model_construct(
         content="",
         tool_calls=[
@@ -326,7 +326,10 @@ async def test_without_pausing_a_waiting_call_is_a_message_and_bad_arguments_nev
     assert "__interrupt__" not in state
     waiting, malformed = [m for m in state["messages"] if isinstance(m, ToolMessage)]
     call_id = waiting.artifact["approval"]["call_id"]
-    assert str(waiting.content).startswith(f"WAITING FOR APPROVAL: call_id {call_id}")
+    assert waiting.status == "error"
+    assert str(waiting.content).startswith("ERROR approval_pending (APPROVAL_REQUIRED)")
+    assert f"call_id {call_id}" in str(waiting.content)
+    assert call_id not in runs_of(shared_gateway.data_dir, "approved_action")
     assert malformed.status == "error" and "ERROR invalid_arguments (MALFORMED_CALL)" in str(
         malformed.content
     )
@@ -358,3 +361,27 @@ async def test_the_interrupt_carries_the_hash_the_approvers_vote_on(
     assert request["arguments_sha256"] != arguments_sha256({"amount": 7.0})
     voted = await deny_as_a_new_approver(shared_gateway, "erin", request, "checked the hash")
     assert voted.accepted, voted
+
+
+async def test_a_graph_without_a_checkpointer_fails_a_waiting_call_instead_of_pausing(
+    shared_gateway: Gateway,
+) -> None:
+    """An interrupt in a graph with no checkpointer is a pause nothing can resume: the graph
+    would end with no tool message while the call sits in the inbox. The node answers
+    with an error naming the call_id instead (DESIGN invariant 13)."""
+    session = await open_session(shared_gateway)
+    try:
+        graph = StateGraph(MessagesState)
+        graph.add_node("tools", GatewayToolNode(session))
+        graph.add_edge(START, "tools")
+        asked = AIMessage("", tool_calls=[tool_call("approved_action", {"amount": 6}, "c_nc")])
+        state = await graph.compile().ainvoke({"messages": [asked]})
+    finally:
+        await session.aclose()
+    assert "__interrupt__" not in state
+    (failed,) = [m for m in state["messages"] if isinstance(m, ToolMessage)]
+    call_id = failed.artifact["approval"]["call_id"]
+    assert failed.status == "error"
+    assert str(failed.content).startswith("ERROR approval_pending (APPROVAL_REQUIRED)")
+    assert f"toolgate result {call_id}" in str(failed.content)
+    assert call_id not in runs_of(shared_gateway.data_dir, "approved_action")

@@ -30,7 +30,7 @@ from tests.system.framework_graph import approve_in_cli
 from tests.tools.faulty import runs_of
 from toolgate.client.frameworks.openai_agents import GatewayOutput, gateway_function_tools
 from toolgate.client.frameworks.session import GatewaySession
-from toolgate.contracts.registry import load_registry
+from toolgate.contracts.registry import Registry, load_registry
 
 pytestmark = pytest.mark.system
 
@@ -47,9 +47,8 @@ async def open_session(gateway: Gateway, **options: Any) -> GatewaySession:
         user="u-alice",
         session="s-1",
         task_id="task_c04",
-        registry=load_registry(gateway.registry_dir),
         timeout=DEADLINE_S,  # a deadline on a shared, busy machine, not a measure
-        **options,
+        **{"registry": load_registry(gateway.registry_dir), **options},
     )
 
 
@@ -216,3 +215,53 @@ async def test_the_platforms_own_input_guardrail_stops_a_call_before_the_gateway
     assert "the platform allows limit <= 2" in json.dumps(model.calls[1].input, default=str)
     call_id = session.call_id_for("fc_g", "search_sources", SEARCH)
     assert not events_of(await shared_gateway.events(), call_id)  # never published
+
+
+async def test_a_call_a_policy_sends_to_a_human_fails_the_tool_call_never_succeeds(
+    shared_gateway: Gateway,
+) -> None:
+    """A tool the agent's listing does not flag (so no needs_approval pause) that the gateway
+    still sends to a human, as a policy may: the tool call fails with approval_pending and
+    its call_id, rejected by the output guardrail, or halting the run when asked to
+    (DESIGN invariant 13). It was published once and has not run."""
+    listed = load_registry(shared_gateway.registry_dir)
+    spec = listed.get("approved_action")
+    assert spec is not None
+    quiet = spec.model_copy(update={"requires_approval": False, "risk": "low"})
+    registry = Registry({**{n: listed.get(n) for n in listed.names()}, spec.name: quiet})
+    async with await open_session(shared_gateway, registry=registry) as session:
+        model = ScriptedModel(
+            [
+                [function_call("approved_action", {"amount": 12}, call_id="fc_p")],
+                [assistant_message("tried")],
+            ]
+        )
+        agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
+        result = await Runner.run(agent, "act", run_config=OFFLINE)
+        assert not result.interruptions
+        (rejected,) = result.tool_output_guardrail_results
+        assert rejected.output.behavior["type"] == "reject_content"
+        assert rejected.output.output_info["status"] == "approval_pending"
+        call_id = rejected.output.output_info["call_id"]
+        assert call_id == session.call_id_for("fc_p", "approved_action", {"amount": 12})
+        # What the model read: the failure, not a success (the rejected content).
+        (failed,) = outputs(result.new_items)
+        assert str(failed).startswith("ERROR approval_pending (APPROVAL_REQUIRED)")
+        assert f"call_id {call_id}" in json.dumps(model.calls[1].input, default=str)
+
+        halting = gateway_function_tools(session, halt_on={"approval_pending"})
+        model = ScriptedModel(
+            [
+                [function_call("approved_action", {"amount": 13}, call_id="fc_h")],
+                [assistant_message("x")],
+            ]
+        )
+        with pytest.raises(ToolOutputGuardrailTripwireTriggered) as tripped:
+            await Runner.run(
+                Agent(name="researcher", model=model, tools=halting), "act", run_config=OFFLINE
+            )
+    halted = tripped.value.output.output_info["call_id"]
+    assert tripped.value.output.output_info["status"] == "approval_pending"
+    for pending in (call_id, halted):
+        assert pending not in runs_of(shared_gateway.data_dir, "approved_action")
+        assert await ran(shared_gateway, pending) == 0

@@ -15,9 +15,9 @@ from toolgate.client.frameworks.core import (
     approval_request,
     derive_call_id,
     may_need_a_human,
+    not_run,
     observe,
     remedy_of,
-    waiting,
 )
 from toolgate.client.frameworks.session import GatewaySession, SessionError
 from toolgate.contracts.authorization import arguments_sha256
@@ -98,7 +98,9 @@ class TestObserve:
 
 
 class TestWaiting:
-    def test_waiting_names_the_call_id_and_says_the_tool_has_not_run(self) -> None:
+    def test_a_call_not_paused_for_is_an_error_naming_the_call_id_never_a_success(
+        self,
+    ) -> None:
         notice = PendingNotice(
             call_id="tg_1",
             message="waiting for 1 human approval(s) of this high-risk call",
@@ -107,10 +109,13 @@ class TestWaiting:
         )
         request = approval_request(notice, "approved_action", {"amount": 7})
         assert request.arguments_sha256 == "ab" * 32  # what approvers vote on
-        seen = waiting(request)
-        assert not seen.is_error and seen.status == "approval_pending"
-        assert seen.text.startswith("WAITING FOR APPROVAL: call_id tg_1 (approved_action)")
+        seen = not_run(request)  # DESIGN invariant 13: waiting for a human is not done
+        assert seen.is_error and seen.status == "approval_pending" and seen.remedy == "final"
+        assert seen.text.startswith(
+            "ERROR approval_pending (APPROVAL_REQUIRED) from tool approved_action, call_id tg_1."
+        )
         assert "The tool has not run" in seen.text and "2026-12-01T09:00:00" in seen.text
+        assert "Do not call it again" in seen.text and "toolgate result tg_1" in seen.text
         assert request.as_dict()["kind"] == "toolgate_approval"
         json.dumps(request.as_dict())  # an interrupt payload must be JSON-ready
 
