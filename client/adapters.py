@@ -55,6 +55,16 @@ to the provider's id::
 
 **Observation content.** What the model reads back is the JSON encoding of
 the whole `ToolResult`: `{"call_id", "ok", "status", "data", "error"}`.
+
+**A call waiting for a human is never a success.** `GatewayClient.submit`
+waits for the final result (or raises `ResultTimeout`, naming the call_id).
+A platform that answers the model before a human decided (it was told with
+`on_pending=`) may hand the `PendingNotice` to any `to_*` function: the
+answer is an error (`"ok": false`, `"status": "approval_pending"`, code
+`APPROVAL_REQUIRED`; Anthropic's `is_error: true`) saying the tool has not
+run, never a success (DESIGN invariant 13). The call stays in the approvals
+inbox: if a human approves it, it runs once and its result is stored under
+its call_id (`GatewayClient.result`, `toolgate result CALL_ID`).
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ import msgspec
 from toolgate.contracts.calls import (
     ErrorCode,
     ErrorDetail,
+    PendingNotice,
     Principal,
     ToolCall,
     ToolError,
@@ -287,12 +298,34 @@ class _Builder:
         )
 
 
-def observation_json(result: ToolResult) -> str:
-    """The text the model reads back: the JSON encoding of the whole result."""
+def observation_json(result: ToolResult | PendingNotice) -> str:
+    """The text the model reads back: the JSON encoding of the whole result; for a call
+    that waits for a human, an error result saying the tool has not run."""
+    if isinstance(result, PendingNotice):
+        return msgspec.json.encode(_not_run(result)).decode("utf-8")
     return msgspec.json.encode(result).decode("utf-8")
 
 
-def _reply_id(result: ToolResult, provider_call_id: str | None) -> str:
+def _not_run(notice: PendingNotice) -> dict[str, Any]:
+    """A pending call as the model reads it: an error of the ToolResult's shape."""
+    expiry = f" until {notice.expires_at}" if notice.expires_at else ""
+    message = (
+        f"the tool has not run: it waits for a human decision{expiry}"
+        f"{': ' + notice.message if notice.message else ''}. Do not call it again; if a "
+        f"human approves it, it runs once and its result is stored under call_id "
+        f"{notice.call_id}"
+    )
+    error = ToolError(code=ErrorCode.APPROVAL_REQUIRED, message=message, retryable=False)
+    return {
+        "call_id": notice.call_id,
+        "ok": False,
+        "status": notice.status,
+        "data": None,
+        "error": error,
+    }
+
+
+def _reply_id(result: ToolResult | PendingNotice, provider_call_id: str | None) -> str:
     return provider_call_id if provider_call_id is not None else result.call_id
 
 
@@ -337,7 +370,9 @@ def from_openai_chat(
     return builder.out
 
 
-def to_openai_chat(result: ToolResult, *, provider_call_id: str | None = None) -> dict[str, Any]:
+def to_openai_chat(
+    result: ToolResult | PendingNotice, *, provider_call_id: str | None = None
+) -> dict[str, Any]:
     """A `ChatCompletionToolMessageParam` answering the call with `result`."""
     return {
         "role": "tool",
@@ -377,7 +412,7 @@ def from_openai_responses(
 
 
 def to_openai_responses(
-    result: ToolResult, *, provider_call_id: str | None = None
+    result: ToolResult | PendingNotice, *, provider_call_id: str | None = None
 ) -> dict[str, Any]:
     """A `function_call_output` input item answering the call with `result`."""
     return {
@@ -424,11 +459,13 @@ def from_anthropic(
     return builder.out
 
 
-def to_anthropic(result: ToolResult, *, provider_call_id: str | None = None) -> dict[str, Any]:
+def to_anthropic(
+    result: ToolResult | PendingNotice, *, provider_call_id: str | None = None
+) -> dict[str, Any]:
     """A `ToolResultBlockParam` answering the `tool_use` block with `result`."""
     return {
         "type": "tool_result",
         "tool_use_id": _reply_id(result, provider_call_id),
         "content": observation_json(result),
-        "is_error": not result.ok,
+        "is_error": isinstance(result, PendingNotice) or not result.ok,
     }

@@ -52,6 +52,7 @@ from toolgate.client.adapters import (
 )
 from toolgate.contracts.calls import (
     ErrorCode,
+    PendingNotice,
     Principal,
     ToolCall,
     ToolResult,
@@ -539,3 +540,31 @@ def test_parse_arguments_raises_typed_error_naming_the_call():
 
 def test_parse_arguments_accepts_an_already_parsed_object():
     assert parse_arguments("call_1", {"a": 1}) == {"a": 1}
+
+
+# ---------------------------------------------------------------------------
+# a call waiting for a human (DESIGN invariant 13)
+
+
+def test_a_call_waiting_for_a_human_is_an_error_answer_in_every_provider_shape():
+    """A platform told `on_pending` may answer the model before a human decided: every
+    `to_*` then says the tool has not run, as an error, never as a success."""
+    notice = PendingNotice(
+        call_id="toolu_01P",
+        message="waiting for 1 human approval(s) of this high-risk call",
+        expires_at="2026-12-01T09:00:00+00:00",
+    )
+    chat = to_openai_chat(notice)
+    responses = to_openai_responses(notice, provider_call_id="call_orig")
+    block = to_anthropic(notice)
+    assert block["is_error"] is True and block["tool_use_id"] == "toolu_01P"
+    assert responses["call_id"] == "call_orig"
+    for content in (chat["content"], responses["output"], block["content"]):
+        seen = json.loads(content)
+        assert seen["ok"] is False and seen["status"] == "approval_pending"
+        assert seen["data"] is None and seen["error"]["code"] == ErrorCode.APPROVAL_REQUIRED
+        assert "the tool has not run" in seen["error"]["message"]
+        assert "toolu_01P" in seen["error"]["message"]
+    assert_typed_dict_shape(chat, ChatCompletionToolMessageParam)
+    assert_typed_dict_shape(responses, FunctionCallOutput)
+    assert_typed_dict_shape(block, ToolResultBlockParam)
