@@ -40,6 +40,7 @@ from langchain_core.tools import BaseTool, BaseToolkit, ToolException
 from langgraph.types import Command
 from pydantic import ConfigDict
 
+from toolgate.contracts.calls import ToolResult
 from toolgate.contracts.registry import ToolSpec
 
 from .core import ApprovalRequest, not_run, observe
@@ -106,7 +107,7 @@ class GatewayTool(BaseTool):
             return call.message()  # an error message for a call still waiting
         if call.waiting:  # invoked with bare arguments: no message to flag as an error
             raise ApprovalPending(call.request())
-        assert call.outcome is not None and not call.waiting
+        assert isinstance(call.outcome, ToolResult)
         return observe(call.outcome, self.name).text  # text, like any tool
 
     async def _arun(

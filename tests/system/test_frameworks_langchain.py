@@ -226,6 +226,30 @@ async def test_create_react_agent_with_the_toolkit_and_no_middleware_does_not_re
 
 
 @pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # the finding's API
+def test_create_react_agent_driven_synchronously_does_not_report_done_either(
+    shared_gateway: Gateway,
+) -> None:
+    """The same finding through graph.invoke (the tool's synchronous path)."""
+    session = GatewaySession.connect_in_background(
+        shared_gateway.url,
+        asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
+        user="u-alice",
+        session="s-1",
+        registry=load_registry(shared_gateway.registry_dir),
+        timeout=DEADLINE_S,
+    )
+    try:
+        model = ScriptedChat(
+            responses=[calls(tool_call("approved_action", {"amount": 2}, "call_y")), AIMessage("x")]
+        )
+        graph = create_react_agent(model, GatewayToolkit(session=session).get_tools())
+        (pending,) = tool_messages(graph.invoke({"messages": [HumanMessage("act")]}))
+    finally:
+        session.close()
+    assert_failed_loudly(pending, shared_gateway)
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")  # the finding's API
 async def test_create_react_agent_with_the_toolkit_and_a_checkpointer_pauses_and_resumes(
     shared_gateway: Gateway, session: GatewaySession, tmp_path: Path
 ) -> None:
