@@ -502,20 +502,23 @@ def _redecide(
     checker = CallChecker(registry, MAX_CALL_BYTES)
     decisions = {(d.tenant, d.agent, d.call_id): d for d in decided}
     progress = Progress("toolgate audit replay", "calls re-decided", len(recorded))
-    outcomes = [
-        redecide(
-            r.published,
-            r.why_not,
-            Identity(r.tenant, r.agent),
-            decisions.get((r.tenant, r.agent, r.call_id)),
-            checker,
-            engine,
-            clock,
-            r.call_id,
-            r.call.tool if r.call is not None else "",
+    outcomes = []
+    for r in progress.counted(recorded):
+        then = decisions.get((r.tenant, r.agent, r.call_id))
+        tool = r.call.tool if r.call is not None else then.tool if then is not None else ""
+        outcomes.append(
+            redecide(
+                r.published,
+                r.why_not,
+                Identity(r.tenant, r.agent),
+                then,
+                checker,
+                engine,
+                clock,
+                r.call_id,
+                tool,
+            )
         )
-        for r in progress.counted(recorded)
-    ]
     progress.finish()
     print(
         f"decision comparison: {len(outcomes)} recorded call(s) decided again under today's "
