@@ -6,6 +6,8 @@ approval), the one made before any approval. The candidate bundle decides the
 call again with no approval, at the recorded decision's time, and the two are
 compared. Calls whose arguments the audit did not keep, rate-limit denials
 (not a policy decision) and tools no longer registered are counted apart.
+Reading the recorded decisions and deciding again are cli/redecide.py's, shared
+with `toolgate audit replay`.
 """
 
 from __future__ import annotations
