@@ -2,7 +2,9 @@
 
     toolgate audit trace CALL_ID         the call's story, in order
     toolgate audit sql "SELECT ..."      read-only SQL; --format table|csv|json
-    toolgate audit replay CALL_ID        run recorded calls again (or --since with filters)
+    toolgate audit replay CALL_ID        decide recorded calls again under today's registry
+                                         and bundle (or --since with filters); runs nothing
+    toolgate audit replay --execute ...  run read_only tools again, compare their results
     toolgate audit verify                check the hash chains against their signatures
     toolgate audit schema                apply the DDL (the sink does this at start-up)
 
@@ -11,8 +13,9 @@ ClickHouse `toolgate up` recorded in DATA_DIR/context.json, else
 http://127.0.0.1:8123/toolgate. --since takes 90s, 30m, 24h, 7d or an ISO 8601
 time (UTC unless it says). Long runs print their progress to stderr.
 
-Exit codes: 0 done (trace: found; replay: every result the same; verify:
-intact), 1 a clear "no" (nothing found, a result differs, tampering found),
+Exit codes: 0 done (trace: found; replay: every decision, or with --execute every
+result, the same; verify: intact), 1 a clear "no" (nothing found, a decision or
+result differs or could not be compared, tampering found),
 2 bad input or configuration (a flag, a URL, no such database, a missing or
 bad key, a query ClickHouse refused), 3 could not reach ClickHouse or NATS.
 Every failure is one line on stderr.
@@ -29,9 +32,10 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from toolgate.contracts.registry import RegistryError
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.timespec import FORMS, TimeSpecError, parse_since
@@ -47,6 +51,11 @@ from toolgate.services.audit.connection import (
     login_url,
     one_line,
 )
+
+if TYPE_CHECKING:  # the commands import these when they run, not when the CLI starts
+    from toolgate.cli.redecide import ActiveBundle, Recorded
+    from toolgate.contracts.registry import Registry
+    from toolgate.services.audit.replay import RecordedCall
 
 READONLY = 164  # ClickHouse's error code for a write under readonly=1
 ACCESS_DENIED = 497  # ... for what the user's grants do not allow (the auditor: any write)
@@ -210,7 +219,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_store_options(sql)
     sql.set_defaults(func=cmd_sql)
 
-    replay = commands.add_parser("replay", help="drive recorded calls through a gateway again")
+    replay = commands.add_parser(
+        "replay",
+        help="decide recorded calls again (nothing runs); --execute: run read_only tools again",
+    )
     replay.add_argument("call_id", nargs="?", default=None)
     replay.add_argument(
         "--since",
@@ -228,25 +240,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     replay.add_argument("--include-replays", action="store_true")
     replay.add_argument(
+        "--execute",
+        action="store_true",
+        help="run the tools again as new calls through the gateway and compare results; "
+        "only tools declared read_only: true in today's registry (any other is refused, "
+        "exit 2, before anything is sent)",
+    )
+    replay.add_argument(
+        "--registry",
+        type=Path,
+        action="append",
+        default=None,
+        help="today's tool registry directory, repeatable (default: $TOOLGATE_REGISTRY, "
+        "else the one `toolgate up` recorded in DATA_DIR/context.json, else the built-in tools)",
+    )
+    replay.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="the gateway's state directory: its context.json and the policy-signing "
+        "public key (default: $TOOLGATE_DATA_DIR or .toolgate)",
+    )
+    replay.add_argument(
         "--timeout",
         type=float,
         default=60.0,
-        help="seconds to wait for each replayed call's result (default %(default)s)",
+        help="with --execute: seconds to wait for each call's result (default %(default)s)",
     )
     replay.add_argument(
         "--nats-url",
-        default=env.env_nats_url(),
-        help="the running gateway (default: $TOOLGATE_NATS_URL, else the one "
-        "`toolgate up` recorded; now %(default)s)",
+        default=None,
+        help="the running gateway, whose policies bucket holds today's bundle (default: "
+        "$TOOLGATE_NATS_URL, else the one `toolgate up` recorded in DATA_DIR, else "
+        f"{env.DEFAULT_NATS_URL})",
     )
     replay.add_argument(
         "--creds",
         type=Path,
-        default=env.env_nats_creds("admin"),
-        help="on a locked bus: the operator's (admin) creds, or the creds of "
-        "the agent whose calls are replayed (default: "
-        "$TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` "
-        "recorded)",
+        default=None,
+        help="on a locked bus: the operator's (admin) creds, which may read the active "
+        "bundle; with --execute also the creds of the agent whose calls are re-run "
+        "(default: $TOOLGATE_NATS_CREDS, else the admin creds `toolgate up` recorded in "
+        "DATA_DIR)",
     )
     add_store_options(replay)
     replay.set_defaults(func=cmd_replay)
@@ -377,8 +412,11 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 @fails_in_one_line("toolgate audit replay")
 def cmd_replay(args: argparse.Namespace) -> int:
-    from toolgate.services.audit.progress import Progress
-    from toolgate.services.audit.replay import find_recorded, replay, side_by_side
+    """Re-decide (default) or, with --execute, re-run read_only tools; see redecide.py."""
+    from toolgate.cli.main import _recorded_registry
+    from toolgate.cli.redecide import read_recorded
+    from toolgate.runtime.settings import GatewaySettings
+    from toolgate.services.audit.replay import find_recorded
 
     since = since_of(args.since)
     if not args.call_id and since is None:
@@ -388,8 +426,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise Failed(f"--timeout {args.timeout:g}: give a number of seconds > 0")
     _check_timeout(args)
+    data_dir = args.data_dir or env.env_data_dir()
+    args.nats_url, args.creds = _operator_bus(args.nats_url, args.creds, data_dir)
     _check_nats_url(args.nats_url)
-    store, client = _open(args)
+    registry_dirs = tuple(args.registry or _recorded_registry(data_dir))
+    try:
+        registry = GatewaySettings(registry_dirs=registry_dirs).load_registry()
+    except RegistryError as exc:
+        raise Failed(f"tool registry: {exc} (--registry or $TOOLGATE_REGISTRY)") from None
+    store, client = _open(args, args.data_dir)
     with store.errors():
         recorded = find_recorded(
             client,
@@ -415,7 +460,159 @@ def cmd_replay(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    progress = Progress("toolgate audit replay", "calls replayed", len(recorded))
+    registry_text = ":".join(map(str, registry_dirs)) or "the built-in tools"
+    if args.execute:
+        return _execute(args, recorded, registry, registry_text)
+    with store.errors():
+        decided = read_recorded(client, call_ids=sorted({r.call_id for r in recorded}))
+    return _redecide(args, recorded, decided, registry, registry_text, data_dir)
+
+
+def _operator_bus(url: str | None, creds: Path | None, data_dir: Path) -> tuple[str, Path | None]:
+    """The flags, else the TOOLGATE_* variables, else what `toolgate up` recorded in
+    DATA_DIR (the admin creds), else the default URL and no creds."""
+    context = env.read_context(data_dir)
+    url = url or os.environ.get("TOOLGATE_NATS_URL") or context.get("nats_url")
+    if creds is None and os.environ.get("TOOLGATE_NATS_CREDS"):
+        creds = Path(os.environ["TOOLGATE_NATS_CREDS"])
+    recorded = (context.get("creds") or {}).get("admin")
+    if creds is None and isinstance(recorded, str) and Path(recorded).exists():
+        creds = Path(recorded)
+    return url or env.DEFAULT_NATS_URL, creds
+
+
+def _redecide(
+    args: argparse.Namespace,
+    recorded: list[RecordedCall],
+    decided: list[Recorded],
+    registry: Registry,
+    registry_text: str,
+    data_dir: Path,
+) -> int:
+    """Every recorded call through validation, policy and the approval rule, here."""
+    from toolgate.cli.redecide import RecordedClock, redecide
+    from toolgate.contracts.calls import MAX_CALL_BYTES
+    from toolgate.services.audit.progress import Progress
+    from toolgate.services.policy.engine import CedarEngine
+    from toolgate.services.validator.logic import CallChecker, Identity
+
+    bundle = _active_bundle(args, data_dir)
+    clock = RecordedClock()
+    engine = CedarEngine(bundle.engine.bundle, clock=clock)  # today's bundle, the recorded time
+    checker = CallChecker(registry, MAX_CALL_BYTES)
+    decisions = {(d.tenant, d.agent, d.call_id): d for d in decided}
+    progress = Progress("toolgate audit replay", "calls re-decided", len(recorded))
+    outcomes = []
+    for r in progress.counted(recorded):
+        then = decisions.get((r.tenant, r.agent, r.call_id))
+        tool = r.call.tool if r.call is not None else then.tool if then is not None else ""
+        outcomes.append(
+            redecide(
+                r.published,
+                r.why_not,
+                Identity(r.tenant, r.agent),
+                then,
+                checker,
+                engine,
+                clock,
+                r.call_id,
+                tool,
+            )
+        )
+    progress.finish()
+    print(
+        f"decision comparison: {len(outcomes)} recorded call(s) decided again under today's "
+        f"registry ({registry_text}) and today's policy bundle {engine.version} "
+        f"({bundle.source}); nothing was published, no tool ran\n"
+    )
+    for outcome in outcomes:
+        print(outcome.text(engine.version), end="\n\n")
+    same = sum(1 for o in outcomes if o.same)
+    differ = sum(1 for o in outcomes if o.same is False)
+    print(
+        f"{same} same decision(s), {differ} different, {len(outcomes) - same - differ} not compared"
+    )
+    return 0 if same == len(outcomes) else 1
+
+
+def _active_bundle(args: argparse.Namespace, data_dir: Path) -> ActiveBundle:
+    """Today's active bundle, read from the running gateway's policies bucket."""
+    import nats.errors
+    from nats.js.errors import Error as JetStreamError
+
+    from toolgate.cli.main import Failed as NoNats
+    from toolgate.cli.main import connect_nats
+    from toolgate.cli.redecide import load_active_bundle
+    from toolgate.runtime.creds import identity_of_creds
+    from toolgate.services.policy.app import PolicyStateError
+    from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, BundleError
+    from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
+
+    agent = identity_of_creds(args.creds) if args.creds is not None else None
+    if agent is not None:
+        raise Failed(
+            f"--creds {args.creds} speak for agent {agent[0]}.{agent[1]}, and re-deciding reads "
+            f"today's policy bundle ({POLICIES_BUCKET}), which takes the operator's (admin) "
+            "creds, the default where `toolgate up` ran (an agent's creds may re-run its own "
+            "read_only calls: --execute)"
+        )
+    recorded = env.read_context(data_dir).get("policy_dir")
+    local = Path(recorded) if isinstance(recorded, str) and recorded else DEFAULT_BUNDLE_DIR
+
+    async def load() -> ActiveBundle:
+        nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
+        try:
+            js = nc.jetstream(timeout=args.connect_timeout)
+            return await load_active_bundle(js, data_dir / "keys", local)
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(load())
+    except NoNats as exc:
+        raise Failed(str(exc), exc.code) from None
+    except PolicyStateError as exc:
+        raise Failed(
+            "today's active policy bundle would not be used by a policy service: "
+            + exc.reason.removeprefix("policy service not starting: ")
+        ) from None
+    except BundleError as exc:
+        raise Failed(
+            f"the local policy bundle {local} (used while none was pushed) is not valid: "
+            + "; ".join(str(exc).splitlines())
+        ) from None
+    except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        denied = "permission" in text.lower()
+        raise Failed(
+            f"cannot read today's policy bundle ({POLICIES_BUCKET}/{ACTIVE_KEY}) at "
+            f"{args.nats_url}: {text} (it takes the operator's creds: --creds, default the "
+            "admin creds `toolgate up` recorded)",
+            BAD_CONFIG if denied else UNREACHABLE,
+        ) from None
+
+
+def _execute(
+    args: argparse.Namespace, recorded: list[RecordedCall], registry: Registry, registry_text: str
+) -> int:
+    """--execute: read_only tools only, refused before anything is sent."""
+    from toolgate.services.audit.progress import Progress
+    from toolgate.services.audit.replay import replay, side_by_side
+
+    tools = sorted({r.call.tool for r in recorded if r.call is not None})
+    refused = [t for t in tools if not getattr(registry.get(t), "read_only", False)]
+    if refused:
+        raise Failed(
+            f"--execute runs tools again, and {', '.join(refused)} "
+            f"{'is' if len(refused) == 1 else 'are'} not declared read_only: true in today's "
+            f"registry ({registry_text}): nothing was sent; without --execute the calls are "
+            "re-decided and no tool runs"
+        )
+    print(
+        f"result comparison: {len(recorded)} recorded call(s) of read_only tools run again "
+        f"as new calls through the gateway at {args.nats_url}\n"
+    )
+    progress = Progress("toolgate audit replay", "calls re-executed", len(recorded))
     outcomes = asyncio.run(
         replay(
             args.nats_url,

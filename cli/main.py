@@ -88,10 +88,10 @@ def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _recorded_registry() -> list[Path]:
+def _recorded_registry(data_dir: Path | None = None) -> list[Path]:
     """$TOOLGATE_REGISTRY, else the registry dirs `toolgate up` started its services with."""
     return env.env_registry_dirs() or [
-        Path(p) for p in env.read_context().get("registry_dirs") or [] if isinstance(p, str)
+        Path(p) for p in env.read_context(data_dir).get("registry_dirs") or [] if isinstance(p, str)
     ]
 
 

@@ -1,15 +1,19 @@
-"""`toolgate audit replay`: drive recorded calls through a running gateway again.
+"""`toolgate audit replay`: the recorded calls it compares, and its `--execute` mode.
 
-A replayed call is a new call of the same agent: new call_id
-`rp-<original>-<random>` and `context.replay_of = <original>`, published on
-that agent's calls subject (tenant and agent are the ones the bus recorded for
-the original, not its payload's word), so it is validated, decided and (where
-the policy says so) approved again, under today's registry and policy, and its
-own events are audited. With the operator's (admin) creds any agent's calls
-can be replayed; with an agent's creds, only that agent's. Only calls whose
-arguments were recorded in full can be replayed; the original result is
-compared by status and by the SHA-256 of its data (which the audit keeps
-even when the data itself is redacted).
+By default `audit replay` re-decides (cli/redecide.py): nothing is published and
+no tool runs. This module finds the recorded calls (each by its first request:
+the one that was decided) and, only for `--execute`, drives them through a
+running gateway again: a re-executed call is a new call of the same agent:
+new call_id `rp-<original>-<random>` and `context.replay_of = <original>`,
+published on that agent's calls subject (tenant and agent are the ones the
+bus recorded for the original, not its payload's word), so it is validated,
+decided and (where the policy says so) approved again, under today's registry
+and policy, and its own events are audited. The command lets only tools
+declared `read_only` be re-executed. With the operator's (admin) creds any
+agent's calls can be re-executed; with an agent's creds, only that agent's.
+Only calls whose arguments were recorded in full can be replayed; the
+original result is compared by status and by the SHA-256 of its data (which
+the audit keeps even when the data itself is redacted).
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class RecordedCall:
     # Who sent it, as the bus recorded it (a call is (tenant, agent, call_id)).
     tenant: str = ""
     agent: str = ""
+    # The call as its agent published it (its own principal claim included), for
+    # deciding it again as the validator did; None when `call` is None.
+    published: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,11 @@ def find_recorded(
     if not include_replays and not call_id:
         where.append(f"NOT startsWith(call_id, '{REPLAY_PREFIX}')")
     # The same call_id from two agents is two calls: each is keyed by its sender too.
+    # A call_id published again is the same call: its first request is the one decided.
     requested = client.query(
-        f"SELECT tenant, agent, call_id, payload, note FROM events WHERE {' AND '.join(where)} "
-        "ORDER BY occurred_at DESC LIMIT 1 BY tenant, agent, call_id LIMIT {limit:UInt32}",
+        "SELECT tenant, agent, call_id, argMin(payload, occurred_at), argMin(note, occurred_at), "
+        f"min(occurred_at) AS first FROM events WHERE {' AND '.join(where)} "
+        "GROUP BY tenant, agent, call_id ORDER BY first DESC LIMIT {limit:UInt32}",
         parameters=params,
     ).result_rows
     ids = sorted({r[2] for r in requested})
@@ -132,7 +141,7 @@ def find_recorded(
         else {}
     )
     recorded = []
-    for tenant_, agent_, cid, payload, note in reversed(requested):  # oldest first
+    for tenant_, agent_, cid, payload, note, _ in reversed(requested):  # oldest first
         status_, code, result_payload, sha = results.get((tenant_, agent_, cid), ("", "", "{}", ""))
         call, why_not = recorded_call(payload, note, tenant_, agent_)
         recorded.append(
@@ -146,6 +155,7 @@ def find_recorded(
                 sha,
                 tenant=tenant_,
                 agent=agent_,
+                published=json.loads(payload)["call"] if call is not None else None,
             )
         )
     return recorded

@@ -6,10 +6,13 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+from collections import Counter
 from collections.abc import Iterator
 
 import msgspec
 import pytest
+import yaml
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from tests.harness import Gateway, make_test_registry
@@ -18,6 +21,7 @@ from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import decode_event
+from toolgate.services.executor.tools.save_evidence import read_evidence
 
 pytestmark = pytest.mark.system
 
@@ -112,7 +116,7 @@ def audit_cli(*argv: str) -> int:
 @pytest.fixture(scope="module")
 def story(audited: Gateway) -> dict[str, str]:
     """A few calls of every kind, audited."""
-    ids = {name: new_call_id() for name in ("search", "invalid", "broken", "denied")}
+    ids = {name: new_call_id() for name in ("search", "invalid", "broken", "denied", "saved")}
 
     async def run() -> None:
         async with await audited.client() as client:
@@ -128,6 +132,14 @@ def story(audited: Gateway) -> dict[str, str]:
                 task_id="mine",
                 call_id=ids["denied"],
             )
+            saved = await client.call(
+                "save_evidence",
+                {"task_id": "mine", "claim": "c", "source_url": "https://x.org"},
+                principal=ALICE,
+                task_id="mine",
+                call_id=ids["saved"],
+            )
+            assert saved.status == "ok", saved
         nc = await audited.connect()
         await nc.jetstream().publish(subjects.calls_subject(ALICE.tenant, ALICE.agent), b"{garbage")
         await nc.close()
@@ -155,6 +167,7 @@ def test_every_event_reaches_clickhouse_exactly_once(audited, story):
     assert final[story["invalid"]] == "invalid_arguments"
     assert final[story["broken"]] == "invalid_tool_result"
     assert final[story["denied"]] == "denied"
+    assert final[story["saved"]] == "ok"
 
 
 def test_trace_prints_the_story_in_order(audited, story, capsys):
@@ -189,12 +202,129 @@ def test_sql_is_read_only_and_formats(audited, story, capsys):
     assert "read-only" in capsys.readouterr().err.lower()
 
 
-def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
+def evidence_rows(gateway: Gateway) -> list[dict[str, object]]:
+    return read_evidence(gateway.data_dir / "tools" / "save_evidence", "acme", "mine")
+
+
+def audited_event_types(gateway: Gateway, call_id: str) -> Counter[str]:
+    """The events of a call and of any re-run of it (rp-<call_id>-...), by type."""
+    asyncio.run(wait_until_audited(gateway))
+    rows = (
+        gateway.audit_client()
+        .query(
+            "SELECT event_type FROM events WHERE call_id = {id:String} "
+            "OR startsWith(call_id, {rerun:String})",
+            parameters={"id": call_id, "rerun": f"rp-{call_id}"},
+        )
+        .result_rows
+    )
+    return Counter(r[0] for r in rows)
+
+
+def test_replay_re_decides_and_runs_nothing(audited, story, capsys):
+    """Invariant 11: replaying a recorded save_evidence call decides it again here (today's
+    registry, today's bundle): no second evidence row, nothing published (no new
+    CallRequested or ExecutionStarted), the same decision, exit 0. It used to publish a
+    new call, store a second row and say DIFFERENT result, exit 1."""
     url = audited.audit_url()
+    rows = evidence_rows(audited)
+    assert [r["call_id"] for r in rows] == [story["saved"]]
+    events = audited_event_types(audited, story["saved"])
+    stored = asyncio.run(stored_messages(audited))
+    assert audit_cli("replay", story["saved"], *operator_bus(audited), "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("decision comparison: 1 recorded call(s) decided again"), out
+    assert "nothing was published, no tool ran" in out
+    assert f"acme.researcher {story['saved']} (save_evidence): SAME decision" in out
+    assert "recorded: allowed by " in out and "today:    allowed by " in out
+    assert evidence_rows(audited) == rows
+    assert asyncio.run(stored_messages(audited)) == stored
+    assert audited_event_types(audited, story["saved"]) == events
+    assert events["CallRequested"] == events["ExecutionStarted"] == 1
+    # The README's example: every save_evidence call of the last hour, the denied one too.
     assert (
-        audit_cli("replay", story["search"], *operator_bus(audited), "--clickhouse-url", url) == 0
+        audit_cli(
+            "replay",
+            "--since",
+            "1h",
+            "--tool",
+            "save_evidence",
+            *operator_bus(audited),
+            "--clickhouse-url",
+            url,
+        )
+        == 0
     )
     out = capsys.readouterr().out
+    assert out.count("SAME decision") == 2, out
+    assert "denied: denied TASK_SCOPE_VIOLATION by task-scope" in out
+    assert "2 same decision(s), 0 different, 0 not compared" in out
+    assert evidence_rows(audited) == rows
+    assert asyncio.run(stored_messages(audited)) == stored
+    # Rejected by validation then, and now: the same rejection.
+    assert (
+        audit_cli("replay", story["invalid"], *operator_bus(audited), "--clickhouse-url", url) == 0
+    )
+    assert (
+        "rejected by validation: invalid_arguments SCHEMA_VALIDATION_FAILED"
+        in capsys.readouterr().out
+    )
+
+
+def test_replay_under_another_registry_names_what_changed(audited, story, capsys, tmp_path):
+    """Today's registry may differ from the one the call was decided under: the replay
+    says so per field, exit 1 (and still runs nothing)."""
+    registry = make_test_registry(tmp_path / "registry")
+    evidence = registry / "save_evidence.yaml"
+    evidence.write_text(evidence.read_text() + "\nrequires_approval: true\n")
+    search = registry / "search_sources.yaml"
+    spec = yaml.safe_load(search.read_text())
+    spec["input_schema"]["properties"]["limit"]["maximum"] = 2
+    search.write_text(yaml.safe_dump(spec))
+    rows, stored = evidence_rows(audited), asyncio.run(stored_messages(audited))
+    argv = [*operator_bus(audited), "--clickhouse-url", audited.audit_url()]
+    assert audit_cli("replay", story["saved"], "--registry", str(registry), *argv) == 1
+    out = capsys.readouterr().out
+    assert f"registry ({registry})" in out
+    line = next(x for x in out.splitlines() if story["saved"] in x)
+    assert "DIFFERENT decision: decision allow -> approval" in line, out
+    assert "approvers needed - -> 1" in line
+    assert "today:    approval required (1 approver(s))" in out
+    assert audit_cli("replay", story["search"], "--registry", str(registry), *argv) == 1
+    out = capsys.readouterr().out
+    assert (
+        "DIFFERENT decision: decision allow -> rejected; status - -> invalid_arguments; "
+        "error code - -> SCHEMA_VALIDATION_FAILED" in out
+    ), out
+    assert evidence_rows(audited) == rows
+    assert asyncio.run(stored_messages(audited)) == stored
+
+
+def test_execute_refuses_a_tool_that_is_not_read_only(audited, story, capsys):
+    """Re-running a tool is asked for by name (--execute), and only a read_only tool may be
+    re-run: save_evidence is refused in one line, exit 2, before anything is sent."""
+    rows, stored = evidence_rows(audited), asyncio.run(stored_messages(audited))
+    argv = [*operator_bus(audited), "--clickhouse-url", audited.audit_url()]
+    for selection in ([story["saved"]], ["--since", "1h"]):
+        assert audit_cli("replay", *selection, "--execute", *argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1, captured
+        assert captured.err.startswith("toolgate audit replay: --execute runs tools again, and ")
+        assert "save_evidence" in captured.err and "not declared read_only: true" in captured.err
+    assert evidence_rows(audited) == rows
+    assert asyncio.run(stored_messages(audited)) == stored
+
+
+def test_execute_runs_a_read_only_call_again_as_a_new_call(audited, story, capsys):
+    url = audited.audit_url()
+    assert (
+        audit_cli(
+            "replay", story["search"], "--execute", *operator_bus(audited), "--clickhouse-url", url
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("result comparison: 1 recorded call(s) of read_only tools run again")
     assert "SAME result" in out and f"rp-{story['search']}-" in out
     asyncio.run(wait_until_audited(audited))
     client = audited.audit_client()
@@ -222,6 +352,7 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
             "search_sources",
             "--status",
             "ok",
+            "--execute",
             *operator_bus(audited),
             "--clickhouse-url",
             url,
@@ -239,16 +370,23 @@ def test_replay_runs_the_call_again_as_a_new_call(audited, story, capsys):
         await wait_until_audited(audited)
 
     asyncio.run(submit())
-    assert audit_cli("replay", echo.call_id, *operator_bus(audited), "--clickhouse-url", url) == 1
-    assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
+    for mode in ([], ["--execute"]):
+        assert (
+            audit_cli(
+                "replay", echo.call_id, *mode, *operator_bus(audited), "--clickhouse-url", url
+            )
+            == 1
+        )
+        assert "arguments were not recorded (audit: hash)" in capsys.readouterr().out
 
 
-def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys):
+def test_an_agent_re_executes_its_own_calls_and_no_one_elses(audited, story, capsys):
     url = audited.audit_url()
     assert (
         audit_cli(
             "replay",
             story["search"],
+            "--execute",
             *agent_bus(audited, "acme", "researcher"),
             "--clickhouse-url",
             url,
@@ -261,6 +399,7 @@ def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys)
         audit_cli(
             "replay",
             story["search"],
+            "--execute",
             *agent_bus(audited, "acme", "writer"),
             "--clickhouse-url",
             url,
@@ -270,15 +409,38 @@ def test_an_agent_replays_its_own_calls_and_no_one_elses(audited, story, capsys)
     out = capsys.readouterr().out
     assert "cannot replay: a call of acme.researcher" in out and "acme.writer" in out
     assert "SAME result" not in out
+    # Re-deciding reads today's bundle, which an agent may not: one line, exit 2.
+    assert (
+        audit_cli(
+            "replay",
+            story["search"],
+            *agent_bus(audited, "acme", "researcher"),
+            "--clickhouse-url",
+            url,
+        )
+        == 2
+    )
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert "speak for agent acme.researcher, and re-deciding reads" in captured.err
 
 
 def test_replay_defaults_to_what_toolgate_up_recorded(audited, story, capsys, monkeypatch):
     """No --nats-url, no --creds: the gateway's URL and the operator's creds, from the
-    context `toolgate up` wrote (the default agent could replay only its own calls)."""
-    for name in ("TOOLGATE_NATS_URL", "TOOLGATE_NATS_CREDS"):
+    context `toolgate up` wrote (the default agent could replay only its own calls), in
+    $TOOLGATE_DATA_DIR or --data-dir."""
+    for name in ("TOOLGATE_NATS_URL", "TOOLGATE_NATS_CREDS", "TOOLGATE_DATA_DIR"):
         monkeypatch.delenv(name, raising=False)
+    url = audited.audit_url()
+    assert audit_cli("replay", story["search"], "--data-dir", str(audited.data_dir)) == 0
+    assert "SAME decision" in capsys.readouterr().out
     monkeypatch.setenv("TOOLGATE_DATA_DIR", str(audited.data_dir))
-    assert audit_cli("replay", story["search"], "--clickhouse-url", audited.audit_url()) == 0
+    assert audit_cli("replay", story["search"], "--clickhouse-url", url) == 0
+    assert "SAME decision" in capsys.readouterr().out
+    assert (
+        audit_cli("replay", story["search"], "--execute", "--clickhouse-url", audited.audit_url())
+        == 0
+    )
     assert "SAME result" in capsys.readouterr().out
 
 
@@ -315,8 +477,17 @@ def test_a_call_id_used_by_two_agents_is_two_calls(audited, story, capsys):
     out = capsys.readouterr().out
     assert "requested search_sources by agent writer for user u-carol" in out
     assert "arguments rejected: invalid_arguments" in out and "researcher" not in out
-    # Each replayed as its own agent's call, compared with its own recorded result.
+    # Each decided again as its own agent's call, beside its own recorded decision.
     assert audit_cli("replay", shared, *operator_bus(audited), "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert out.count("SAME decision") == 2
+    assert f"acme.writer {shared} (search_sources): SAME decision" in out
+    assert "rejected by validation: invalid_arguments SCHEMA_VALIDATION_FAILED" in out
+    # And re-run (search_sources is read_only), each compared with its own recorded result.
+    assert (
+        audit_cli("replay", shared, "--execute", *operator_bus(audited), "--clickhouse-url", url)
+        == 0
+    )
     assert capsys.readouterr().out.count("SAME result") == 2
 
 
@@ -369,7 +540,9 @@ def test_replay_shows_progress_when_it_takes_a_while(audited, story, capsys, mon
     )
     err = capsys.readouterr().err.splitlines()
     assert (
-        err and err[-1].startswith("toolgate audit replay: ") and "calls replayed (100%)" in err[-1]
+        err
+        and err[-1].startswith("toolgate audit replay: ")
+        and "calls re-decided (100%)" in err[-1]
     ), err
 
 
@@ -403,3 +576,53 @@ def test_malformed_call_is_recorded(audited, story):
     ).result_rows
     assert json.loads(payload)["excerpt"] == "{garbage"
     assert msgspec.json.decode(payload)["bytes"] == 8
+
+
+NO_EVIDENCE = """
+@id("no-evidence-today")
+@error_code("POLICY_DENIED")
+@reason("no evidence is saved today")
+forbid (principal, action, resource)
+when { context.tool == Tool::"save_evidence" };
+"""
+
+
+def test_replay_under_a_pushed_bundle_names_what_changed(audited, story, capsys, tmp_path):
+    """Today's bundle is the one the policy service would load from the policies bucket
+    (signature checked): a bundle pushed since the call makes the replay exit 1, naming
+    the decision, status, error code and policies that changed. (Last in this module: it
+    pushes the default bundle back when done.)"""
+    from toolgate.cli.main import main
+    from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(DEFAULT_BUNDLE_DIR, bundle)
+    (bundle / "no_evidence.cedar").write_text(NO_EVIDENCE)
+    push = ["--data-dir", str(audited.data_dir), *operator_bus(audited)]
+    assert main(["policy", "push", str(bundle), *push]) == 0
+    said = capsys.readouterr().out  # "pushed policy bundle VERSION to ... (revision N, ..."
+    pushed, revision = said.split()[3], said.split("(revision ")[1].split(",")[0]
+    try:
+        rows, stored = evidence_rows(audited), asyncio.run(stored_messages(audited))
+        argv = [*push, "--clickhouse-url", audited.audit_url()]
+        assert audit_cli("replay", story["saved"], *argv) == 1
+        out = capsys.readouterr().out
+        assert (
+            f"today's policy bundle {pushed} (toolgate_policies/active revision {revision})" in out
+        )
+        line = next(x for x in out.splitlines() if story["saved"] in x)
+        assert (
+            "DIFFERENT decision: decision allow -> deny; status - -> denied; "
+            "error code - -> POLICY_DENIED; policies " in line
+        ), out
+        assert line.endswith("-> no-evidence-today"), line
+        assert (
+            f"today:    denied: denied POLICY_DENIED by no-evidence-today under bundle {pushed}"
+            in out
+        )
+        # A call the new policy does not touch decides the same.
+        assert audit_cli("replay", story["search"], *argv) == 0
+        assert evidence_rows(audited) == rows
+        assert asyncio.run(stored_messages(audited)) == stored
+    finally:
+        assert main(["policy", "push", str(DEFAULT_BUNDLE_DIR), *push]) == 0
