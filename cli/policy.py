@@ -60,9 +60,7 @@ from toolgate.services.policy.bundle import BundleError, bundle_version, read_bu
 from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
     POLICIES_BUCKET,
-    open_bucket,
     policies_bucket_config,
-    push_bundle,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
 from toolgate.services.policy.pushing import BucketState, push_next_version, read_state
@@ -192,32 +190,6 @@ async def connect_bus(
             + (f" as {creds}" if creds else "")
             + f": {_reason(errors[-1] if errors else exc)}"
         ) from None
-
-
-async def store(nc: NATS, bundle: StoredBundle) -> int:
-    """Make a signed bundle the active one; its KV revision. PushFailed if the bus says no."""
-    try:
-        kv = await open_bucket(nc.jetstream(), policies_bucket_config())
-        return await push_bundle(kv, bundle)
-    except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
-        raise PushFailed(
-            f"cannot store the bundle in {POLICIES_BUCKET} at "
-            f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
-            f"{_reason(exc)} (pushing takes the operator's admin creds)"
-        ) from None
-
-
-async def push(
-    nats_url: str,
-    bundle: StoredBundle,
-    creds: Path | None = None,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-) -> int:
-    nc = await connect_bus(nats_url, creds, connect_timeout)
-    try:
-        return await store(nc, bundle)
-    finally:
-        await nc.close()
 
 
 def _reason(exc: BaseException) -> str:
