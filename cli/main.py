@@ -7,7 +7,7 @@
     toolgate call TOOL 'JSON-ARGS'     publish one call, print its ToolResult
     toolgate result CALL_ID            fetch a stored result again
     toolgate approvals list|show|approve|deny|add-approver|inbox   humans decide
-    toolgate policy check|push|test    Cedar policy bundles
+    toolgate policy check|push|rollback|test   Cedar policy bundles
     toolgate audit trace|sql|replay|verify   the audit trail in ClickHouse
     toolgate schema                    JSON Schema of the wire contract
     toolgate bench [pipeline|policy|audit|audit-queries]   figures, printed

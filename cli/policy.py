@@ -1,10 +1,15 @@
-"""`toolgate policy check DIR`, `toolgate policy push DIR` and `toolgate policy test DIR`.
+"""`toolgate policy check|push|rollback|test`.
 
 check validates a bundle directory here and prints its version; push
 validates it the same way, signs it with the operator's policy-signing key
-(DATA_DIR/keys/policy-signing.key, created on first push), then stores it as
-the active bundle, which every policy replica verifies and loads within a
-moment. A bundle that fails validation is never pushed: the command prints
+(DATA_DIR/keys/policy-signing.key, created on first push) as the next version
+number (one more than any in the bucket's history and than the one the policy
+service last accepted), then stores it as the active bundle, which every
+policy replica verifies and loads within a moment. Should the bucket change
+between reading it and writing (another push), push refuses (exit 1) rather
+than write a version that is not the newest. rollback VERSION takes that
+version's content from the bucket's history and pushes it again, signed as a
+new, higher version. A bundle that fails validation is never pushed: the command prints
 file, line and reason and exits 2; a bus it cannot reach or write to gets
 one line and exit 3. push finds NATS the way every command does (flags,
 TOOLGATE_* variables, else what `toolgate up` recorded, as admin). test
@@ -21,13 +26,17 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nats
 import nats.errors
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from nats.aio.client import Client as NATS
 from nats.js.errors import Error as JetStreamError
+from nats.js.errors import KeyWrongLastSequenceError
 
 from toolgate.cli.audit import (
     Failed,
@@ -46,20 +55,19 @@ from toolgate.runtime.settings import (
     env_nats_url,
     env_registry_dirs,
 )
-from toolgate.services.policy.bundle import BundleError, read_bundle_dir
+from toolgate.services.policy import versions
+from toolgate.services.policy.bundle import BundleError, bundle_version, read_bundle_dir
 from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
     POLICIES_BUCKET,
-    open_bucket,
     policies_bucket_config,
-    push_bundle,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
+from toolgate.services.policy.pushing import BucketState, push_next_version, read_state
 from toolgate.services.policy.signing import (
     PRIVATE_KEY_FILE,
     StoredBundle,
     ensure_signing_key,
-    sign_bundle,
 )
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -75,32 +83,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     check.set_defaults(func=cmd_check)
     push = commands.add_parser("push", help="validate a bundle and make it active everywhere")
     push.add_argument("directory", type=Path)
-    push.add_argument(
-        "--nats-url",
-        default=env_nats_url(),
-        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
-        "`toolgate up` recorded; now %(default)s)",
-    )
-    push.add_argument(
-        "--creds",
-        type=Path,
-        default=env_nats_creds("admin"),
-        help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the admin "
-        "creds `toolgate up` recorded; now %(default)s)",
-    )
-    push.add_argument(
-        "--data-dir",
-        type=Path,
-        default=env_data_dir(),
-        help="where keys/policy-signing.key is kept (default: $TOOLGATE_DATA_DIR or .toolgate)",
-    )
-    push.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=DEFAULT_CONNECT_TIMEOUT_S,
-        help="seconds to wait for NATS before giving up (default %(default)s)",
-    )
+    _add_bus_options(push)
     push.set_defaults(func=cmd_push)
+    rollback = commands.add_parser(
+        "rollback", help="make an earlier version's content active again, as a new version"
+    )
+    rollback.add_argument("version", type=int, help="the version number to take the content of")
+    _add_bus_options(rollback)
+    rollback.set_defaults(func=cmd_rollback)
     test = commands.add_parser("test", help="which recorded decisions a bundle would change")
     test.add_argument("directory", type=Path)
     test.add_argument(
@@ -121,6 +111,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     test.add_argument("--format", choices=("text", "json"), default="text")
     add_store_options(test)
     test.set_defaults(func=cmd_test)
+
+
+def _add_bus_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats-url",
+        default=env_nats_url(),
+        help="NATS server URL (default: $TOOLGATE_NATS_URL, else the one "
+        "`toolgate up` recorded; now %(default)s)",
+    )
+    parser.add_argument(
+        "--creds",
+        type=Path,
+        default=env_nats_creds("admin"),
+        help="NATS creds file (default: $TOOLGATE_NATS_CREDS, else the admin "
+        "creds `toolgate up` recorded; now %(default)s)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=env_data_dir(),
+        help="where keys/policy-signing.key is kept (default: $TOOLGATE_DATA_DIR or .toolgate)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        help="seconds to wait for NATS before giving up (default %(default)s)",
+    )
 
 
 def checked_engine(directory: Path) -> tuple[dict[str, str], CedarEngine] | None:
@@ -174,62 +192,78 @@ async def connect_bus(
         ) from None
 
 
-async def store(nc: NATS, bundle: StoredBundle) -> int:
-    """Make a signed bundle the active one; its KV revision. PushFailed if the bus says no."""
-    try:
-        kv = await open_bucket(nc.jetstream(), policies_bucket_config())
-        return await push_bundle(kv, bundle)
-    except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
-        raise PushFailed(
-            f"cannot store the bundle in {POLICIES_BUCKET} at "
-            f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
-            f"{_reason(exc)} (pushing takes the operator's admin creds)"
-        ) from None
-
-
-async def push(
-    nats_url: str,
-    bundle: StoredBundle,
-    creds: Path | None = None,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
-) -> int:
-    nc = await connect_bus(nats_url, creds, connect_timeout)
-    try:
-        return await store(nc, bundle)
-    finally:
-        await nc.close()
-
-
 def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def cmd_push(args: argparse.Namespace) -> int:
-    checked = checked_engine(args.directory)
-    if checked is None:
-        return 2
-    files, engine = checked
+class PushRefused(Exception):
+    """Nothing was pushed, for a reason that is not the bus's (exit 1); one line."""
+
+
+async def push_versioned(
+    args: argparse.Namespace, make: Callable[[BucketState, Ed25519PublicKey], Pushing]
+) -> tuple[int, StoredBundle, Pushing, bool]:
+    """Connect, read the bucket, sign what `make` says as the next version, write it:
+    (revision, bundle, what, key created now)."""
     keys_dir = Path(args.data_dir) / "keys"
-
-    async def run() -> tuple[int, StoredBundle, bool]:
-        nc = await connect_bus(args.nats_url, args.creds, args.connect_timeout)
-        try:
-            # Created only once a bus answers: a mistyped URL leaves no key behind.
-            private_key, created = ensure_signing_key(keys_dir)
-            bundle = sign_bundle(files, engine.version, private_key)
-            return await store(nc, bundle), bundle, created
-        finally:
-            await nc.close()
-
+    nc = await connect_bus(args.nats_url, args.creds, args.connect_timeout)
     try:
-        revision, bundle, created = asyncio.run(run())
+        try:
+            state = await read_state(nc.jetstream())
+        except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
+            raise PushFailed(_bus_refused("read", nc, exc)) from None
+        # Created only once a bus answers: a mistyped URL leaves no key behind.
+        private_key, created = ensure_signing_key(keys_dir)
+        what = make(state, private_key.public_key())
+        try:
+            revision, bundle = await push_next_version(state, what.files, what.source, private_key)
+        except KeyWrongLastSequenceError:
+            raise PushRefused(
+                f"{POLICIES_BUCKET}/{ACTIVE_KEY} changed while this command read it (another "
+                "push?): nothing written; run it again to push on top of the newest"
+            ) from None
+        except (TimeoutError, nats.errors.Error, JetStreamError) as exc:
+            raise PushFailed(_bus_refused("store the bundle in", nc, exc)) from None
+        return revision, bundle, what, created
+    finally:
+        await nc.close()
+
+
+@dataclass(frozen=True)
+class Pushing:
+    files: dict[str, str]
+    source: str
+    of_version: int = 0  # a rollback: the version whose content this is
+
+
+def _bus_refused(what: str, nc: NATS, exc: BaseException) -> str:
+    return (
+        f"cannot {what} {POLICIES_BUCKET} at "
+        f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
+        f"{_reason(exc)} (pushing takes the operator's admin creds)"
+    )
+
+
+def _run_push(
+    command: str, args: argparse.Namespace, make: Callable[[BucketState, Ed25519PublicKey], Pushing]
+) -> tuple[int, StoredBundle, Pushing] | int:
+    """push_versioned as a command: its result, or the exit status after one line."""
+    keys_dir = Path(args.data_dir) / "keys"
+    try:
+        revision, bundle, what, created = asyncio.run(push_versioned(args, make))
     except (PushFailed, CredentialsError) as exc:
-        print(f"toolgate policy push: {exc}", file=sys.stderr)
+        print(f"toolgate policy {command}: {exc}", file=sys.stderr)
         return 3
+    except PushRefused as exc:
+        print(f"toolgate policy {command}: {exc}", file=sys.stderr)
+        return 1
+    except Failed as exc:
+        print(f"toolgate policy {command}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (OSError, ValueError) as exc:
         print(
-            f"toolgate policy push: the policy-signing key in {keys_dir}: {_reason(exc)}",
+            f"toolgate policy {command}: the policy-signing key in {keys_dir}: {_reason(exc)}",
             file=sys.stderr,
         )
         return 2
@@ -239,9 +273,63 @@ def cmd_push(args: argparse.Namespace) -> int:
             "policy replicas trust its .pub)",
             file=sys.stderr,
         )
+    return revision, bundle, what
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    checked = checked_engine(args.directory)
+    if checked is None:
+        return 2
+    files, engine = checked
+    source = versions.PUSHED_FROM.format(directory=Path(args.directory).resolve())
+    done = _run_push("push", args, lambda _state, _key: Pushing(files, source))
+    if isinstance(done, int):
+        return done
+    revision, bundle, _ = done
     print(
-        f"pushed policy bundle {engine.version} to {POLICIES_BUCKET}/{ACTIVE_KEY} "
-        f"(revision {revision}, signed by key {bundle.key_id})"
+        f"pushed policy bundle {engine.version} as version {bundle.number} to "
+        f"{POLICIES_BUCKET}/{ACTIVE_KEY} (revision {revision}, signed by key {bundle.key_id})"
+    )
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    wanted = args.version
+    if wanted < 1:
+        print(
+            f"toolgate policy rollback: {wanted}: give a pushed version number (1 or more)",
+            file=sys.stderr,
+        )
+        return 2
+
+    def content_of(state: BucketState, public_key: Ed25519PublicKey) -> Pushing:
+        found = versions.find_version(state.written, wanted, public_key)
+        if found is None:
+            kept = sorted(
+                {stored.number for _, stored in versions.verified(state.written, public_key)}
+            )
+            raise Failed(
+                f"no version {wanted} signed by this data dir's key in the history of "
+                f"{POLICIES_BUCKET}/{ACTIVE_KEY} (it keeps the last "
+                f"{policies_bucket_config().history} writes; versions there: "
+                f"{', '.join(map(str, kept)) or 'none'})",
+                1,
+            )
+        try:
+            engine_from_files(found.files)
+        except BundleError as exc:
+            problems = str(exc).splitlines() or ["?"]
+            raise Failed(f"version {wanted} does not load any more: {problems[0]}", 1) from None
+        return Pushing(found.files, versions.ROLLBACK.format(number=wanted), wanted)
+
+    done = _run_push("rollback", args, content_of)
+    if isinstance(done, int):
+        return done
+    revision, bundle, what = done
+    print(
+        f"version {bundle.number} (content of {what.of_version}) active: "
+        f"{POLICIES_BUCKET}/{ACTIVE_KEY} revision {revision}, bundle "
+        f"{bundle_version(bundle.files)}, signed by key {bundle.key_id}"
     )
     return 0
 

@@ -3,8 +3,10 @@
 What it prints is what the services' `/metrics` say, read from the same
 places: each durable consumer's pending and ack-pending count (per stage, and
 per tool for the executors), approvals waiting for a human, dead letters,
-the audit's lag (messages stored in NATS and not yet in ClickHouse), and
-whether each service `toolgate up` started answers its `/healthz`.
+the audit's lag (messages stored in NATS and not yet in ClickHouse),
+whether each service `toolgate up` started answers its `/healthz`, and the
+policy bundle the policy service decides under (version, where it came from,
+who signed it; services/policy/versions.py).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class Status:
     consumers: list[ConsumerLag] = field(default_factory=list)
     approvals_waiting: int | None = None
     dead_letters: int | None = None
+    policy: str = ""  # versions.active_line
 
     @property
     def audit_lag(self) -> int | None:
@@ -106,7 +109,10 @@ def render(status: Status) -> str:
     def number(value: int | None) -> str:
         return "-" if value is None else str(value)
 
-    lines = [f"toolgate at {status.nats_url}", "", "services"]
+    lines = [f"toolgate at {status.nats_url}"]
+    if status.policy:
+        lines.append(f"policy bundle: {status.policy}")
+    lines += ["", "services"]
     if not status.services:
         lines.append(
             "  (none recorded: no `toolgate up` in this folder, or it ran with --no-metrics)"
@@ -130,10 +136,46 @@ def render(status: Status) -> str:
     return "\n".join(lines)
 
 
-async def gather(nc: Any, tools: list[str], http: dict[str, str]) -> Status:
+async def policy_line(js: Any, data_dir: Path, context: dict[str, Any]) -> str:
+    """The bundle policy replicas decide under, as `toolgate up` prints it."""
+    from toolgate.services.policy import versions
+    from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
+    from toolgate.services.policy.pushing import read_state
+    from toolgate.services.policy.signing import BundleRefused, load_verify_key
+
+    state = await read_state(js)
+    try:
+        public_key = load_verify_key(Path(data_dir) / "keys")
+    except BundleRefused:
+        public_key = None
+    local_dir = context.get("policy_dir")
+    try:
+        local_version = bundle_version(
+            read_bundle_dir(Path(local_dir) if isinstance(local_dir, str) else DEFAULT_BUNDLE_DIR)
+        )
+    except Exception:  # the folder went away since `toolgate up`
+        local_version = "?"
+    source = context.get("policy_source") or "built-in default"
+    return versions.active_line(
+        state.written, state.accepted, public_key, local_version, str(source)
+    )
+
+
+async def gather(
+    nc: Any,
+    tools: list[str],
+    http: dict[str, str],
+    data_dir: Path | None = None,
+    context: dict[str, Any] | None = None,
+) -> Status:
     from nats.js.errors import NotFoundError
 
     status = Status(nats_url="")
+    if data_dir is not None:
+        try:
+            status.policy = await policy_line(nc.jetstream(), data_dir, context or {})
+        except Exception as exc:  # status shows what it can
+            status.policy = f"unknown: {type(exc).__name__}: {' '.join(str(exc).split())}"
     jsm = nc.jsm()
     seen = set()
     for h in handlers(tools, with_audit=True):
@@ -181,7 +223,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     async def run() -> Status:
         nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
         try:
-            status = await gather(nc, tools.names(), dict(context.get("http") or {}))
+            status = await gather(
+                nc, tools.names(), dict(context.get("http") or {}), args.data_dir, context
+            )
         finally:
             await nc.close()
         status.nats_url = args.nats_url

@@ -42,6 +42,9 @@ CALL_IDS_BUCKET: Final = "toolgate_call_ids"
 EVIDENCE_BUCKET: Final = "toolgate_evidence"
 APPROVALS_BUCKET: Final = "toolgate_approvals"
 POLICIES_BUCKET: Final = "toolgate_policies"
+# The last bundle the policy service accepted (its high-water mark): only the policy
+# role (and the operator) may write it, so a bucket writer cannot lower it.
+POLICY_ACCEPTED_BUCKET: Final = "toolgate_policy_accepted"
 RATE_LIMITS_BUCKET: Final = "toolgate_rate_limits"
 
 # Every call of every agent (what the validator and the audit consume).

@@ -37,6 +37,16 @@ def policies_bucket_config(replicas: int = 1) -> KeyValueConfig:
     )
 
 
+def policy_accepted_bucket_config(replicas: int = 1) -> KeyValueConfig:
+    """The policy service's record of the last bundle it accepted (one value)."""
+    return KeyValueConfig(
+        bucket=subjects.POLICY_ACCEPTED_BUCKET,
+        history=1,
+        storage=StorageType.FILE,
+        replicas=replicas,
+    )
+
+
 def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(
         bucket=subjects.RATE_LIMITS_BUCKET,
@@ -157,6 +167,7 @@ class Topology:
                 max_value_size=MAX_MESSAGE_BYTES,
             ),
             policies_bucket_config(self.replicas),
+            policy_accepted_bucket_config(self.replicas),
             rate_limits_bucket_config(self.replicas),
         ]
 

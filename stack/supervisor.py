@@ -22,7 +22,8 @@ from types import ModuleType
 
 import nats
 import nats.errors
-from nats.js.errors import ServiceUnavailableError
+from nats.js.errors import Error as JetStreamError
+from nats.js.errors import KeyWrongLastSequenceError, ServiceUnavailableError
 
 from toolgate.contracts.authorization import ensure_keypair
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
@@ -30,6 +31,10 @@ from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.health import probe
 from toolgate.runtime.settings import write_context
 from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_waits
+from toolgate.services.policy import versions
+from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
+from toolgate.services.policy.pushing import push_next_version, read_state
+from toolgate.services.policy.signing import BundleRefused, ensure_signing_key, load_verify_key
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
@@ -178,6 +183,10 @@ class Stack:
     policy_dir: Path | None = None
     example_agents: list[tuple[str, str, Path]] = field(default_factory=list)
     example_hint: str = ""
+    # The bundle policy replicas decide under, and (`--example` over a pushed bundle)
+    # the one its bundle replaced: what `toolgate up` prints (settle_policy).
+    policy_line: str = ""
+    policy_replaced: str = ""
     _health_checked_at: float = 0.0
     # A service's /healthz fails once NATS (ClickHouse) is lost this long; None: its default.
     health_grace_s: float | None = None
@@ -275,6 +284,7 @@ class Stack:
                     self.data_dir / "nats", port=self.nats_port, config_file=auth_config
                 ).start()
         asyncio.run(self.apply_topology())
+        asyncio.run(self.settle_policy())
         for name in SERVICES:
             extra = self.executor_args if name == "executor" else []
             if name == "policy" and self.policy_dir is not None:
@@ -360,6 +370,77 @@ class Stack:
                 3,
             ) from None
 
+    @property
+    def local_policy_source(self) -> str:
+        if self.example:
+            return versions.EXAMPLE.format(name=self.example)
+        return "built-in default" if self.policy_dir is None else f"local bundle {self.policy_dir}"
+
+    async def settle_policy(self, connect_timeout: float = 5.0) -> None:
+        """Which bundle the policy service will decide under, as the admin, before it starts.
+
+        `--example NAME` names a bundle: if another one was pushed here, the example's is
+        pushed over it as the next version (signed with this data dir's policy-signing
+        key), so the example runs under its own rules and says which version it replaced
+        (`toolgate policy rollback N` brings that back). Without a push, it is the local
+        bundle the policy service starts with (version 0), as before.
+        """
+        try:
+            await self._settle_policy(connect_timeout)
+        except (TimeoutError, OSError, nats.errors.Error, JetStreamError) as exc:
+            raise StackError(
+                f"cannot read the policy bundle at {self.url}: {type(exc).__name__}: {exc}", 3
+            ) from None
+
+    async def _settle_policy(self, connect_timeout: float) -> None:
+        keys_dir = self.data_dir / "keys"
+        local = read_bundle_dir(self.policy_dir or DEFAULT_BUNDLE_DIR)
+        nc = await nats.connect(
+            nats_servers(self.url),
+            **connect_options(self.creds_of("admin")),
+            allow_reconnect=False,
+            connect_timeout=connect_timeout,
+        )
+        try:
+            state = await read_state(nc.jetstream())
+            try:
+                public_key = load_verify_key(keys_dir)
+            except BundleRefused:
+                public_key = None  # the policy service refuses stored bundles and says why
+            active, problem = versions.expected_active(state.written, state.accepted, public_key)
+            pushed_something = active is not None or problem is not None
+            if (
+                self.example
+                and pushed_something
+                and (active is None or bundle_version(active.files) != bundle_version(local))
+            ):
+                private_key, _ = ensure_signing_key(keys_dir)
+                try:
+                    _, bundle = await push_next_version(
+                        state, local, versions.EXAMPLE.format(name=self.example), private_key
+                    )
+                except KeyWrongLastSequenceError:
+                    raise StackError(
+                        "the policy bundle changed while `toolgate up` pushed the example's "
+                        "(another push?): run it again"
+                    ) from None
+                if active is not None:
+                    self.policy_replaced = (
+                        f"replaces {versions.describe(active)}: "
+                        f"`toolgate policy rollback {active.number}` brings it back"
+                    )
+                state = await read_state(nc.jetstream())
+                public_key = private_key.public_key()
+            self.policy_line = versions.active_line(
+                state.written,
+                state.accepted,
+                public_key,
+                bundle_version(local),
+                self.local_policy_source,
+            )
+        finally:
+            await nc.close()
+
     def record_context(self) -> None:
         """Tell every later command in this folder what runs where, and whose creds are whose."""
         creds = (
@@ -390,6 +471,8 @@ class Stack:
                 # Each service's /healthz, /readyz and /metrics (`toolgate status` reads them).
                 "http": {s.name: s.http_url for s in self.services if s.http_url},
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
+                # What `toolgate status` calls the bundle used while nothing is pushed.
+                "policy_source": self.local_policy_source,
             },
         )
 
@@ -523,6 +606,8 @@ def run_until_signalled(stack: Stack) -> int:
                 if stack.creds
                 else ""
             )
+            + f"  policy bundle: {stack.policy_line}\n"
+            + (f"    {stack.policy_replaced}\n" if stack.policy_replaced else "")
             + "  try:  toolgate call search_sources "
             '\'{"query": "agents state", "source_type": "any", "limit": 3}\'\n'
             + "".join(

@@ -10,11 +10,15 @@ approvals service) when the policy lets the call run only with approval.
 Decisions come from the Cedar bundle stored in the KV bucket
 `toolgate_policies`; each replica watches it and swaps its engine when a new
 bundle is pushed. Only a bundle signed with the operator's policy-signing
-key (signing.py) that loads cleanly is used. The policy state fails closed:
-a stored bundle that is unreadable, unsigned, wrongly signed, invalid or
-deleted is refused with one ERROR line; a running replica keeps its last
-good bundle, a starting one refuses to start (exit status 2). The local
-default bundle is used only while nothing was ever pushed. Rate limits are
+key (signing.py) that loads cleanly and whose version number is higher than
+the active one's (versions.py) is used. The policy state fails closed: a
+stored bundle that is unreadable, unsigned, wrongly signed, invalid, deleted,
+older or of the same version is refused with one ERROR line and the last
+good bundle stays: in a running replica, and in a starting one too, from the
+service's record of the last bundle it accepted (bucket
+`toolgate_policy_accepted`, which it alone writes). A starting replica with
+no good bundle at all refuses to start (exit status 2). The local default
+bundle is used only while nothing was ever pushed. Rate limits are
 counted in KV too, so they hold across replicas. Any error while deciding is
 a deny.
 
@@ -33,10 +37,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+import msgspec
 from faststream import FastStream
 from nats.aio.msg import Msg
+from nats.js.kv import KeyValue
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import (
@@ -55,7 +61,7 @@ from toolgate.contracts.events import (
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.services.policy import logic
+from toolgate.services.policy import logic, versions
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
     BundleError,
@@ -63,12 +69,16 @@ from toolgate.services.policy.bundle import (
     read_bundle_dir,
 )
 from toolgate.services.policy.bundle_store import (
+    ACCEPTED_BUCKET,
     ACTIVE_KEY,
     POLICIES_BUCKET,
     ActiveEntry,
+    fetch_accepted,
     fetch_active,
     open_bucket,
     policies_bucket_config,
+    policy_accepted_bucket_config,
+    record_accepted,
     watch_active,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
@@ -120,21 +130,44 @@ class PolicyApp(FastStream):
 class ActivePolicy:
     """The engine decisions use; a verified new bundle replaces it in one assignment.
 
-    `engine` starts as the local bundle, used only if nothing was ever pushed.
+    `engine` starts as the local bundle (version 0), used only if nothing was ever
+    pushed. A stored bundle replaces the active one only if it is signed by the
+    operator, loads, and has a higher version number (versions.py); anything else is
+    one ERROR line naming both versions, and the active bundle stays.
     """
 
-    def __init__(self, engine: CedarEngine, keys_dir: Path) -> None:
+    def __init__(
+        self, engine: CedarEngine, keys_dir: Path, local_source: str = "built-in default"
+    ) -> None:
         self.engine = engine
         self.keys_dir = keys_dir
+        self.local_source = local_source
         self.revision = 0  # the last stored revision judged, used or refused
+        # The signed bundle in use; None: the local one (version 0).
+        self.accepted: StoredBundle | None = None
+        # The highest version written to the accepted-bundle record (-1: none yet).
+        self.recorded = -1
+
+    def describe(self) -> str:
+        if self.accepted is None:
+            return versions.describe_local(self.engine.version, self.local_source)
+        return versions.describe(self.accepted)
+
+    @property
+    def to_record(self) -> StoredBundle | None:
+        """The accepted bundle, if the high-water mark does not say so yet."""
+        if self.accepted is not None and self.accepted.number > self.recorded:
+            return self.accepted
+        return None
 
     def judge(self, entry: ActiveEntry) -> tuple[CedarEngine, StoredBundle]:
         """The engine of one stored revision, or BundleRefused saying why (one line)."""
         if entry.deleted:
             raise BundleRefused("it was deleted (push a bundle to replace it)")
-        stored = open_stored(
-            entry.value, load_verify_key(self.keys_dir), self.keys_dir / PUBLIC_KEY_FILE
-        )
+        return self._load(entry.value)
+
+    def _load(self, value: bytes | None) -> tuple[CedarEngine, StoredBundle]:
+        stored = open_stored(value, load_verify_key(self.keys_dir), self.keys_dir / PUBLIC_KEY_FILE)
         if bundle_version(stored.files) == self.engine.version:
             return self.engine, stored
         try:
@@ -152,54 +185,88 @@ class ActivePolicy:
         except Exception as exc:  # anything unforeseen refuses the bundle too
             raise BundleRefused(f"it could not be loaded: {exc!r}") from exc
 
-    def start(self, entry: ActiveEntry | None) -> None:
-        """At startup: the stored bundle; the local one only if nothing was ever pushed."""
-        if entry is None:
-            log.info(
-                "no policy bundle pushed yet: the local bundle %s is active", self.engine.version
-            )
-            return
-        self.revision = entry.revision
+    def _last_good(self, accepted: StoredBundle) -> tuple[CedarEngine, StoredBundle] | None:
+        """The recorded bundle, if it still verifies and loads (a rotated key: it does not)."""
         try:
-            engine, stored = self._judged(entry)
-        except BundleRefused as exc:
-            reason = (
-                f"policy service not starting: the stored policy bundle "
-                f"({where(entry)}) is refused: {exc}; push a good one with "
-                "`toolgate policy push DIR`"
-            )
-            log.error("%s", reason)
-            raise PolicyStateError(reason) from None
-        self.engine = engine
+            return self._load(msgspec.json.encode(accepted))
+        except Exception as exc:
+            log.warning("the last accepted bundle (%s) cannot be used: %s", accepted.number, exc)
+            return None
+
+    def _use(self, engine: CedarEngine, stored: StoredBundle, where_from: str) -> None:
+        self.engine, self.accepted = engine, stored
         log.info(
-            "policy bundle %s active (%s, signed by key %s at %s)",
-            engine.version,
-            where(entry),
-            stored.key_id,
+            "policy bundle %s active (%s, signed at %s)",
+            self.describe(),
+            where_from,
             stored.signed_at,
         )
 
+    def start(self, entry: ActiveEntry | None, accepted_value: bytes | None = None) -> None:
+        """At startup: the stored bundle if it is newer than the last one the policy service
+        accepted (`accepted_value`, its high-water mark), else that last one; the local
+        bundle only if nothing was ever pushed or accepted."""
+        try:
+            accepted = versions.decode_accepted(accepted_value)
+        except BundleRefused as exc:
+            self._refuse_start(f"the record of the last accepted bundle ({ACCEPTED_BUCKET}) {exc}")
+        if accepted is not None:
+            self.recorded = accepted.number
+        if entry is None and accepted is None:
+            log.info("no policy bundle pushed yet: %s is active", self.describe())
+            return
+        problem = "there is none (the key is gone)"
+        if entry is not None:
+            self.revision = entry.revision
+            try:
+                engine, stored = self._judged(entry)
+            except BundleRefused as exc:
+                problem = str(exc)
+            else:
+                same = accepted is not None and stored.signature == accepted.signature
+                newer = versions.newer_problem(stored, accepted)
+                if same or newer is None:
+                    self._use(engine, stored, where(entry))
+                    return
+                problem = newer
+        stored_at = where(entry) if entry is not None else f"{POLICIES_BUCKET}/{ACTIVE_KEY}"
+        last_good = self._last_good(accepted) if accepted is not None else None
+        if last_good is None:
+            self._refuse_start(
+                f"the stored policy bundle ({stored_at}) is refused: {problem}; push a good "
+                "one with `toolgate policy push DIR`"
+            )
+        engine, stored = last_good
+        self.engine, self.accepted = engine, stored
+        log.error(
+            "policy bundle %s refused, keeping %s (the last one accepted, from %s): %s",
+            stored_at,
+            self.describe(),
+            ACCEPTED_BUCKET,
+            problem,
+        )
+
+    def _refuse_start(self, why: str) -> NoReturn:
+        reason = f"policy service not starting: {why}"
+        log.error("%s", reason)
+        raise PolicyStateError(reason) from None
+
     def offer(self, entry: ActiveEntry) -> None:
-        """A running replica: switch to a good new revision, else keep the engine it has."""
+        """A running replica: switch to a good newer version, else keep the engine it has."""
         if entry.revision <= self.revision:
             return  # judged already (the watch and the periodic re-read both bring it)
         self.revision = entry.revision
         try:
             engine, stored = self._judged(entry)
+            problem = versions.newer_problem(stored, self.accepted)
+            if problem is not None:
+                raise BundleRefused(f"version {stored.number}: {problem}")
         except BundleRefused as exc:
             log.error(
-                "policy bundle %s refused, keeping %s: %s", where(entry), self.engine.version, exc
+                "policy bundle %s refused, keeping %s: %s", where(entry), self.describe(), exc
             )
             return
-        if engine is not self.engine:
-            self.engine = engine
-            log.info(
-                "policy bundle %s active (%s, signed by key %s at %s)",
-                engine.version,
-                where(entry),
-                stored.key_id,
-                stored.signed_at,
-            )
+        self._use(engine, stored, where(entry))
 
 
 def where(entry: ActiveEntry) -> str:
@@ -268,12 +335,29 @@ class Stores:
 
     limiter: RateLimiter | None = None
     watching: asyncio.Task[None] | None = None
+    accepted: KeyValue | None = None  # the high-water mark (versions.py)
+
+
+async def record(policy: ActivePolicy, stores: Stores) -> None:
+    """Raise the high-water mark to the bundle just accepted; on failure, the next watch
+    round (at most REFRESH_S away) tries again."""
+    bundle = policy.to_record
+    if bundle is None or stores.accepted is None:
+        return
+    try:
+        await record_accepted(stores.accepted, bundle)
+    except Exception as exc:
+        log.warning("cannot record version %s in %s yet: %r", bundle.number, ACCEPTED_BUCKET, exc)
+        return
+    policy.recorded = max(policy.recorded, bundle.number)
 
 
 def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> FastStream:
     registry = settings.load_registry()
     policy = ActivePolicy(
-        engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)), settings.keys_dir
+        engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)),
+        settings.keys_dir,
+        "built-in default" if policy_dir is None else f"local bundle {policy_dir}",
     )
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
@@ -378,19 +462,27 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             try:
                 policies_kv = await open_bucket(js, policies_bucket_config())
                 entry = await fetch_active(policies_kv)
+                stores.accepted = await open_bucket(js, policy_accepted_bucket_config())
+                accepted = await fetch_accepted(stores.accepted)
             except Exception as exc:  # unreadable is refused too, not read as "none"
                 reason = (
                     f"policy service not starting: cannot read {POLICIES_BUCKET}/"
-                    f"{ACTIVE_KEY}: {exc!r}"
+                    f"{ACTIVE_KEY} or {ACCEPTED_BUCKET}: {exc!r}"
                 )
                 log.error("%s", reason)
                 raise PolicyStateError(reason) from exc
-            policy.start(entry)
+            policy.start(entry, accepted)
         except PolicyStateError:
             await broker.stop()
             raise
+        await record(policy, stores)
         stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
-        stores.watching = asyncio.create_task(watch_active(policies_kv, policy.offer))
+
+        async def on_entry(entry: ActiveEntry) -> None:
+            policy.offer(entry)
+            await record(policy, stores)  # also retries a record that failed before
+
+        stores.watching = asyncio.create_task(watch_active(policies_kv, on_entry))
 
     @app.on_shutdown
     async def stop_watching() -> None:

@@ -5,33 +5,45 @@ files under one key; each replica watches that key and hands every new
 revision to the service, which verifies the signature and the bundle before
 it swaps its engine (services/policy/signing.py, app.py). This module only
 moves bytes: it never decides whether a value may be used. The bucket keeps
-a short history, so an operator can see what was active before.
+a short history, so an operator can see what was active before and roll back
+to it (`toolgate policy rollback`, versions.py).
+
+The policy service's high-water mark, the last bundle it accepted, lives
+in a bucket of its own that only the policy role writes (versions.py says why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
-from nats.js.errors import BadRequestError, KeyNotFoundError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NotFoundError,
+)
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from toolgate.contracts import subjects
-from toolgate.runtime.topology import policies_bucket_config
+from toolgate.runtime.topology import policies_bucket_config, policy_accepted_bucket_config
 
-__all__ = ["policies_bucket_config"]
+__all__ = ["policies_bucket_config", "policy_accepted_bucket_config"]
 from toolgate.services.policy.signing import StoredBundle
 
 log = logging.getLogger("toolgate.policy")
 
 POLICIES_BUCKET = subjects.POLICIES_BUCKET
 ACTIVE_KEY = "active"
+ACCEPTED_BUCKET = subjects.POLICY_ACCEPTED_BUCKET
+ACCEPTED_KEY = "bundle"
 REWATCH_DELAY_S = 1.0
 REFRESH_S = 30.0
 
@@ -56,8 +68,64 @@ async def open_bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
             return await js.key_value(config.bucket)
 
 
-async def push_bundle(kv: KeyValue, bundle: StoredBundle) -> int:
-    return await kv.put(ACTIVE_KEY, msgspec.json.encode(bundle))
+async def push_bundle(kv: KeyValue, bundle: StoredBundle, last_revision: int | None = None) -> int:
+    """Store `bundle` as the active one; its revision. With `last_revision`, only if the
+    key's newest revision is still that one (0: the key was never written), else
+    KeyWrongLastSequenceError: someone wrote it meanwhile."""
+    value = msgspec.json.encode(bundle)
+    if last_revision is None:
+        return await kv.put(ACTIVE_KEY, value)
+    return await kv.update(ACTIVE_KEY, value, last=last_revision)
+
+
+async def active_history(kv: KeyValue) -> list[ActiveEntry]:
+    """Every revision of the active key the bucket still keeps, oldest first."""
+    try:
+        entries = await kv.history(ACTIVE_KEY)
+    except NoKeysError:
+        return []
+    return [
+        ActiveEntry(
+            revision=entry.revision or 0,
+            value=entry.value,
+            deleted=entry.operation in (KV_DEL, KV_PURGE),
+        )
+        for entry in entries
+    ]
+
+
+async def fetch_accepted(kv: KeyValue) -> bytes | None:
+    """The policy service's record of the last bundle it accepted; None: none yet."""
+    try:
+        entry = await kv.get(ACCEPTED_KEY)
+    except KeyNotFoundError:
+        return None
+    return entry.value
+
+
+async def record_accepted(kv: KeyValue, bundle: StoredBundle) -> None:
+    """Raise the high-water mark to `bundle` unless it is as high already (replicas race:
+    a compare-and-set, so the mark never goes down)."""
+    value = msgspec.json.encode(bundle)
+    for _ in range(10):
+        try:
+            entry = await kv.get(ACCEPTED_KEY)
+        except KeyNotFoundError as missing:
+            last = missing.entry.revision if missing.entry is not None else 0
+        else:
+            try:
+                current = msgspec.json.decode(entry.value or b"", type=StoredBundle)
+            except (msgspec.DecodeError, RecursionError):
+                current = None  # unreadable: replaced by a good record
+            if current is not None and current.number >= bundle.number:
+                return
+            last = entry.revision
+        try:
+            await kv.update(ACCEPTED_KEY, value, last=last or 0)
+            return
+        except KeyWrongLastSequenceError:
+            continue  # another replica recorded meanwhile: look again
+    raise RuntimeError("the accepted-bundle record kept changing under this replica")
 
 
 async def fetch_active(kv: KeyValue) -> ActiveEntry | None:
@@ -75,7 +143,7 @@ async def fetch_active(kv: KeyValue) -> ActiveEntry | None:
     return ActiveEntry(revision=entry.revision or 0, value=entry.value)
 
 
-async def watch_active(kv: KeyValue, on_entry: Callable[[ActiveEntry], None]) -> None:
+async def watch_active(kv: KeyValue, on_entry: Callable[[ActiveEntry], Awaitable[None]]) -> None:
     """Call `on_entry` with each revision of the active key, until cancelled.
 
     Also re-reads the key every REFRESH_S without news: should the watch
@@ -105,7 +173,7 @@ async def watch_active(kv: KeyValue, on_entry: Callable[[ActiveEntry], None]) ->
                         )
                     )
                 if found is not None:
-                    on_entry(found)
+                    await on_entry(found)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

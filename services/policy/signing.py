@@ -7,9 +7,12 @@ public half (DATA_DIR/keys/policy-signing.pub) before it uses a stored
 bundle. A value written to the bucket any other way (a raw KV put, a
 garbled write, another key) is refused with the reason, never decided under.
 
-The signature covers the bundle's files, when it was signed and the key id,
-as canonical JSON behind a fixed domain tag, so it cannot be confused with
-any other toolgate signature.
+The signature covers the bundle's files, its version number, where it came
+from, when it was signed and the key id, as canonical JSON behind a fixed
+domain tag, so it cannot be confused with any other toolgate signature. The
+version number only moves forward (versions.py): nobody without the key can
+give an old bundle a new number, and the policy service refuses a number not
+higher than the one it has active.
 """
 
 from __future__ import annotations
@@ -32,28 +35,54 @@ from toolgate.contracts.authorization import canonical_json, key_id
 
 PRIVATE_KEY_FILE = "policy-signing.key"
 PUBLIC_KEY_FILE = "policy-signing.pub"
-DOMAIN = "toolgate.policy-bundle.v1"
+# v1: bundles signed before version numbers (number 0); v2 also covers number and source.
+DOMAIN_UNNUMBERED = "toolgate.policy-bundle.v1"
+DOMAIN = "toolgate.policy-bundle.v2"
 
 
 class StoredBundle(msgspec.Struct, frozen=True):
     """The value of the active key: a bundle's files and the operator's signature."""
 
     files: dict[str, str]
-    # For operators reading the bucket; replicas recompute it from the files.
+    # The content hash, for operators reading the bucket; replicas recompute it.
     version: str = ""
     # base64 Ed25519 over signed_bytes(); "" for a bundle nobody signed.
     signature: str = ""
     key_id: str = ""
     signed_at: str = ""
+    # The bundle's version number, covered by the signature: 1 for the first push, one
+    # more for each later one. 0: signed before bundles had numbers.
+    number: int = 0
+    # Where its content came from ("pushed from DIR", "example refund",
+    # "rollback: content of version 3"), covered by the signature too.
+    source: str = ""
 
 
 class BundleRefused(Exception):
     """A stored value that must not be decided under; the message says why, on one line."""
 
 
-def signed_bytes(files: Mapping[str, str], signed_at: str, signer: str) -> bytes:
+def signed_bytes(
+    files: Mapping[str, str], signed_at: str, signer: str, number: int = 0, source: str = ""
+) -> bytes:
+    if number == 0:  # as signed before bundles had numbers
+        return canonical_json(
+            {
+                "domain": DOMAIN_UNNUMBERED,
+                "files": dict(files),
+                "signed_at": signed_at,
+                "key_id": signer,
+            }
+        )
     return canonical_json(
-        {"domain": DOMAIN, "files": dict(files), "signed_at": signed_at, "key_id": signer}
+        {
+            "domain": DOMAIN,
+            "files": dict(files),
+            "signed_at": signed_at,
+            "key_id": signer,
+            "number": number,
+            "source": source,
+        }
     )
 
 
@@ -62,16 +91,22 @@ def sign_bundle(
     version: str,
     private_key: Ed25519PrivateKey,
     now: datetime | None = None,
+    number: int = 0,
+    source: str = "",
 ) -> StoredBundle:
+    if number < 0:
+        raise ValueError(f"a bundle's version number is 1 or more, not {number}")
     signed_at = (now or datetime.now(UTC)).isoformat()
     signer = key_id(private_key.public_key())
-    signature = private_key.sign(signed_bytes(files, signed_at, signer))
+    signature = private_key.sign(signed_bytes(files, signed_at, signer, number, source))
     return StoredBundle(
         files=dict(files),
         version=version,
         signature=base64.b64encode(signature).decode(),
         key_id=signer,
         signed_at=signed_at,
+        number=number,
+        source=source,
     )
 
 
@@ -100,7 +135,9 @@ def open_stored(
     try:
         public_key.verify(
             base64.b64decode(stored.signature, validate=True),
-            signed_bytes(stored.files, stored.signed_at, stored.key_id),
+            signed_bytes(
+                stored.files, stored.signed_at, stored.key_id, stored.number, stored.source
+            ),
         )
     except (InvalidSignature, ValueError) as exc:
         raise BundleRefused(f"its signature does not verify with key {trusted}") from exc

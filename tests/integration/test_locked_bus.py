@@ -529,6 +529,27 @@ async def test_policy_reads_and_watches_policies_but_cannot_write_them(locked: L
     await locked.wait_for_error("policy", 'publish to "$kv.toolgate_policies.current"')
 
 
+async def test_only_the_policy_role_writes_its_record_of_the_last_accepted_bundle(
+    locked: LockedBus,
+) -> None:
+    """Its high-water mark (services/policy/versions.py): a role that may write other
+    buckets (or none) cannot lower it, so an old bundle cannot win across a restart."""
+    record = f"$KV.{subjects.POLICY_ACCEPTED_BUCKET}.bundle"
+    policy = (
+        await (await locked.connect("policy"))
+        .jetstream()
+        .key_value(subjects.POLICY_ACCEPTED_BUCKET)
+    )
+    await policy.put("bundle", b"version 7")
+    assert (await policy.get("bundle")).value == b"version 7"
+    assert locked.errors["policy"] == [] and locked.server_violations() == []
+    for role in ("validator", "approvals", "executor", "attacher", "audit"):
+        nc = await locked.connect(role)
+        await nc.publish(record, b"version 1")
+        await locked.refused_publish(role, record)
+    assert (await policy.get("bundle")).value == b"version 7"
+
+
 async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus) -> None:
     approvals = await locked.connect("approvals")
 

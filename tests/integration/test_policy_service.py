@@ -23,7 +23,6 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.harness import events_of, publish_event, read_events
-from toolgate.cli.policy import push
 from toolgate.contracts.authorization import arguments_sha256, load_public_key, verify
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import (
@@ -52,6 +51,7 @@ from toolgate.services.policy.bundle_store import (
     policies_bucket_config,
     push_bundle,
 )
+from toolgate.services.policy.pushing import push_next_version, read_state
 from toolgate.services.policy.rate_limits import RateLimiter, rate_limits_bucket_config
 from toolgate.services.policy.signing import StoredBundle, ensure_signing_key, sign_bundle
 from toolgate.stack.nats_server import EmbeddedNats
@@ -99,10 +99,18 @@ def bundle_files(**extra: str) -> dict[str, str]:
     return {**read_bundle_dir(DEFAULT_BUNDLE_DIR), **extra}
 
 
-async def push_files(settings: GatewaySettings, files: dict[str, str]) -> None:
-    """What `toolgate policy push` does: sign with the operator's key, store."""
+async def push_files(settings: GatewaySettings, files: dict[str, str]) -> StoredBundle:
+    """What `toolgate policy push` does: sign as the next version with the operator's
+    key, store."""
     key, _ = ensure_signing_key(settings.keys_dir)
-    await push(settings.nats_url, sign_bundle(files, bundle_version(files), key))
+    nc = await nats.connect(settings.nats_url)
+    try:
+        _, bundle = await push_next_version(
+            await read_state(nc.jetstream()), files, "pushed from test", key
+        )
+    finally:
+        await nc.close()
+    return bundle
 
 
 def validated(call: ToolCall) -> ArgumentsValidated:
@@ -332,7 +340,7 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
 class TestPolicyState:
     """The policy state fails closed: never a silent fall-back to the default bundle."""
 
-    async def test_garbled_bundle_at_restart_refuses_to_start_and_decides_nothing(
+    async def test_garbled_bundle_at_restart_keeps_the_last_bundle_the_service_accepted(
         self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
     ) -> None:
         strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
@@ -340,6 +348,18 @@ class TestPolicyState:
         async with replica(settings):
             before = await decide(url, echo_call("before-garble"))
         assert isinstance(before, CallDenied) and before.policy_ids == ["no-echo"]
+        await put_raw(url, b'{"files": {"schema.cedarschema": "entity Us')
+        async with replica(settings):
+            after = await decide(url, echo_call("after-garble"))
+        assert isinstance(after, CallDenied) and after.policy_version == bundle_version(strict)
+        [line] = refusals(caplog)
+        assert "not readable" in line and "keeping version 1" in line
+
+    async def test_garbled_bundle_with_none_accepted_refuses_to_start_and_decides_nothing(
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(settings, strict)
         await put_raw(url, b'{"files": {"schema.cedarschema": "entity Us')
         with pytest.raises(PolicyStateError) as raised:
             async with replica(settings):
@@ -408,6 +428,96 @@ class TestPolicyState:
         assert DEFAULT_VERSION not in {e.policy_version for e in probes}
         lines = refusals(caplog)
         assert len(lines) == 3, lines
-        assert all(f"keeping {bundle_version(strict)}" in line for line in lines)
+        assert all(f"bundle {bundle_version(strict)}" in line for line in lines)
+        assert all("keeping version 1 (pushed from test" in line for line in lines)
         assert "not signed" in lines[0] and "not by the trusted key" in lines[1]
         assert "not readable" in lines[2]
+
+
+async def policy_kv(url: str) -> tuple[Any, Any]:
+    """A connection and the policies bucket, as anyone with write access to it has them."""
+    nc = await nats.connect(url)
+    return nc, await open_bucket(nc.jetstream(), policies_bucket_config())
+
+
+async def until_refused(
+    url: str, caplog: pytest.LogCaptureFixture, count: int, prefix: str
+) -> None:
+    """Decide calls until the replica has logged `count` refusals (it judged the writes)."""
+    for attempt in range(200):
+        if len(refusals(caplog)) >= count:
+            return
+        await decide(url, echo_call(f"{prefix}-{attempt}"))
+    raise AssertionError(f"fewer than {count} refusals: {refusals(caplog)}")
+
+
+class TestVersionsOnlyMoveForward:
+    """Invariant 12 against a real bucket: whoever writes it, nothing older becomes active."""
+
+    async def test_an_older_signed_bundle_from_history_or_a_delete_changes_nothing(
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(settings, bundle_files())  # version 1: echo allowed
+        await push_files(settings, strict)  # version 2: echo denied
+        async with replica(settings):
+            assert isinstance(await decide(url, echo_call("v2")), CallDenied)
+            nc, kv = await policy_kv(url)
+            [first, *_] = await kv.history(ACTIVE_KEY)
+            await kv.put(ACTIVE_KEY, first.value)  # version 1, validly signed, put back
+            await until_refused(url, caplog, 1, "after-put-back")
+            await kv.delete(ACTIVE_KEY)
+            await until_refused(url, caplog, 2, "after-delete")
+            await nc.close()
+            still = await decide(url, echo_call("still"))
+        assert isinstance(still, CallDenied) and still.policy_version == bundle_version(strict)
+        older, deleted = refusals(caplog)
+        assert "keeping version 2 (pushed from test" in older
+        assert "version 1: its version 1 is not higher than the active version 2" in older
+        assert "deleted" in deleted and "keeping version 2" in deleted
+
+    async def test_an_equal_version_is_refused(
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        active = await push_files(settings, strict)
+        key, _ = ensure_signing_key(settings.keys_dir)
+        async with replica(settings):
+            assert isinstance(await decide(url, echo_call("before")), CallDenied)
+            # Signed by the operator's key, but numbered as the active one (a racing push).
+            same_number = sign_bundle(
+                bundle_files(), DEFAULT_VERSION, key, number=active.number, source="raced"
+            )
+            await put_raw(url, msgspec.json.encode(same_number))
+            await until_refused(url, caplog, 1, "equal")
+            after = await decide(url, echo_call("after"))
+        assert isinstance(after, CallDenied) and after.policy_version == bundle_version(strict)
+        [line] = refusals(caplog)
+        assert "its version 1 is not higher than the active version 1" in line
+
+    async def test_a_bucket_rewritten_while_no_replica_runs_does_not_win(
+        self, url: str, settings: GatewaySettings, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        strict = bundle_files(**{"no-echo.cedar": NO_ECHO})
+        await push_files(settings, bundle_files())
+        await push_files(settings, strict)
+        async with replica(settings):  # accepts version 2 and records it
+            assert isinstance(await decide(url, echo_call("v2")), CallDenied)
+        # While no replica runs: version 1 put back over a purge (which also drops the
+        # bucket's history, so nothing there says version 2 ever existed).
+        nc, kv = await policy_kv(url)
+        [first, *_] = await kv.history(ACTIVE_KEY)
+        await kv.purge(ACTIVE_KEY)
+        await kv.put(ACTIVE_KEY, first.value)
+        await nc.close()
+        async with replica(settings):
+            restarted = await decide(url, echo_call("restarted"))
+        assert isinstance(restarted, CallDenied)
+        assert restarted.policy_version == bundle_version(strict)
+        [line] = refusals(caplog)
+        assert "keeping version 2" in line and "not higher than the active version 2" in line
+        # A push now is numbered above the record, not above what the bucket shows.
+        later = await push_files(settings, bundle_files())
+        assert later.number == 3
+        async with replica(settings):
+            assert isinstance(await decide(url, echo_call("v3")), CallAuthorized)

@@ -295,6 +295,8 @@ def test_toolgate_up_example_orders_from_the_command_line(tmp_path: Path) -> Non
                 break
         text = "".join(printed)
         assert "example orders: agent acme.support" in text, text
+        # Nothing pushed in this folder: the example's bundle, as version 0.
+        assert "  policy bundle: version 0 (example orders, bundle " in text, text
         creds = data / "creds" / "agents" / "acme.support.creds"
         assert creds.exists() and orders.database_path(data).exists()
         env = {**os.environ, "TOOLGATE_DATA_DIR": str(data)}

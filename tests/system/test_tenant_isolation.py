@@ -796,6 +796,7 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
         f"$KV.{subjects.OUTCOMES_BUCKET}.{subjects.call_key(*ACME, target)}",
         f"$KV.{subjects.CALL_IDS_BUCKET}.{subjects.call_key(*ACME, target)}",
         f"$KV.{subjects.POLICIES_BUCKET}.active",
+        f"$KV.{subjects.POLICY_ACCEPTED_BUCKET}.bundle",
         f"$JS.API.STREAM.MSG.DELETE.{results}",
         f"$JS.API.STREAM.PURGE.{results}",
         f"{subjects.EVENTS_PREFIX}.CallAuthorized.echo",
@@ -807,7 +808,12 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
     results_before = await _stream_state(gw, results)
     kv_before = {
         b: await _kv_state(gw, b)
-        for b in (subjects.POLICIES_BUCKET, subjects.OUTCOMES_BUCKET, subjects.CALL_IDS_BUCKET)
+        for b in (
+            subjects.POLICIES_BUCKET,
+            subjects.POLICY_ACCEPTED_BUCKET,
+            subjects.OUTCOMES_BUCKET,
+            subjects.CALL_IDS_BUCKET,
+        )
     }
 
     mallory = await RawAgent.connect(gw, *MALLORY)
@@ -883,6 +889,8 @@ async def test_reply_subjects_injected_by_another_tenant_land_nowhere(
     assert results_after["messages"] == results_before["messages"] + len(injected) + 3
     # No bucket holds anything of hers: policies untouched, no stray keys.
     assert await _kv_state(gw, subjects.POLICIES_BUCKET) == kv_before[subjects.POLICIES_BUCKET]
+    accepted = subjects.POLICY_ACCEPTED_BUCKET
+    assert await _kv_state(gw, accepted) == kv_before[accepted]
     assert not await _kv_has(gw, subjects.OUTCOMES_BUCKET, "x")
     for bucket in (subjects.OUTCOMES_BUCKET, subjects.CALL_IDS_BUCKET):
         new_keys = set(await _kv_state(gw, bucket)) - set(kv_before[bucket])

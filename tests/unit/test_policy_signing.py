@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from toolgate.contracts.authorization import ensure_keypair
+from toolgate.services.policy import versions
 from toolgate.services.policy.app import ActivePolicy, PolicyStateError
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
 from toolgate.services.policy.bundle_store import ActiveEntry
@@ -33,8 +34,10 @@ STRICT = {
 }
 
 
-def signed(files: dict[str, str], key: Ed25519PrivateKey) -> bytes:
-    return msgspec.json.encode(sign_bundle(files, bundle_version(files), key))
+def signed(files: dict[str, str], key: Ed25519PrivateKey, number: int = 1) -> bytes:
+    return msgspec.json.encode(
+        sign_bundle(files, bundle_version(files), key, number=number, source="pushed from test")
+    )
 
 
 def refusal(value: bytes | None, key: Ed25519PrivateKey | None) -> str:
@@ -209,7 +212,11 @@ class TestRunning:
             policy.offer(entry)  # the periodic re-read brings the same revision again
         assert policy.engine.version == bundle_version(STRICT)
         lines = errors(caplog)
-        assert len(lines) == 4 and all("keeping " + bundle_version(STRICT) in x for x in lines)
+        assert len(lines) == 4, lines
+        assert all(
+            f"keeping version 1 (pushed from test, bundle {bundle_version(STRICT)}" in x
+            for x in lines
+        )
         assert "revision 2" in lines[0] and "revision 5" in lines[3]
 
     def test_a_good_new_revision_switches_and_an_older_one_is_ignored(
@@ -218,9 +225,111 @@ class TestRunning:
         keys_dir, key = keys
         policy = fresh(keys_dir)
         policy.start(None)
-        policy.offer(ActiveEntry(4, signed(STRICT, key)))
+        policy.offer(ActiveEntry(4, signed(STRICT, key, 1)))
         assert policy.engine.version == bundle_version(STRICT)
-        policy.offer(ActiveEntry(3, signed(DEFAULT, key)))
+        policy.offer(ActiveEntry(3, signed(DEFAULT, key, 2)))
         assert policy.engine.version == bundle_version(STRICT)
-        policy.offer(ActiveEntry(5, signed(DEFAULT, key)))
+        policy.offer(ActiveEntry(5, signed(DEFAULT, key, 2)))
         assert policy.engine.version == bundle_version(DEFAULT)
+
+
+def accepted_record(files: dict[str, str], key: Ed25519PrivateKey, number: int) -> bytes:
+    """The policy service's record of the last bundle it accepted (its high-water mark)."""
+    return signed(files, key, number)
+
+
+class TestVersions:
+    """Invariant 12: a bundle becomes active only with a higher version number."""
+
+    def test_the_signature_covers_the_version_number_and_the_source(self) -> None:
+        key = Ed25519PrivateKey.generate()
+        good = msgspec.json.decode(signed(STRICT, key, 3), type=StoredBundle)
+        assert open_stored(msgspec.json.encode(good), key.public_key()).number == 3
+        for forged in (
+            msgspec.structs.replace(good, number=9),
+            msgspec.structs.replace(good, number=0),
+            msgspec.structs.replace(good, source="example refund"),
+        ):
+            assert "does not verify" in refusal(msgspec.json.encode(forged), key)
+
+    def test_a_running_replica_refuses_an_older_or_equal_version_naming_both(
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
+        keys_dir, key = keys
+        policy = fresh(keys_dir)
+        policy.start(ActiveEntry(1, signed(DEFAULT, key, 1)))
+        policy.offer(ActiveEntry(2, signed(STRICT, key, 2)))
+        assert policy.engine.version == bundle_version(STRICT)
+        policy.offer(ActiveEntry(3, signed(DEFAULT, key, 1)))  # put back from the history
+        policy.offer(ActiveEntry(4, signed(DEFAULT, key, 2)))  # same number, other content
+        assert policy.engine.version == bundle_version(STRICT) and policy.accepted is not None
+        assert policy.accepted.number == 2
+        older, equal = errors(caplog)
+        assert "revision 3" in older and "keeping version 2" in older
+        assert "version 1: its version 1 is not higher than the active version 2" in older
+        assert "version 2: its version 2 is not higher than the active version 2" in equal
+        policy.offer(ActiveEntry(5, signed(DEFAULT, key, 3)))
+        assert policy.engine.version == bundle_version(DEFAULT)
+
+    def test_a_restart_keeps_the_last_accepted_bundle_over_an_older_one_in_the_bucket(
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
+        keys_dir, key = keys
+        policy = fresh(keys_dir)
+        policy.start(ActiveEntry(9, signed(DEFAULT, key, 1)), accepted_record(STRICT, key, 2))
+        assert policy.engine.version == bundle_version(STRICT)
+        [line] = errors(caplog)
+        assert "revision 9 refused, keeping version 2" in line
+        assert "its version 1 is not higher than the active version 2" in line
+
+    @pytest.mark.parametrize("entry", [None, ActiveEntry(9, None, deleted=True)])
+    def test_a_restart_with_the_key_deleted_or_gone_keeps_the_last_accepted_bundle(
+        self,
+        keys: tuple[Path, Ed25519PrivateKey],
+        caplog: pytest.LogCaptureFixture,
+        entry: ActiveEntry | None,
+    ) -> None:
+        keys_dir, key = keys
+        policy = fresh(keys_dir)
+        policy.start(entry, accepted_record(STRICT, key, 2))
+        assert policy.engine.version == bundle_version(STRICT)
+        [line] = errors(caplog)
+        assert "keeping version 2" in line
+
+    def test_a_restart_takes_a_newer_push_and_the_same_bundle_quietly(
+        self, keys: tuple[Path, Ed25519PrivateKey], caplog: pytest.LogCaptureFixture
+    ) -> None:
+        keys_dir, key = keys
+        same = signed(STRICT, key, 2)
+        policy = fresh(keys_dir)
+        policy.start(ActiveEntry(3, same), same)
+        assert policy.engine.version == bundle_version(STRICT) and policy.to_record is None
+        newer = fresh(keys_dir)
+        newer.start(ActiveEntry(4, signed(DEFAULT, key, 3)), same)
+        assert newer.engine.version == bundle_version(DEFAULT)
+        assert newer.to_record is not None and newer.to_record.number == 3
+        assert errors(caplog) == []
+
+    def test_an_unreadable_record_refuses_to_start(
+        self, keys: tuple[Path, Ed25519PrivateKey]
+    ) -> None:
+        keys_dir, key = keys
+        with pytest.raises(PolicyStateError) as raised:
+            fresh(keys_dir).start(ActiveEntry(1, signed(STRICT, key, 1)), b"\x00garbage")
+        assert "toolgate_policy_accepted" in raised.value.reason
+
+    def test_the_next_number_counts_only_the_operators_bundles_and_the_record(self) -> None:
+        key, intruder = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+        written = [
+            ActiveEntry(1, signed(DEFAULT, key, 1)),
+            ActiveEntry(2, signed(STRICT, key, 4)),
+            ActiveEntry(3, signed(STRICT, intruder, 99)),
+            ActiveEntry(4, msgspec.json.encode(StoredBundle(files=STRICT, number=50))),
+            ActiveEntry(5, None, deleted=True),
+        ]
+        assert versions.next_number(written, None, key.public_key()) == 5
+        record = msgspec.json.decode(signed(STRICT, key, 7), type=StoredBundle)
+        assert versions.next_number(written, record, key.public_key()) == 8
+        found = versions.find_version(written, 1, key.public_key())
+        assert found is not None and found.files == DEFAULT
+        assert versions.find_version(written, 99, key.public_key()) is None

@@ -5,9 +5,10 @@ built-in tools: the tool in `registry/` (its function in refund.py, a ledger
 of its own under the data dir), the agent identity `acme.support`, and the
 example's policy bundle, written to `<data-dir>/examples/refund/policy/`
 (the default bundle plus `infra/policies/examples/refund_payment.cedar`, both
-read from the installed package), which the policy service starts with. As
-with any local bundle, a bundle pushed in that data dir wins: push this one
-(`toolgate policy push .toolgate/examples/refund/policy`) to make it stick.
+read from the installed package), which the policy service starts with. In
+a data dir where another bundle was pushed, `toolgate up --example refund`
+pushes this one over it as the next version (stack/supervisor.py
+settle_policy), and says which version it replaced.
 """
 
 from __future__ import annotations
