@@ -13,11 +13,15 @@
     toolgate bench [pipeline|policy|audit|audit-queries]   figures, printed
 
 After `toolgate up` in a folder, every command there finds the gateway through
-.toolgate/context.json; flags and TOOLGATE_* variables win.
+.toolgate/context.json; from elsewhere, --data-dir DIR (or $TOOLGATE_DATA_DIR)
+names the folder whose context.json every command uses; flags and TOOLGATE_*
+variables win over it.
 Exit codes: 0 done (for `call`: result ok), 1 a clear failure (for `call`: the
-result is an error), 2 bad input or configuration (a bad flag or URL, a
-missing data dir, registry or creds file), 3 could not reach or wait for the
-gateway (no NATS there, creds refused, no result in time). A failure is one
+result is an error), 2 bad input or configuration (a bad flag, port, call_id
+or URL, a missing data dir, registry or creds file, a gateway already running
+on the data dir), 3 could not reach, tell or wait for the gateway (no NATS or
+ClickHouse there, creds refused, a running server not told: --offline writes
+files alone, no result in time). A failure is one
 line on stderr: what was tried and what to do. Services (`serve`, `up`) keep
 reconnecting to NATS for as long as they run.
 """
