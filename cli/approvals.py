@@ -179,6 +179,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
         "approver creds `toolgate up` recorded; now %(default)s)",
     )
+    inbox.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for NATS at the start before giving up (default %(default)s; "
+        "once up, it reconnects for as long as it runs)",
+    )
     inbox.set_defaults(func=cmd_inbox)
 
     return approvals
@@ -325,13 +332,32 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
-    from toolgate.cli.main import Failed, check_creds, check_nats_url, quiet_nats_tracebacks
+    from toolgate.cli.main import (
+        Failed,
+        check_creds,
+        check_nats_url,
+        connect_nats,
+        quiet_nats_tracebacks,
+    )
     from toolgate.services.approvals.inbox import serve_inbox
 
     check_nats_url(args.nats_url)
     check_creds(args.creds)
+    # NATS first, within --connect-timeout (one line and exit 3 if not; Ctrl-C ends the
+    # wait): an inbox that opened its port with no gateway behind it would only fail later.
+    print(
+        f"approvals inbox: waiting for NATS at {args.nats_url} (up to "
+        f"{args.connect_timeout:g} s; Ctrl-C stops)",
+        flush=True,
+    )
+
+    async def reachable() -> None:
+        nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
+        await nc.close()
+
+    asyncio.run(reachable())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inbox %(levelname)s %(message)s")
-    # It waits for NATS as long as it takes, one line at a time (a service, not a command).
+    # Once up, it reconnects as long as it takes, one line at a time (a service).
     quiet_nats_tracebacks(args.nats_url)
     try:
         return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))

@@ -156,9 +156,7 @@ def data_dir_of(given: Path | None) -> tuple[Path, str]:
     """DATA_DIR and where it came from."""
     if given is not None:
         return given, "--data-dir"
-    if os.environ.get("TOOLGATE_DATA_DIR"):
-        return env.env_data_dir(), "$TOOLGATE_DATA_DIR"
-    return env.env_data_dir(), "the default: no --data-dir, no $TOOLGATE_DATA_DIR"
+    return env.env_data_dir(), env.data_dir_source()
 
 
 def store_of(given: str | None, data_dir: Path | None = None, role: str = "auditor") -> Store:

@@ -13,11 +13,15 @@
     toolgate bench [pipeline|policy|audit|audit-queries]   figures, printed
 
 After `toolgate up` in a folder, every command there finds the gateway through
-.toolgate/context.json; flags and TOOLGATE_* variables win.
+.toolgate/context.json; from elsewhere, --data-dir DIR (or $TOOLGATE_DATA_DIR)
+names the folder whose context.json every command uses; flags and TOOLGATE_*
+variables win over it.
 Exit codes: 0 done (for `call`: result ok), 1 a clear failure (for `call`: the
-result is an error), 2 bad input or configuration (a bad flag or URL, a
-missing data dir, registry or creds file), 3 could not reach or wait for the
-gateway (no NATS there, creds refused, no result in time). A failure is one
+result is an error), 2 bad input or configuration (a bad flag, port, call_id
+or URL, a missing data dir, registry or creds file, a gateway already running
+on the data dir), 3 could not reach, tell or wait for the gateway (no NATS or
+ClickHouse there, creds refused, a running server not told: --offline writes
+files alone, no result in time). A failure is one
 line on stderr: what was tried and what to do. Services (`serve`, `up`) keep
 reconnecting to NATS for as long as they run.
 """
@@ -52,7 +56,7 @@ NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 CONNECT_TIMEOUT_S = 5.0
-NEVER_UP = "no toolgate up ran here yet"
+NEVER_UP = "no toolgate up ran in this data dir yet"
 
 
 class Failed(Exception):
@@ -145,6 +149,26 @@ def check_nats_url(url: str, flag: str = "--nats-url") -> str:
     return url
 
 
+def check_call_id(call_id: str, command: str, flag: str) -> str:
+    """`call_id` if it can name a result subject; else Failed (exit 2)."""
+    from toolgate.contracts.calls import is_valid_call_id
+
+    if not is_valid_call_id(call_id):
+        raise Failed(
+            f"{command}: {call_id!r} is not a call_id: 1 to 128 letters, digits, _ or - "
+            f"(it names the result subject; {flag})",
+            2,
+        )
+    return call_id
+
+
+def check_port(port: int, flag: str) -> int:
+    """`port` if a server can listen on it (0: any free port); else Failed (exit 2)."""
+    if not 0 <= port <= 65535:
+        raise Failed(f"{flag} {port} is not a TCP port: 1 to 65535, or 0 for any free port", 2)
+    return port
+
+
 def check_creds(path: Path | None, flag: str = "--creds") -> Path | None:
     """`path` if it is a readable NATS creds file (or None); else Failed (exit 2)."""
     if path is None:
@@ -174,12 +198,26 @@ def nats_url_source(url: str) -> str:
         return "$TOOLGATE_NATS_URL"
     recorded = env.read_context().get("nats_url")
     if recorded == url:
-        return f"recorded by `toolgate up` in {env.env_data_dir() / env.CONTEXT_FILE}"
-    if url == env.DEFAULT_NATS_URL:
-        return (
-            f"the default: no `toolgate up` recorded one in {env.env_data_dir() / env.CONTEXT_FILE}"
-        )
+        return f"recorded by `toolgate up` in {_context_path()}"
+    if url == env.DEFAULT_NATS_URL and recorded is None:
+        return f"the default: no `toolgate up` recorded one in {_context_path()}"
     return "--nats-url"
+
+
+def _context_path() -> Path:
+    """DATA_DIR/context.json: where every default of this command line came from."""
+    return env.env_data_dir() / env.CONTEXT_FILE
+
+
+def _nobody_up_here(url: str) -> Failed:
+    """Refused at the default URL with no context: another gateway's NATS (or not toolgate's)."""
+    return Failed(
+        f"authorization refused at {url}: no `toolgate up` is recorded in "
+        f"{_context_path()}, so the NATS at {url} belongs to another gateway or is not "
+        "toolgate's: run this from the folder where that gateway's `toolgate up` ran, or "
+        "give --data-dir DIR (or --nats-url and --creds)",
+        2,
+    )
 
 
 def connect_failure(url: str, cause: BaseException | str) -> Failed:
@@ -187,6 +225,8 @@ def connect_failure(url: str, cause: BaseException | str) -> Failed:
     text = str(cause) or type(cause).__name__
     lowered = text.lower()
     if "authorization" in lowered or "authentication" in lowered or "revoked" in lowered:
+        if not env.read_context() and nats_url_source(url).startswith("the default"):
+            return _nobody_up_here(url)
         return Failed(
             f"authorization refused at {url}: wrong, revoked or missing creds (--creds)", 3
         )
@@ -281,6 +321,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if args.nats_url_given:
         check_nats_url(args.nats_url_given)
+    check_up_servers(args)
     for directory in args.registry or []:
         if not directory.is_dir():
             raise Failed(f"toolgate up: no registry directory at {directory} (--registry)", 2)
@@ -307,6 +348,51 @@ def cmd_up(args: argparse.Namespace) -> int:
     except (NatsServerError, ClickHouseServerError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise Failed(f"toolgate up: {first} (logs in {args.data_dir})", 3) from None
+
+
+def check_up_servers(args: argparse.Namespace) -> None:
+    """Before `toolgate up` starts anything: no gateway runs on this data dir already, its
+    ports are ports, and a ClickHouse it was given answers (else Failed, one line)."""
+    from toolgate.stack.gateway_lock import running_gateway
+
+    running = running_gateway(args.data_dir)
+    if running is not None:
+        raise Failed(
+            f"toolgate up: a gateway already runs in {args.data_dir} (pid {running}): stop "
+            "it first, or give another --data-dir",
+            2,
+        )
+    check_port(args.nats_port, "toolgate up: --nats-port")
+    if args.nats_port and args.nats_port + max(args.nats_cluster, 1) - 1 > 65535:
+        raise Failed(
+            f"toolgate up: --nats-cluster {args.nats_cluster} takes ports {args.nats_port} "
+            f"and up, past 65535: choose a lower --nats-port (0: any free port)",
+            2,
+        )
+    check_port(args.clickhouse_port, "toolgate up: --clickhouse-port")
+    check_port(args.mcp_port, "toolgate up: --mcp-port")
+    if args.clickhouse_url_given and not args.no_audit:
+        check_clickhouse_answers(args.clickhouse_url_given)
+
+
+def check_clickhouse_answers(url: str) -> None:
+    """A ClickHouse given to `toolgate up` answers and takes its login; else Failed."""
+    from toolgate.services.audit.connection import Store, StoreError
+
+    store = Store(
+        url,
+        "--clickhouse-url",
+        "check the URL, or leave --clickhouse-url out to start the embedded ClickHouse",
+    )
+    try:
+        target = store.target()
+        store.probe(target, CONNECT_TIMEOUT_S)
+        try:
+            target.client(with_database=False).command("SELECT 1")
+        except Exception as exc:
+            raise store.explain(exc, target) from None
+    except StoreError as exc:
+        raise Failed(f"toolgate up: {exc}", exc.exit_code) from None
 
 
 def _wait_for_nats(url: str, creds: Path | None) -> None:
@@ -476,6 +562,8 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise Failed(f"toolgate call: arguments are not JSON: {exc}", 2) from None
     if not isinstance(arguments, dict):
         raise Failed("toolgate call: arguments must be a JSON object", 2)
+    if args.call_id is not None:
+        check_call_id(args.call_id, "toolgate call", "--call-id")
     connect = _connect_client(args, "call")
     # On a locked bus the creds say which tenant and agent this is; --tenant and
     # --agent only matter on an unlocked one.
@@ -531,6 +619,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_result(args: argparse.Namespace) -> int:
+    check_call_id(args.call_id, "toolgate result", "CALL_ID")
     connect = _connect_client(args, "result")
 
     async def run() -> ToolResult | None:
@@ -606,11 +695,13 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 f"toolgate.results.{name}.>; active now",
                 file=sys.stderr,
             )
-        else:
+        elif args.offline:
             print(
                 f"toolgate agents: agent {name} minted, active at the next toolgate up ({told})",
                 file=sys.stderr,
             )
+        else:
+            raise not_told(f"agent {name} minted in {data_dir}", told)
         return 0
     if told is None:
         print(
@@ -618,12 +709,25 @@ def cmd_agents(args: argparse.Namespace) -> int:
             "connections"
         )
         return 0
+    if not args.offline:
+        raise not_told(f"agent {name} revoked in {data_dir}, creds deleted", told)
     print(
         f"toolgate agents: agent {name} revoked in {data_dir}, creds deleted; the server "
         f"refuses it from its next start ({told})",
         file=sys.stderr,
     )
-    return 0 if args.offline or told == NEVER_UP else 3
+    return 0
+
+
+def not_told(done: str, why: str) -> Failed:
+    """The files are written, the running server was not told: exit 3 (only --offline
+    means "files alone")."""
+    return Failed(
+        f"toolgate agents: {done}, but no running server was told ({why}); it takes "
+        "effect when one is: run this again where `toolgate up` runs (--data-dir, "
+        "--nats-url), or pass --offline to only write the files for the next toolgate up",
+        3,
+    )
 
 
 def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> str | None:
@@ -634,7 +738,7 @@ def _push_account(args: argparse.Namespace, data_dir: Path, token: str) -> str |
         return "--offline"
     system = nats_auth.creds_path(data_dir / nats_auth.CREDS_DIR, nats_auth.SYSTEM_ROLE)
     if not system.exists():
-        return NEVER_UP  # its start will preload the account
+        return f"{NEVER_UP}: no system creds in {data_dir}"  # its start preloads the account
 
     async def push() -> None:
         # Reachable at all? (nats-py alone can wait for ever on a refused port.)
@@ -1059,8 +1163,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def data_dir_given(argv: list[str]) -> Path | None:
+    """The `--data-dir` of a command line (the last one, as argparse takes it), or None.
+
+    Read before the parser is built: its defaults (NATS URL, creds, ClickHouse URL,
+    registry) come from that folder's context.json, whichever command it is."""
+    given: str | None = None
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        if word == "--data-dir" and i + 1 < len(argv):
+            given = argv[i + 1]
+        elif word.startswith("--data-dir="):
+            given = word.partition("=")[2]
+    return Path(given) if given else None
+
+
+def _add_data_dir_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Every command takes --data-dir: the folder whose context.json it reads (main()
+    reads it before the defaults); commands that keep state there declare it themselves."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if subcommands:
+        for command in subcommands[0].choices.values():
+            _add_data_dir_everywhere(command)
+    elif "--data-dir" not in parser._option_string_actions:
+        parser.add_argument(
+            "--data-dir",
+            type=Path,
+            default=env.env_data_dir(),
+            help="the folder where `toolgate up` ran, whose context.json (NATS URL, "
+            "creds) this command uses (default: $TOOLGATE_DATA_DIR, else %(default)s)",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    env.use_data_dir(data_dir_given(argv))  # before any default is read from the context
+    parser = build_parser()
+    _add_data_dir_everywhere(parser)
+    args = parser.parse_args(argv)
     if args.command not in ("serve", "up"):
         # One-shot commands say what went wrong in one line: no nats-py tracebacks.
         logging.getLogger("nats").addHandler(logging.NullHandler())

@@ -111,6 +111,10 @@ def cmd_agents_token(args: argparse.Namespace) -> int:
         raise _fail(f"toolgate agents token: {exc}", 2) from None
     told = push_front_door_account(args, data_dir)
     print(token)
+    if told is not None and not args.offline:
+        from toolgate.cli.main import not_told
+
+        raise not_told(f"a new token of agent {args.tenant}.{args.agent} was minted", told)
     mcp_url = env.read_context(data_dir).get("mcp_url") or "the MCP URL toolgate up printed"
     when = "active now" if told is None else f"active at the next toolgate up ({told})"
     print(
@@ -125,11 +129,11 @@ def cmd_agents_token(args: argparse.Namespace) -> int:
 def push_front_door_account(args: argparse.Namespace, data_dir: Path) -> str | None:
     """Tell the running server which agents the front door may act for (its account's
     imports): None once done, else why not (no server: its next start preloads it)."""
-    from toolgate.cli.main import _push_account
+    from toolgate.cli.main import NEVER_UP, _push_account
     from toolgate.stack import nats_auth
 
     if not (data_dir / nats_auth.AUTH_DIR).is_dir():
-        return "no toolgate up ran here yet"
+        return f"{NEVER_UP}: nothing in {data_dir / nats_auth.AUTH_DIR}"
     _, token = nats_auth.mcp_front_account_jwt(nats_auth.AuthKeys.load(data_dir), data_dir)
     return _push_account(args, data_dir, token)
 

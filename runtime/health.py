@@ -48,6 +48,15 @@ class Dependency:
     name: str
     last_ok: float | None = None
     ok_now: bool = False
+    # Another dependency this one is not tried before (the audit sink connects to NATS
+    # once ClickHouse has answered): while that one never has, this one is not blamed.
+    waits_for: str | None = None
+
+
+def _waiting(dep: Dependency, dependencies: list[Dependency]) -> bool:
+    return dep.last_ok is None and any(
+        other.name == dep.waits_for and other.last_ok is None for other in dependencies
+    )
 
 
 def alive(
@@ -57,6 +66,8 @@ def alive(
     for one that never has). Returns (alive, why not)."""
     reasons = []
     for dep in dependencies:
+        if _waiting(dep, dependencies):
+            continue
         since = dep.last_ok if dep.last_ok is not None else started_at
         if now - since > grace_s:
             what = "never answered" if dep.last_ok is None else f"lost for {now - since:.0f} s"
@@ -65,7 +76,13 @@ def alive(
 
 
 def ready(dependencies: list[Dependency]) -> tuple[bool, list[str]]:
-    reasons = [f"{dep.name} not answering" for dep in dependencies if not dep.ok_now]
+    reasons = [
+        f"{dep.name} not tried until {dep.waits_for} answers"
+        if _waiting(dep, dependencies)
+        else f"{dep.name} not answering"
+        for dep in dependencies
+        if not dep.ok_now
+    ]
     return not reasons, reasons
 
 
@@ -91,8 +108,10 @@ class HealthMonitor:
         self.dependencies = [self.nats]
         self.clickhouse: Dependency | None = None
         if self.clickhouse_url:
+            # The audit sink writes its genesis seal before it connects to NATS.
             self.clickhouse = Dependency("clickhouse")
-            self.dependencies.append(self.clickhouse)
+            self.nats.waits_for = "clickhouse"
+            self.dependencies.insert(0, self.clickhouse)
         self._tasks: list[asyncio.Task[None]] = []
         self._server: asyncio.Server | None = None
 

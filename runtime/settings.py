@@ -4,6 +4,11 @@ The context is what `toolgate up` started, recorded in DATA_DIR/context.json
 (NATS URL, ClickHouse URL, which creds are whose). Every command falls back to
 it when no flag and no TOOLGATE_* variable says otherwise, so after
 `toolgate up` in a folder the other commands need no connection flags there.
+
+DATA_DIR is `--data-dir` when the command line gives one (`use_data_dir`, called
+once by `toolgate`'s `main()` before any default is read), else
+$TOOLGATE_DATA_DIR, else `.toolgate` in the current folder: every default below
+reads the context of that one folder.
 """
 
 from __future__ import annotations
@@ -22,8 +27,32 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 CONTEXT_FILE = "context.json"
 
 
+DEFAULT_DATA_DIR = Path(".toolgate")
+# `--data-dir` of this command line (main() sets it before building the parser).
+_given_data_dir: Path | None = None
+
+
+def use_data_dir(data_dir: Path | None) -> None:
+    """The data dir a command line named (`--data-dir`), or None: every context default
+    (NATS URL, creds, ClickHouse URL, registry, logins) is read from it from now on."""
+    global _given_data_dir
+    _given_data_dir = data_dir
+
+
 def env_data_dir() -> Path:
-    return Path(os.environ.get("TOOLGATE_DATA_DIR", ".toolgate"))
+    """`--data-dir` of this command line, else $TOOLGATE_DATA_DIR, else `.toolgate`."""
+    if _given_data_dir is not None:
+        return _given_data_dir
+    return Path(os.environ.get("TOOLGATE_DATA_DIR") or DEFAULT_DATA_DIR)
+
+
+def data_dir_source() -> str:
+    """Where env_data_dir() came from, for a message that says what was tried."""
+    if _given_data_dir is not None:
+        return "--data-dir"
+    if os.environ.get("TOOLGATE_DATA_DIR"):
+        return "$TOOLGATE_DATA_DIR"
+    return "the default: no --data-dir, no $TOOLGATE_DATA_DIR"
 
 
 def read_context(data_dir: Path | None = None) -> dict[str, Any]:

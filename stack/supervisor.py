@@ -36,6 +36,7 @@ from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, 
 from toolgate.services.policy.pushing import push_next_version, read_state
 from toolgate.services.policy.signing import BundleRefused, ensure_signing_key, load_verify_key
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+from toolgate.stack.gateway_lock import GatewayRunning, claim_data_dir, release
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
 from toolgate.stack.processes import (
@@ -192,6 +193,8 @@ class Stack:
     health_grace_s: float | None = None
     # Each service serves /healthz and /metrics (`toolgate up --no-metrics`: none).
     with_http: bool = True
+    # DATA_DIR/gateway.lock, held while this stack runs (one gateway per data dir).
+    _claim: int | None = None
 
     def http_args(self, port: int) -> list[str]:
         if not self.with_http:
@@ -241,7 +244,10 @@ class Stack:
     def start(self) -> None:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._claim = claim_data_dir(self.data_dir)
             ensure_keypair(self.data_dir / "keys")
+        except GatewayRunning as exc:
+            raise StackError(f"{exc}: stop it first, or give another --data-dir") from None
         except OSError as exc:
             raise StackError(
                 f"cannot use {self.data_dir} as the data dir: {exc.strerror or exc} (--data-dir)"
@@ -578,6 +584,8 @@ class Stack:
             self.nats.stop()
         if self.cluster is not None:
             self.cluster.stop()
+        release(self._claim)
+        self._claim = None
 
 
 def run_until_signalled(stack: Stack) -> int:

@@ -261,7 +261,8 @@ class AuditWriter:
                     raise
                 if attempt == 1 or attempt % 10 == 0:
                     log.warning(
-                        "%s failed (attempt %d, %.0fs): %r; retrying",
+                        "ClickHouse at %s: %s failed (attempt %d, %.0fs): %r; retrying",
+                        self.target.display(),
                         what,
                         attempt,
                         time.monotonic() - since,

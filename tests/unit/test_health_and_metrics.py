@@ -31,6 +31,20 @@ class TestLiveness:
         ok, why = alive(31.0, 0.0, deps, grace_s=30)
         assert not ok and "never answered" in why[0]
 
+    def test_a_dependency_not_tried_yet_is_not_blamed_for_the_one_it_waits_for(self) -> None:
+        """The audit sink connects to NATS only once ClickHouse answered: a ClickHouse
+        that never does is named, not NATS."""
+        deps = [Dependency("clickhouse"), Dependency("nats", waits_for="clickhouse")]
+        ok, why = alive(31.0, 0.0, deps, grace_s=30)
+        assert not ok and why == ["clickhouse never answered (grace 30 s)"]
+        assert ready(deps)[1] == [
+            "clickhouse not answering",
+            "nats not tried until clickhouse answers",
+        ]
+        deps[0].last_ok = 30.0  # ClickHouse answered: now NATS is on the clock
+        ok, why = alive(31.0, 0.0, deps, grace_s=30)
+        assert not ok and why == ["nats never answered (grace 30 s)"]
+
     def test_ready_only_while_everything_answers_now(self) -> None:
         assert ready([Dependency("nats", ok_now=True)]) == (True, [])
         assert ready([Dependency("nats", ok_now=False)])[1] == ["nats not answering"]
