@@ -14,8 +14,12 @@ NATS's own decentralized auth does the isolating (see DESIGN.md and
   (re-read a stored result of its own). Its single user may publish and
   subscribe to nothing else. Replies cannot cross accounts, so nothing an
   agent publishes can land in another's subjects or in toolgate's streams.
-- account `APPROVERS` imports only the approvals service's request subjects;
-  approvers never touch the streams or buckets.
+- account `APPROVERS` imports only the approvals service's request subjects
+  (with `share`: the server tells the service which user asks, in the header
+  `Nats-Request-Info`); approvers never touch the streams or buckets. Each
+  approver is a user of its own (`toolgate approvals add-approver`) whose
+  replies come to a prefix only it may subscribe to, so no approver reads
+  another's answers; the web inbox is one more user, `inbox`, likewise.
 - account `SYS` is the server's system account; its user pushes account JWTs
   to the running server (`$SYS.REQ.CLAIMS.UPDATE`) so agents are added and
   revoked without a restart.
@@ -60,9 +64,13 @@ APPROVERS_ACCOUNT = "APPROVERS"
 # The MCP front door (services/mcp_front): its own account, importing only agents' subjects.
 MCP_FRONT_ACCOUNT = "MCP_FRONT"
 SYSTEM_ACCOUNT = "SYS"
-# Roles that are not TOOLGATE users: the system user and the approvers' user.
+# Roles that are not TOOLGATE users: the system user and the web inbox's user.
 SYSTEM_ROLE = "sys"
-APPROVER_ROLE = "approver"
+INBOX_ROLE = "inbox"
+# Each approver is a user of APPROVERS of its own (`toolgate approvals add-approver`),
+# whose replies come only to <this>.<its user key>.>, which only it may subscribe to.
+APPROVER_CREDS_DIR = "approvers"
+APPROVER_INBOX_PREFIX = "_INBOX_approver"
 MCP_FRONT_ROLE = "mcp_front"
 DEFAULT_INBOX = "_INBOX"
 JS_API = "$JS.API"
@@ -387,6 +395,7 @@ def _fixed_account_jwts(keys: AuthKeys) -> dict[str, str]:
                     "type": "service",
                     "account": toolgate,
                     "subject": f"{subjects.APPROVALS_PREFIX}.>",
+                    "share": True,
                 }
             ],
         ),
@@ -592,6 +601,54 @@ def push_account_jwts_sync(nats_url: str, data_dir: Path, tokens: Iterable[str])
     asyncio.run(push_account_jwts(nats_url, data_dir, list(tokens)))
 
 
+# ---------------------------------------------------------------- approvers
+
+
+def approver_creds_path(data_dir: Path, name: str) -> Path:
+    return Path(data_dir) / CREDS_DIR / APPROVER_CREDS_DIR / f"{name}.creds"
+
+
+def approver_permissions(user_key: str) -> tuple[list[str], list[str]]:
+    """(publish, subscribe) of an approver's user: requests to the approvals service,
+    and replies on an inbox prefix of its own (its user key), nothing else."""
+    return [f"{subjects.APPROVALS_PREFIX}.>"], [f"{APPROVER_INBOX_PREFIX}.{user_key}.>"]
+
+
+def mint_approver(data_dir: Path, name: str) -> tuple[Path, str]:
+    """A new NATS user of APPROVERS for approver `name`: (creds path, user public key).
+
+    Each call makes a new key (a rotation): the approvals service accepts only the
+    key recorded with the approver (approvers.yaml), so older creds are refused.
+    Users of APPROVERS are signed by its account key: nothing to push to the server.
+    """
+    keys = AuthKeys.load(data_dir)
+    user_seed = nats_jwt.new_seed(nkeys.PREFIX_BYTE_USER)
+    user_key = nats_jwt.public_key(user_seed)
+    publish, subscribe = approver_permissions(user_key)
+    token = nats_jwt.user_jwt(
+        keys.approvers,
+        user_seed,
+        f"approver {name}",
+        publish=publish,
+        subscribe=subscribe,
+        tags=["role:approver"],
+    )
+    creds = approver_creds_path(data_dir, name)
+    _private_dir(creds.parent.parent)
+    _private_dir(creds.parent)
+    _write_private(
+        creds,
+        nats_jwt.creds_text(
+            token,
+            user_seed,
+            f"toolgate approver {name}: requests to the approvals service only; its replies\n"
+            f"come to {APPROVER_INBOX_PREFIX}.{user_key}.> (a NATS client's inbox prefix)\n"
+            "Secret: with the approver's token, anyone with this file acts as this approver.",
+        ),
+    )
+    return creds, user_key
+
+
 # ---------------------------------------------------------------- the server config
 
 
@@ -638,6 +695,7 @@ def _user_creds(
             publish=list(permissions.publish),
             subscribe=list(permissions.subscribe),
             allow_responses=permissions.allow_responses,
+            tags=[f"role:{role}"],
         )
     text = nats_jwt.creds_text(
         token,
@@ -684,7 +742,7 @@ def create_credentials(
     users = _private_dir(Path(data_dir) / AUTH_DIR / "users")
     public_keys: dict[str, str] = {}
     for role in roles:
-        account_seed = {APPROVER_ROLE: keys.approvers, MCP_FRONT_ROLE: keys.mcp_front}.get(
+        account_seed = {INBOX_ROLE: keys.approvers, MCP_FRONT_ROLE: keys.mcp_front}.get(
             role.role, keys.toolgate
         )
         user_seed = _seed(users / f"{role.role}.nk", nkeys.PREFIX_BYTE_USER)

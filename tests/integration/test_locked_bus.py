@@ -188,7 +188,7 @@ def test_credentials_are_private_and_kept_when_created_again(tmp_path: Path) -> 
     first = nats_auth.create_credentials(tmp_path, tools=TOOLS)
     # One user per service role, the approvers' user and the system user; no shared
     # "agent" role: each agent is an account of its own.
-    assert set(first.roles) >= {"admin", "approver", "sys", *SERVICE_ROLES}
+    assert set(first.roles) >= {"admin", "inbox", "sys", *SERVICE_ROLES}
     assert "agent" not in first.roles
     for role in first.roles:
         assert first.path(role).stat().st_mode & 0o777 == 0o600
@@ -238,6 +238,24 @@ def test_connect_options_log_in_with_a_creds_file(tmp_path: Path) -> None:
         creds_reading.connect_options(tmp_path / "missing.creds")
     with pytest.raises(creds_reading.CredentialsError):
         creds.path("agent")  # no such role any more
+
+
+def test_each_approver_and_the_inbox_read_replies_on_a_prefix_of_their_own(
+    tmp_path: Path,
+) -> None:
+    alice, alice_key = nats_auth.mint_approver(tmp_path, "alice")
+    bob, _ = nats_auth.mint_approver(tmp_path, "bob")
+    own = f"{nats_auth.APPROVER_INBOX_PREFIX}.{alice_key}"
+    assert user_permissions(alice)["sub"] == {"allow": [f"{own}.>"]}
+    assert user_permissions(alice)["pub"] == {"allow": [f"{subjects.APPROVALS_PREFIX}.>"]}
+    assert creds_reading.connect_options(alice)["inbox_prefix"] == own
+    assert creds_reading.inbox_prefix_of(bob) not in (own, None, "_INBOX")
+    inbox = nats_auth.create_credentials(tmp_path, tools=TOOLS).path("inbox")
+    assert creds_reading.connect_options(inbox)["inbox_prefix"] == "_INBOX_approvals_inbox"
+    assert user_permissions(inbox)["sub"] == {"allow": ["_INBOX_approvals_inbox.>"]}
+    # Minting again (a rotation) is a new user with a new prefix.
+    _, rotated = nats_auth.mint_approver(tmp_path, "alice")
+    assert rotated != alice_key and creds_reading.inbox_prefix_of(alice) != own
 
 
 def test_every_event_type_named_in_the_permissions_exists() -> None:
@@ -539,10 +557,10 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     await flushed(approvals)
     # The approver is in the account APPROVERS: its request crosses to TOOLGATE's
     # approvals service through the import, and the answer comes back.
-    approver = await locked.connect("approver")
+    approver = await locked.connect("inbox")
     reply = await approver.request(VOTE_SUBJECT, b"yes", timeout=5)
     assert reply.data == b"counted:yes"
-    assert locked.errors["approvals"] == [] and locked.errors["approver"] == []
+    assert locked.errors["approvals"] == [] and locked.errors["inbox"] == []
     assert locked.server_violations() == []
 
     # An approver cannot grant by event, nor touch the approval state (nor any stream:
@@ -551,12 +569,12 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     granted = f"{subjects.EVENTS_PREFIX}.ApprovalGranted.echo"
     with pytest.raises((NatsTimeout, NoRespondersError)):
         await limited.publish(granted, b"{}")
-    await locked.refused_publish("approver", granted)
+    await locked.refused_publish("inbox", granted)
     with pytest.raises((NatsTimeout, NoRespondersError)):
         await limited.key_value(subjects.APPROVALS_BUCKET)
-    await locked.refused_publish("approver", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
+    await locked.refused_publish("inbox", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
     await approver.publish(f"$KV.{subjects.APPROVALS_BUCKET}.call_1", b"granted")
-    await locked.refused_publish("approver", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
+    await locked.refused_publish("inbox", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
     # The approvals service may tell an agent it waits, but not give its result.
     result = subjects.results_subject(*ACME, "call_1")
     with pytest.raises(NatsTimeout):
