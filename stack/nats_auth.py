@@ -48,6 +48,7 @@ import nkeys
 import yaml
 
 from toolgate.contracts import subjects
+from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.contracts.events import TERMINAL_EVENTS
 from toolgate.runtime.creds import CredentialsError, connect_options, nats_servers
 from toolgate.stack import nats_jwt
@@ -435,6 +436,44 @@ class AgentError(ValueError):
     """An agent cannot be added, found or revoked as asked."""
 
 
+# What one agent's account may hold on the server (NATS's own account limits,
+# enforced by nats-server: an agent past one gets the server's error, not ours).
+# Each variable overrides its default when `toolgate up` or `toolgate agents add`
+# issues the account's JWT.
+AGENT_LIMIT_ENV = {
+    # Subscriptions of one connection (nats-server applies an account's limit to each
+    # of its connections): 512 x 16 connections = 8,192 at most. A GatewayClient
+    # holds 3 or 4.
+    "subs": ("TOOLGATE_AGENT_MAX_SUBSCRIPTIONS", 512),
+    # Connections at once.
+    "conn": ("TOOLGATE_AGENT_MAX_CONNECTIONS", 16),
+    # Bytes in one message: twice the largest call the calls stream stores, so a call
+    # between the two still gets its precise PAYLOAD_TOO_LARGE result.
+    "payload": ("TOOLGATE_AGENT_MAX_PAYLOAD", 2 * MAX_CALL_BYTES),
+}
+
+
+def agent_limits(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An agent account's limits: the defaults above, or their variables (a positive
+    integer each; -1 for no limit). No JetStream (agents own no stream: their calls
+    are stored in TOOLGATE's, within its limits), no leaf nodes, no exports."""
+    environ = os.environ if environ is None else environ
+    limits: dict[str, Any] = {"leaf": 0, "exports": 0}
+    for key, (variable, default) in AGENT_LIMIT_ENV.items():
+        raw = environ.get(variable, "").strip()
+        if not raw:
+            limits[key] = default
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1 and value != -1:
+            raise AgentError(f"${variable}={raw!r}: give a positive integer (or -1: no limit)")
+        limits[key] = value
+    return limits
+
+
 @dataclass(frozen=True)
 class AgentRecord:
     tenant: str
@@ -490,7 +529,7 @@ def _agent_account_jwt(keys: AuthKeys, data_dir: Path, record: AgentRecord) -> s
         record.name,
         imports=claims_imports,
         revocations=dict(record.revocations) or None,
-        limits={"conn": 16, "leaf": 0, "exports": 0},
+        limits=agent_limits(),
     )
 
 

@@ -35,7 +35,7 @@ from tests.harness import flushed
 from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.calls import MAX_CALL_BYTES, Principal, ToolCall
 from toolgate.contracts.events import (
     ArgumentsValidated,
     Authorization,
@@ -112,12 +112,33 @@ class LockedBus:
             await asyncio.sleep(0.05)
         raise AssertionError(f"no server error {fragment!r} for {who}: {self.errors.get(who)}")
 
+    async def server_said(self, who: str, fragment: str, timeout: float = 5.0) -> str:
+        """A line of the server's log about client `who` (its account name) with `fragment`."""
+
+        def said() -> list[str]:
+            return [
+                line
+                for line in self.nats.log_path.read_text().splitlines()
+                if f"/{who}/" in line and fragment.lower() in line.lower()
+            ]
+
+        await until(lambda: bool(said()), timeout)
+        return said()[0]
+
     async def refused_publish(self, who: str, subject: str) -> None:
         """The server's own word that `who` may not publish to `subject`."""
         await self.wait_for_error(who, f'permissions violation for publish to "{subject}"')
         assert any(
             f'Publish Violation - Subject "{subject}"' in line for line in self.server_violations()
         ), subject
+
+
+async def until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not so within {timeout}s: {condition}")
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -256,6 +277,23 @@ def test_each_approver_and_the_inbox_read_replies_on_a_prefix_of_their_own(
     # Minting again (a rotation) is a new user with a new prefix.
     _, rotated = nats_auth.mint_approver(tmp_path, "alice")
     assert rotated != alice_key and creds_reading.inbox_prefix_of(alice) != own
+
+
+def test_agent_limits_have_defaults_and_variables() -> None:
+    assert nats_auth.agent_limits({}) == {
+        "leaf": 0,
+        "exports": 0,
+        "subs": 512,
+        "conn": 16,
+        "payload": 2 * MAX_CALL_BYTES,
+    }
+    changed = nats_auth.agent_limits(
+        {"TOOLGATE_AGENT_MAX_SUBSCRIPTIONS": " 50 ", "TOOLGATE_AGENT_MAX_CONNECTIONS": "-1"}
+    )
+    assert (changed["subs"], changed["conn"]) == (50, -1)
+    for bad in ("0", "many", "-2"):
+        with pytest.raises(nats_auth.AgentError, match="TOOLGATE_AGENT_MAX_PAYLOAD"):
+            nats_auth.agent_limits({"TOOLGATE_AGENT_MAX_PAYLOAD": bad})
 
 
 def test_every_event_type_named_in_the_permissions_exists() -> None:
@@ -432,6 +470,46 @@ async def test_an_agent_added_while_the_server_runs_can_call_at_once(locked: Loc
     with pytest.raises(NatsTimeout):
         await js.publish(subjects.calls_subject(*ACME), b"{}", timeout=REFUSED_S)
     await locked.refused_publish(f"{tenant}.{name}", subjects.calls_subject(*ACME))
+
+
+async def test_an_agent_is_held_to_its_subscription_connection_and_payload_limits(
+    locked: LockedBus,
+) -> None:
+    """NATS's own account limits, from the agent's account JWT: the server refuses (and
+    says so in its log, naming the agent; nats-py closes a connection told -ERR)."""
+    limits = nats_auth.agent_limits()
+    connected = [await locked.connect_agent(*ACME) for _ in range(limits["conn"])]
+    assert all(nc.is_connected for nc in connected)
+    with pytest.raises(nats.errors.Error, match="maximum account active connections exceeded"):
+        await nats.connect(
+            locked.url,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=2,
+            **creds_reading.connect_options(nats_auth.agent_creds_path(locked.data_dir, *ACME)),
+        )
+    # Another agent's account has limits of its own.
+    other = await locked.connect_agent(*WRITER)
+    assert other.is_connected
+
+    agent = connected[1]
+    results = subjects.agent_results_prefix(*ACME)
+    for i in range(limits["subs"]):
+        await agent.subscribe(f"{results}.call_{i}")
+    await flushed(agent)
+    assert locked.errors["acme.researcher"] == [] and agent.is_connected
+    await agent.subscribe(f"{results}.one_too_many")
+    await locked.server_said("acme.researcher", "maximum subscriptions exceeded")
+    await until(lambda: agent.is_closed)
+
+    # One message over the payload limit: refused, and that connection closed (a call
+    # between MAX_CALL_BYTES and the limit still gets its PAYLOAD_TOO_LARGE result).
+    sender = connected[0]
+    await sender.publish(subjects.calls_subject(*ACME), b"x" * (limits["payload"] + 1))
+    await locked.server_said("acme.researcher", "maximum payload")
+    await until(lambda: sender.is_closed)
+    admin = (await locked.connect("admin")).jetstream()
+    assert (await admin.stream_info(subjects.CALLS_STREAM)).state.messages == 0
 
 
 # ---------------------------------------------------------------- the services
