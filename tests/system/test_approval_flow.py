@@ -361,6 +361,37 @@ async def test_an_approver_of_globex_reads_none_of_the_replies_to_acme_s_approve
         await spy.close()
 
 
+async def test_a_rotated_approver_s_old_creds_are_refused(shared_gateway: Gateway) -> None:
+    token, creds = approver_with_creds(shared_gateway, "fay", "acme")
+    name = creds.stem
+    old = creds.read_text()
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=token, **connect_options(creds)
+    ) as before:
+        assert (await before.whoami()) is not None
+    rotated = add_approver(
+        shared_gateway.data_dir,
+        name,
+        ["acme"],
+        rotate=True,
+        mint_nats_user=lambda n: nats_auth.mint_approver(shared_gateway.data_dir, n)[1],
+    )
+    kept = creds.with_name("old.creds")
+    kept.write_text(old)
+    kept.chmod(0o600)
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=rotated, **connect_options(kept)
+    ) as with_old_creds:
+        with pytest.raises(Refused) as refused:
+            await with_old_creds.list_pending()
+        assert refused.value.code == Refusal.INVALID_TOKEN
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=rotated, **connect_options(creds)
+    ) as after:
+        identity = await after.whoami()
+        assert identity is not None and identity.name == name
+
+
 async def test_one_call_id_from_two_agents_is_two_independent_approvals(
     shared_gateway: Gateway,
 ) -> None:
