@@ -5,7 +5,7 @@
     toolgate approvals approve CALL --reason R     vote yes (on the arguments shown)
     toolgate approvals deny CALL --reason R        vote no: the call will not run
     toolgate approvals add-approver NAME --tenant T [--tenant T2 ...]
-                                                   create an approver; prints its token once
+                                                   an approver: its token (shown once), its creds
     toolgate approvals inbox [--port N]            the web inbox
     (the approvals service itself is `toolgate serve approvals`)
 
@@ -13,9 +13,13 @@ CALL is a call key, TENANT.AGENT.CALL_ID, as `list` prints it (a call_id is
 unique only per agent); a bare CALL_ID is accepted when just one call you
 may see has it. Every command but add-approver and serve asks the approvals
 service, with the approver's token (--token or $TOOLGATE_APPROVER_TOKEN),
-over NATS as the approver role (--creds; default $TOOLGATE_NATS_CREDS, else
-the approver creds `toolgate up` made). An approver sees and votes on the
-calls of their own tenants only. Votes carry the SHA-256 of the arguments
+over NATS as that approver (--creds: the creds add-approver wrote,
+<data-dir>/creds/approvers/NAME.creds; default $TOOLGATE_NATS_CREDS). The
+service takes who asks from those creds, and the token must be the same
+approver's; only that approver can read the replies. The web inbox logs in
+as its own user (the inbox creds `toolgate up` made) and speaks for each
+approver by token. An approver sees and votes on the calls of their own
+tenants only. Votes carry the SHA-256 of the arguments
 the approver saw (--sha256; without it, the command shows the call and
 votes on exactly the hash it shows).
 
@@ -37,13 +41,14 @@ from typing import Any
 
 from toolgate.contracts.events import utc_now
 from toolgate.runtime import settings as env
+from toolgate.runtime.creds import env_creds
 from toolgate.services.approvals.approvers import ApproverError, add_approver
 from toolgate.services.approvals.logic import VoteOutcome
 from toolgate.services.approvals.render import as_text
 
 ENV_TOKEN = "TOOLGATE_APPROVER_TOKEN"
 ENV_CREDS = "TOOLGATE_NATS_CREDS"
-APPROVER_ROLE = "approver"
+INBOX_ROLE = "inbox"
 
 
 def _nats(parser: argparse.ArgumentParser, creds_default: Path | None, creds_help: str) -> None:
@@ -60,9 +65,9 @@ def _approver(parser: argparse.ArgumentParser) -> None:
     """Options of the commands that ask the approvals service as an approver."""
     _nats(
         parser,
-        env.env_nats_creds(APPROVER_ROLE),
-        f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-        "approver creds `toolgate up` recorded; now %(default)s)",
+        env_creds(),
+        "the approver's own NATS credentials, as add-approver wrote them "
+        f"(<data-dir>/creds/approvers/NAME.creds; default: ${ENV_CREDS}, now %(default)s)",
     )
     token = os.environ.get(ENV_TOKEN)
     parser.add_argument(
@@ -175,9 +180,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     # Each approver logs in with their own token; the inbox has none of its own.
     _nats(
         inbox,
-        env.env_nats_creds(APPROVER_ROLE),
-        f"NATS credentials of the approver role (default: ${ENV_CREDS}, else the "
-        "approver creds `toolgate up` recorded; now %(default)s)",
+        env.env_nats_creds(INBOX_ROLE),
+        f"NATS credentials of the inbox (default: ${ENV_CREDS}, else the inbox creds "
+        "`toolgate up` recorded; now %(default)s). An approver's own creds make an inbox "
+        "of that approver only",
     )
     inbox.add_argument(
         "--connect-timeout",
@@ -310,6 +316,15 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from toolgate.stack import nats_auth
+
+    minted: list[Path] = []
+
+    def mint(name: str) -> str:
+        creds, user_key = nats_auth.mint_approver(args.data_dir, name)
+        minted.append(creds)
+        return user_key
+
     try:
         token = add_approver(
             args.data_dir,
@@ -317,6 +332,7 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
             tenants=args.tenant,
             all_tenants=args.all_tenants,
             rotate=args.rotate,
+            mint_nats_user=mint,
         )
     except ApproverError as exc:
         print(str(exc), file=sys.stderr)
@@ -325,7 +341,8 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
     scope = "every tenant" if args.all_tenants else "tenants " + ", ".join(sorted(set(args.tenant)))
     print(
         f"approver {args.name} ({scope}) added to {args.data_dir / 'approvers.yaml'}; "
-        f"the token is shown only now (set it as ${ENV_TOKEN})",
+        f"the token is shown only now (set it as ${ENV_TOKEN}); NATS creds of this "
+        f"approver alone: {minted[0]} (--creds)",
         file=sys.stderr,
     )
     return 0

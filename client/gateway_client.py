@@ -215,22 +215,30 @@ class GatewayClient:
         """
         tenant, agent = self._identity(call)
         body = _encoder.encode(call)
+
+        def too_large() -> ToolResult:
+            return failure(
+                call.call_id,
+                "invalid_arguments",
+                ToolError(
+                    code=ErrorCode.PAYLOAD_TOO_LARGE,
+                    message=f"call is {len(body)} bytes; the gateway stores at most "
+                    f"{MAX_CALL_BYTES}",
+                    retryable=False,
+                ),
+            )
+
+        if len(body) > MAX_CALL_BYTES:
+            # Not sent at all: the calls stream would refuse it, and past the agent's
+            # payload limit the server closes the connection instead.
+            return too_large()
         try:
             await self._js.publish(
                 subjects.calls_subject(tenant, agent), body, stream=subjects.CALLS_STREAM
             )
         except APIError as exc:
             if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:
-                return failure(
-                    call.call_id,
-                    "invalid_arguments",
-                    ToolError(
-                        code=ErrorCode.PAYLOAD_TOO_LARGE,
-                        message=f"call is {len(body)} bytes; the gateway stores at most "
-                        f"{MAX_CALL_BYTES}",
-                        retryable=False,
-                    ),
-                )
+                return too_large()
             if exc.err_code == SUBJECT_FULL_ERR_CODE:
                 return failure(
                     call.call_id,

@@ -28,14 +28,43 @@ def nats_servers(nats_url: str) -> list[str]:
     return [part.strip() for part in nats_url.split(",") if part.strip()]
 
 
+DEFAULT_INBOX_PREFIX = "_INBOX"
+
+
 def connect_options(creds_path: Path | str | None) -> dict[str, Any]:
-    """Keyword arguments for `nats.connect` that log in with this creds file ({} for None)."""
+    """Keyword arguments for `nats.connect` that log in with this creds file ({} for None),
+    with the reply-inbox prefix the creds' user may subscribe to when it has its own."""
     if creds_path is None:
         return {}
     path = Path(creds_path)
     if not path.is_file():
         raise CredentialsError(f"no credentials file at {path}")
-    return {"user_credentials": str(path)}
+    options: dict[str, Any] = {"user_credentials": str(path)}
+    prefix = inbox_prefix_of(path)
+    if prefix is not None:
+        options["inbox_prefix"] = prefix
+    return options
+
+
+def inbox_prefix_of(creds: Path | str) -> str | None:
+    """The creds' own reply-inbox prefix: the `_INBOX...` subject its user may subscribe
+    to (`<prefix>.>`) when that is not the shared `_INBOX`; else None (the default).
+
+    Approvers and the web inbox have one each (stack/nats_auth.py): the server lets
+    only them read the replies sent there.
+    """
+    try:
+        token, _ = read_creds(Path(creds).read_text())
+        allowed = jwt_claims(token).get("nats", {}).get("sub", {}).get("allow") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    for subject in allowed:
+        text = str(subject)
+        if text.startswith(DEFAULT_INBOX_PREFIX) and text.endswith(".>"):
+            prefix = text[: -len(".>")]
+            if prefix != DEFAULT_INBOX_PREFIX and not any(c in prefix for c in "*> "):
+                return prefix
+    return None
 
 
 def broker_options(creds_path: Path | str | None) -> dict[str, Any]:

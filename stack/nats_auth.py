@@ -14,8 +14,12 @@ NATS's own decentralized auth does the isolating (see DESIGN.md and
   (re-read a stored result of its own). Its single user may publish and
   subscribe to nothing else. Replies cannot cross accounts, so nothing an
   agent publishes can land in another's subjects or in toolgate's streams.
-- account `APPROVERS` imports only the approvals service's request subjects;
-  approvers never touch the streams or buckets.
+- account `APPROVERS` imports only the approvals service's request subjects
+  (with `share`: the server tells the service which user asks, in the header
+  `Nats-Request-Info`); approvers never touch the streams or buckets. Each
+  approver is a user of its own (`toolgate approvals add-approver`) whose
+  replies come to a prefix only it may subscribe to, so no approver reads
+  another's answers; the web inbox is one more user, `inbox`, likewise.
 - account `SYS` is the server's system account; its user pushes account JWTs
   to the running server (`$SYS.REQ.CLAIMS.UPDATE`) so agents are added and
   revoked without a restart.
@@ -44,6 +48,7 @@ import nkeys
 import yaml
 
 from toolgate.contracts import subjects
+from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.contracts.events import TERMINAL_EVENTS
 from toolgate.runtime.creds import CredentialsError, connect_options, nats_servers
 from toolgate.stack import nats_jwt
@@ -60,9 +65,13 @@ APPROVERS_ACCOUNT = "APPROVERS"
 # The MCP front door (services/mcp_front): its own account, importing only agents' subjects.
 MCP_FRONT_ACCOUNT = "MCP_FRONT"
 SYSTEM_ACCOUNT = "SYS"
-# Roles that are not TOOLGATE users: the system user and the approvers' user.
+# Roles that are not TOOLGATE users: the system user and the web inbox's user.
 SYSTEM_ROLE = "sys"
-APPROVER_ROLE = "approver"
+INBOX_ROLE = "inbox"
+# Each approver is a user of APPROVERS of its own (`toolgate approvals add-approver`),
+# whose replies come only to <this>.<its user key>.>, which only it may subscribe to.
+APPROVER_CREDS_DIR = "approvers"
+APPROVER_INBOX_PREFIX = "_INBOX_approver"
 MCP_FRONT_ROLE = "mcp_front"
 DEFAULT_INBOX = "_INBOX"
 JS_API = "$JS.API"
@@ -387,6 +396,7 @@ def _fixed_account_jwts(keys: AuthKeys) -> dict[str, str]:
                     "type": "service",
                     "account": toolgate,
                     "subject": f"{subjects.APPROVALS_PREFIX}.>",
+                    "share": True,
                 }
             ],
         ),
@@ -424,6 +434,44 @@ def mcp_front_account_jwt(keys: AuthKeys, data_dir: Path) -> tuple[str, str]:
 
 class AgentError(ValueError):
     """An agent cannot be added, found or revoked as asked."""
+
+
+# What one agent's account may hold on the server (NATS's own account limits,
+# enforced by nats-server: an agent past one gets the server's error, not ours).
+# Each variable overrides its default when `toolgate up` or `toolgate agents add`
+# issues the account's JWT.
+AGENT_LIMIT_ENV = {
+    # Subscriptions of one connection (nats-server applies an account's limit to each
+    # of its connections): 512 x 16 connections = 8,192 at most. A GatewayClient
+    # holds 3 or 4.
+    "subs": ("TOOLGATE_AGENT_MAX_SUBSCRIPTIONS", 512),
+    # Connections at once.
+    "conn": ("TOOLGATE_AGENT_MAX_CONNECTIONS", 16),
+    # Bytes in one message: twice the largest call the calls stream stores, so a call
+    # between the two still gets its precise PAYLOAD_TOO_LARGE result.
+    "payload": ("TOOLGATE_AGENT_MAX_PAYLOAD", 2 * MAX_CALL_BYTES),
+}
+
+
+def agent_limits(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An agent account's limits: the defaults above, or their variables (a positive
+    integer each; -1 for no limit). No JetStream (agents own no stream: their calls
+    are stored in TOOLGATE's, within its limits), no leaf nodes, no exports."""
+    environ = os.environ if environ is None else environ
+    limits: dict[str, Any] = {"leaf": 0, "exports": 0}
+    for key, (variable, default) in AGENT_LIMIT_ENV.items():
+        raw = environ.get(variable, "").strip()
+        if not raw:
+            limits[key] = default
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if value < 1 and value != -1:
+            raise AgentError(f"${variable}={raw!r}: give a positive integer (or -1: no limit)")
+        limits[key] = value
+    return limits
 
 
 @dataclass(frozen=True)
@@ -481,7 +529,7 @@ def _agent_account_jwt(keys: AuthKeys, data_dir: Path, record: AgentRecord) -> s
         record.name,
         imports=claims_imports,
         revocations=dict(record.revocations) or None,
-        limits={"conn": 16, "leaf": 0, "exports": 0},
+        limits=agent_limits(),
     )
 
 
@@ -592,6 +640,54 @@ def push_account_jwts_sync(nats_url: str, data_dir: Path, tokens: Iterable[str])
     asyncio.run(push_account_jwts(nats_url, data_dir, list(tokens)))
 
 
+# ---------------------------------------------------------------- approvers
+
+
+def approver_creds_path(data_dir: Path, name: str) -> Path:
+    return Path(data_dir) / CREDS_DIR / APPROVER_CREDS_DIR / f"{name}.creds"
+
+
+def approver_permissions(user_key: str) -> tuple[list[str], list[str]]:
+    """(publish, subscribe) of an approver's user: requests to the approvals service,
+    and replies on an inbox prefix of its own (its user key), nothing else."""
+    return [f"{subjects.APPROVALS_PREFIX}.>"], [f"{APPROVER_INBOX_PREFIX}.{user_key}.>"]
+
+
+def mint_approver(data_dir: Path, name: str) -> tuple[Path, str]:
+    """A new NATS user of APPROVERS for approver `name`: (creds path, user public key).
+
+    Each call makes a new key (a rotation): the approvals service accepts only the
+    key recorded with the approver (approvers.yaml), so older creds are refused.
+    Users of APPROVERS are signed by its account key: nothing to push to the server.
+    """
+    keys = AuthKeys.load(data_dir)
+    user_seed = nats_jwt.new_seed(nkeys.PREFIX_BYTE_USER)
+    user_key = nats_jwt.public_key(user_seed)
+    publish, subscribe = approver_permissions(user_key)
+    token = nats_jwt.user_jwt(
+        keys.approvers,
+        user_seed,
+        f"approver {name}",
+        publish=publish,
+        subscribe=subscribe,
+        tags=["role:approver"],
+    )
+    creds = approver_creds_path(data_dir, name)
+    _private_dir(creds.parent.parent)
+    _private_dir(creds.parent)
+    _write_private(
+        creds,
+        nats_jwt.creds_text(
+            token,
+            user_seed,
+            f"toolgate approver {name}: requests to the approvals service only; its replies\n"
+            f"come to {APPROVER_INBOX_PREFIX}.{user_key}.> (a NATS client's inbox prefix)\n"
+            "Secret: with the approver's token, anyone with this file acts as this approver.",
+        ),
+    )
+    return creds, user_key
+
+
 # ---------------------------------------------------------------- the server config
 
 
@@ -638,6 +734,7 @@ def _user_creds(
             publish=list(permissions.publish),
             subscribe=list(permissions.subscribe),
             allow_responses=permissions.allow_responses,
+            tags=[f"role:{role}"],
         )
     text = nats_jwt.creds_text(
         token,
@@ -684,7 +781,7 @@ def create_credentials(
     users = _private_dir(Path(data_dir) / AUTH_DIR / "users")
     public_keys: dict[str, str] = {}
     for role in roles:
-        account_seed = {APPROVER_ROLE: keys.approvers, MCP_FRONT_ROLE: keys.mcp_front}.get(
+        account_seed = {INBOX_ROLE: keys.approvers, MCP_FRONT_ROLE: keys.mcp_front}.get(
             role.role, keys.toolgate
         )
         user_seed = _seed(users / f"{role.role}.nk", nkeys.PREFIX_BYTE_USER)

@@ -6,8 +6,8 @@ request's state in the KV bucket `toolgate_approvals` under the call key
 `PendingNotice` on `toolgate.results.<tenant>.<agent>.<call_id>.pending`.
 Answers: approvers, core NATS request/reply on `toolgate.approvals.>`
 (whoami, list, show, vote; queue group `approvals`; see protocol.py). Each
-request is authenticated by the approver's token and sees only the calls of
-the approver's tenants.
+request is authenticated by the NATS user the server says sent it and the
+approver's token, and sees only the calls of the approver's tenants.
 Emits: `ApprovalGranted` (one per approval; the one completing the quorum has
 `quorum_reached`, which the policy re-checks into CallAuthorized or
 CallDenied), `ApprovalDenied`, `ApprovalExpired` (terminal: the attacher
@@ -167,8 +167,11 @@ class ApprovalsService:
 
     # ------------------------------------------------------------ approvers' requests
 
-    async def handle(self, subject: str, raw: bytes) -> msgspec.Struct:
-        """Answer one approver request on `subject` (see protocol.py)."""
+    async def handle(
+        self, subject: str, raw: bytes, requester: protocol.Requester | None = None
+    ) -> msgspec.Struct:
+        """Answer one approver request on `subject` (see protocol.py), sent by
+        `requester` (the server's word; None: from inside toolgate's account)."""
         fail = _refusal_for(subject)
         decoder = protocol.request_decoders.get(subject)
         if decoder is None:
@@ -186,6 +189,15 @@ class ApprovalsService:
         approver = self.book.authenticate(request.token)
         if approver is None:
             return fail(Refusal.INVALID_TOKEN, "unknown or invalid approver token")
+        if requester is not None and not requester.is_inbox:
+            # Who asks is the NATS user the server names, never the payload: the token
+            # must be that approver's too.
+            if self.book.approver_of_user(requester.user) != approver.name:
+                return fail(
+                    Refusal.INVALID_TOKEN,
+                    "this token is not the approver's whose NATS credentials sent it "
+                    "(use the creds `toolgate approvals add-approver` wrote with the token)",
+                )
         if isinstance(request, protocol.VoteRequest):
             return await self.vote(approver, request)
         if isinstance(request, protocol.ShowRequest):
@@ -364,7 +376,8 @@ def build_app(
     async def on_request(msg: NatsMessage) -> bytes:
         subject = msg.raw_message.subject
         try:
-            result = await service.handle(subject, msg.body)
+            requester = protocol.requester_of(msg.raw_message.headers)
+            result = await service.handle(subject, msg.body, requester)
         except Exception as exc:  # the approver gets an answer, never silence
             log.exception("request on %s failed", subject)
             result = _refusal_for(subject)(

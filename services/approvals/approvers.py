@@ -10,12 +10,19 @@ data directory, or the same file deployed to each).
       alice:
         token_sha256: 9f86d0...
         tenants: [acme]          # sees and votes on these tenants' calls only
+        nats_user: UCX3...       # her NATS user (creds/approvers/alice.creds)
         created_at: '2026-01-01T00:00:00+00:00'
       sec-desk:
         token_sha256: 2c26b4...
         tenants: []
         all_tenants: true        # operator-wide, only when given explicitly
         created_at: '2026-01-01T00:00:00+00:00'
+
+An approver's requests come from her own NATS user (`nats_user`, minted with
+the token by `toolgate approvals add-approver`): the service takes who asks
+from the server's word for that user, and her token must be hers as well. The
+web inbox is the one client that speaks for any approver, by token (its own
+NATS user, `inbox`, never handed to approvers).
 
 An approver belongs to tenants: `add_approver` refuses an approver with no
 tenant unless `all_tenants` is asked for. An entry with neither (a file of
@@ -30,6 +37,7 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -76,9 +84,14 @@ def add_approver(
     *,
     all_tenants: bool = False,
     rotate: bool = False,
+    mint_nats_user: Callable[[str], str] | None = None,
 ) -> str:
     """Create (or with `rotate`, re-key) an approver of `tenants` (or, explicitly, of
-    every tenant); return the new token, shown once."""
+    every tenant); return the new token, shown once.
+
+    `mint_nats_user(name)`: makes the approver's NATS user (its creds) once the name
+    is accepted, and returns the user's public key, recorded as `nats_user`. Without
+    it the approver acts only through the web inbox."""
     if not NAME_PATTERN.fullmatch(name) or same_person(name, SYSTEM_APPROVER):
         raise ApproverError(
             f"not an acceptable approver name: {name!r} (letters, digits, . _ @ -; at most 64)"
@@ -110,6 +123,8 @@ def add_approver(
     }
     if all_tenants:
         entry["all_tenants"] = True
+    if mint_nats_user is not None:
+        entry["nats_user"] = mint_nats_user(name)
     approvers[name] = entry
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -127,6 +142,7 @@ class ApproverBook:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._by_hash: dict[str, Approver] = {}
+        self._nats_users: dict[str, str] = {}  # NATS user public key -> approver name
 
     def _refresh(self) -> None:
         try:
@@ -138,6 +154,7 @@ class ApproverBook:
             if stamp == self._stamp and (stamp is not None or not self._by_hash):
                 return
             by_hash: dict[str, Approver] = {}
+            nats_users: dict[str, str] = {}
             for name, entry in _read(self.path).items():
                 if not isinstance(entry, dict) or not isinstance(entry.get("token_sha256"), str):
                     continue
@@ -149,7 +166,10 @@ class ApproverBook:
                     tenants=tuple(sorted({str(t) for t in tenants})),
                     all_tenants=entry.get("all_tenants") is True,
                 )
+                if isinstance(entry.get("nats_user"), str):
+                    nats_users[entry["nats_user"]] = str(name)
             self._by_hash = by_hash
+            self._nats_users = nats_users
             self._stamp = stamp
 
     def authenticate(self, token: str | None) -> Approver | None:
@@ -162,6 +182,11 @@ class ApproverBook:
             if hmac.compare_digest(stored, digest):
                 found = approver
         return found
+
+    def approver_of_user(self, nats_user: str) -> str | None:
+        """The name of the approver whose NATS user this is (its current one), else None."""
+        self._refresh()
+        return self._nats_users.get(nats_user)
 
     def names(self) -> list[str]:
         self._refresh()

@@ -1,9 +1,11 @@
 """What the CLI and the web inbox use: requests to the approvals service.
 
 Approvers read and vote only through the service (protocol.py): on a locked
-bus they connect with the approver creds (account APPROVERS), which can
-reach nothing else. Every request carries an approver token; the service
-answers with the calls of that approver's tenants only.
+bus they connect with their own creds (a user of the account APPROVERS,
+`toolgate approvals add-approver`; the web inbox with its own), which can
+reach nothing else and read replies only on their own inbox prefix, which
+`runtime.creds.connect_options` sets. Every request carries an approver
+token; the service answers with the calls of that approver's tenants only.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ class ApprovalsClient:
     async def connect(
         cls, nats_url: str, token: str | None = None, **options: Any
     ) -> ApprovalsClient:
-        """Connect (`options`: nats.connect's, e.g. the approver creds). `token`: the
-        approver token used when a call gives none."""
+        """Connect (`options`: nats.connect's, e.g. `connect_options(approver creds)`, which
+        carries its inbox prefix). `token`: the approver token used when a call gives none."""
         options.setdefault("max_reconnect_attempts", -1)
         options.setdefault("connect_timeout", 5)
         return cls(await nats.connect(nats_url, **options), token)

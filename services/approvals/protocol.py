@@ -3,9 +3,14 @@
 
 Approvers (the CLI, the web inbox) live in the NATS account APPROVERS,
 which imports only this service from TOOLGATE: they cannot read the
-approvals bucket or the events stream. Every request carries the approver's
-token; the service (queue group `approvals`, any replica) authenticates it
-and answers with the calls of the approver's tenants only. A call of
+approvals bucket or the events stream. Each approver is a NATS user of its
+own whose replies come to an inbox prefix only it may read; the import
+shares who asks (header `Nats-Request-Info`, written by the server). Every
+request carries the approver's token; the service (queue group `approvals`,
+any replica) authenticates it, requires it to be the token of the approver
+whose NATS user asks (the web inbox's user excepted: it speaks for any
+approver by token), and answers with the calls of that approver's tenants
+only. A call of
 another tenant is answered exactly as a call that does not exist
 (UNKNOWN_CALL), so an approver learns neither its arguments nor that it is
 there.
@@ -34,6 +39,8 @@ not ok) and `message`.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Final
 
@@ -61,6 +68,49 @@ QUEUE_GROUP: Final = "approvals"
 MAX_REQUEST_BYTES: Final = 64 * 1024
 # A list reply stays under the server's max_payload; what does not fit is counted.
 REPLY_HEADROOM_BYTES: Final = 16 * 1024
+
+
+# Set by nats-server itself on a request that crossed the APPROVERS account's import
+# (`share`): who sent it. A header a client writes there is replaced by the server's.
+REQUEST_INFO_HEADER: Final = "Nats-Request-Info"
+# The web inbox's NATS user (role `inbox`) speaks for any approver, by token.
+INBOX_TAG: Final = "role:inbox"
+
+
+# ---------------------------------------------------------------- who asks
+
+
+class Requester(msgspec.Struct, frozen=True, kw_only=True):
+    """The NATS identity a request came from, as the server tells it."""
+
+    account: str = ""
+    user: str = ""  # the user's public key
+    tags: tuple[str, ...] = ()
+
+    @property
+    def is_inbox(self) -> bool:
+        return INBOX_TAG in self.tags
+
+
+def requester_of(headers: Mapping[str, str] | None) -> Requester | None:
+    """Who sent a request, from the server's `Nats-Request-Info` header; None when there
+    is none (a request from inside TOOLGATE's own account, or an unlocked bus). A header
+    that cannot be read names nobody (an empty user), so it is refused."""
+    raw = (headers or {}).get(REQUEST_INFO_HEADER)
+    if raw is None:
+        return None
+    try:
+        info = json.loads(raw)
+        if not isinstance(info, dict):
+            raise ValueError("not an object")
+        tags = info.get("tags") or []
+        return Requester(
+            account=str(info.get("acc") or ""),
+            user=str(info.get("user") or ""),
+            tags=tuple(str(t) for t in tags) if isinstance(tags, list) else (),
+        )
+    except ValueError:
+        return Requester()
 
 
 # ---------------------------------------------------------------- requests

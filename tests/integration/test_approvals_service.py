@@ -505,6 +505,9 @@ async def test_cli_lists_shows_and_votes(
     added = cli("add-approver", "gina", "--tenant", "acme", "--data-dir", str(data_dir))
     assert added.returncode == 0 and added.stdout.startswith("tgap_"), added.stderr
     gina = added.stdout.strip()
+    # With the token, the approver's own NATS creds: the CLI logs in with them.
+    gina_creds = data_dir / "creds" / "approvers" / "gina.creds"
+    assert str(gina_creds) in added.stderr and gina_creds.stat().st_mode & 0o777 == 0o600
 
     wrong = cli(
         "approve", "acme.researcher.call_cli", "--reason", "ok", "--approver", "bob", token=gina

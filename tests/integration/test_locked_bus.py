@@ -35,7 +35,7 @@ from tests.harness import flushed
 from toolgate.client.gateway_client import GatewayClient, new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import Principal, ToolCall
+from toolgate.contracts.calls import MAX_CALL_BYTES, Principal, ToolCall
 from toolgate.contracts.events import (
     ArgumentsValidated,
     Authorization,
@@ -112,12 +112,33 @@ class LockedBus:
             await asyncio.sleep(0.05)
         raise AssertionError(f"no server error {fragment!r} for {who}: {self.errors.get(who)}")
 
+    async def server_said(self, who: str, fragment: str, timeout: float = 5.0) -> str:
+        """A line of the server's log about client `who` (its account name) with `fragment`."""
+
+        def said() -> list[str]:
+            return [
+                line
+                for line in self.nats.log_path.read_text().splitlines()
+                if f"/{who}/" in line and fragment.lower() in line.lower()
+            ]
+
+        await until(lambda: bool(said()), timeout)
+        return said()[0]
+
     async def refused_publish(self, who: str, subject: str) -> None:
         """The server's own word that `who` may not publish to `subject`."""
         await self.wait_for_error(who, f'permissions violation for publish to "{subject}"')
         assert any(
             f'Publish Violation - Subject "{subject}"' in line for line in self.server_violations()
         ), subject
+
+
+async def until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not so within {timeout}s: {condition}")
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -188,7 +209,7 @@ def test_credentials_are_private_and_kept_when_created_again(tmp_path: Path) -> 
     first = nats_auth.create_credentials(tmp_path, tools=TOOLS)
     # One user per service role, the approvers' user and the system user; no shared
     # "agent" role: each agent is an account of its own.
-    assert set(first.roles) >= {"admin", "approver", "sys", *SERVICE_ROLES}
+    assert set(first.roles) >= {"admin", "inbox", "sys", *SERVICE_ROLES}
     assert "agent" not in first.roles
     for role in first.roles:
         assert first.path(role).stat().st_mode & 0o777 == 0o600
@@ -238,6 +259,41 @@ def test_connect_options_log_in_with_a_creds_file(tmp_path: Path) -> None:
         creds_reading.connect_options(tmp_path / "missing.creds")
     with pytest.raises(creds_reading.CredentialsError):
         creds.path("agent")  # no such role any more
+
+
+def test_each_approver_and_the_inbox_read_replies_on_a_prefix_of_their_own(
+    tmp_path: Path,
+) -> None:
+    alice, alice_key = nats_auth.mint_approver(tmp_path, "alice")
+    bob, _ = nats_auth.mint_approver(tmp_path, "bob")
+    own = f"{nats_auth.APPROVER_INBOX_PREFIX}.{alice_key}"
+    assert user_permissions(alice)["sub"] == {"allow": [f"{own}.>"]}
+    assert user_permissions(alice)["pub"] == {"allow": [f"{subjects.APPROVALS_PREFIX}.>"]}
+    assert creds_reading.connect_options(alice)["inbox_prefix"] == own
+    assert creds_reading.inbox_prefix_of(bob) not in (own, None, "_INBOX")
+    inbox = nats_auth.create_credentials(tmp_path, tools=TOOLS).path("inbox")
+    assert creds_reading.connect_options(inbox)["inbox_prefix"] == "_INBOX_approvals_inbox"
+    assert user_permissions(inbox)["sub"] == {"allow": ["_INBOX_approvals_inbox.>"]}
+    # Minting again (a rotation) is a new user with a new prefix.
+    _, rotated = nats_auth.mint_approver(tmp_path, "alice")
+    assert rotated != alice_key and creds_reading.inbox_prefix_of(alice) != own
+
+
+def test_agent_limits_have_defaults_and_variables() -> None:
+    assert nats_auth.agent_limits({}) == {
+        "leaf": 0,
+        "exports": 0,
+        "subs": 512,
+        "conn": 16,
+        "payload": 2 * MAX_CALL_BYTES,
+    }
+    changed = nats_auth.agent_limits(
+        {"TOOLGATE_AGENT_MAX_SUBSCRIPTIONS": " 50 ", "TOOLGATE_AGENT_MAX_CONNECTIONS": "-1"}
+    )
+    assert (changed["subs"], changed["conn"]) == (50, -1)
+    for bad in ("0", "many", "-2"):
+        with pytest.raises(nats_auth.AgentError, match="TOOLGATE_AGENT_MAX_PAYLOAD"):
+            nats_auth.agent_limits({"TOOLGATE_AGENT_MAX_PAYLOAD": bad})
 
 
 def test_every_event_type_named_in_the_permissions_exists() -> None:
@@ -416,6 +472,46 @@ async def test_an_agent_added_while_the_server_runs_can_call_at_once(locked: Loc
     await locked.refused_publish(f"{tenant}.{name}", subjects.calls_subject(*ACME))
 
 
+async def test_an_agent_is_held_to_its_subscription_connection_and_payload_limits(
+    locked: LockedBus,
+) -> None:
+    """NATS's own account limits, from the agent's account JWT: the server refuses (and
+    says so in its log, naming the agent; nats-py closes a connection told -ERR)."""
+    limits = nats_auth.agent_limits()
+    connected = [await locked.connect_agent(*ACME) for _ in range(limits["conn"])]
+    assert all(nc.is_connected for nc in connected)
+    with pytest.raises(nats.errors.Error, match="maximum account active connections exceeded"):
+        await nats.connect(
+            locked.url,
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=2,
+            **creds_reading.connect_options(nats_auth.agent_creds_path(locked.data_dir, *ACME)),
+        )
+    # Another agent's account has limits of its own.
+    other = await locked.connect_agent(*WRITER)
+    assert other.is_connected
+
+    agent = connected[1]
+    results = subjects.agent_results_prefix(*ACME)
+    for i in range(limits["subs"]):
+        await agent.subscribe(f"{results}.call_{i}")
+    await flushed(agent)
+    assert locked.errors["acme.researcher"] == [] and agent.is_connected
+    await agent.subscribe(f"{results}.one_too_many")
+    await locked.server_said("acme.researcher", "maximum subscriptions exceeded")
+    await until(lambda: agent.is_closed)
+
+    # One message over the payload limit: refused, and that connection closed (a call
+    # between MAX_CALL_BYTES and the limit still gets its PAYLOAD_TOO_LARGE result).
+    sender = connected[0]
+    await sender.publish(subjects.calls_subject(*ACME), b"x" * (limits["payload"] + 1))
+    await locked.server_said("acme.researcher", "maximum payload")
+    await until(lambda: sender.is_closed)
+    admin = (await locked.connect("admin")).jetstream()
+    assert (await admin.stream_info(subjects.CALLS_STREAM)).state.messages == 0
+
+
 # ---------------------------------------------------------------- the services
 
 
@@ -560,10 +656,10 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     await flushed(approvals)
     # The approver is in the account APPROVERS: its request crosses to TOOLGATE's
     # approvals service through the import, and the answer comes back.
-    approver = await locked.connect("approver")
+    approver = await locked.connect("inbox")
     reply = await approver.request(VOTE_SUBJECT, b"yes", timeout=5)
     assert reply.data == b"counted:yes"
-    assert locked.errors["approvals"] == [] and locked.errors["approver"] == []
+    assert locked.errors["approvals"] == [] and locked.errors["inbox"] == []
     assert locked.server_violations() == []
 
     # An approver cannot grant by event, nor touch the approval state (nor any stream:
@@ -572,12 +668,12 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     granted = f"{subjects.EVENTS_PREFIX}.ApprovalGranted.echo"
     with pytest.raises((NatsTimeout, NoRespondersError)):
         await limited.publish(granted, b"{}")
-    await locked.refused_publish("approver", granted)
+    await locked.refused_publish("inbox", granted)
     with pytest.raises((NatsTimeout, NoRespondersError)):
         await limited.key_value(subjects.APPROVALS_BUCKET)
-    await locked.refused_publish("approver", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
+    await locked.refused_publish("inbox", f"$JS.API.STREAM.INFO.KV_{subjects.APPROVALS_BUCKET}")
     await approver.publish(f"$KV.{subjects.APPROVALS_BUCKET}.call_1", b"granted")
-    await locked.refused_publish("approver", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
+    await locked.refused_publish("inbox", f"$KV.{subjects.APPROVALS_BUCKET}.call_1")
     # The approvals service may tell an agent it waits, but not give its result.
     result = subjects.results_subject(*ACME, "call_1")
     with pytest.raises(NatsTimeout):

@@ -28,6 +28,7 @@ from tests.system.framework_fakes import StateChat
 from toolgate.client.frameworks.langgraph import GatewayToolNode, SQLiteCheckpointer
 from toolgate.client.frameworks.session import GatewaySession
 from toolgate.contracts.registry import load_registry
+from toolgate.stack import nats_auth
 
 CLI_DEADLINE_S = 120  # a command that hangs fails its test instead of the session
 APPROVED = {"tool": "approved_action", "args": {"amount": 7}, "call_id": "call_refund"}
@@ -89,7 +90,7 @@ def approve_in_cli(gateway: Gateway, call_key: str) -> None:
             "--nats-url",
             gateway.url,
             "--creds",
-            str(gateway.stack.creds_of("approver")),
+            str(nats_auth.approver_creds_path(gateway.data_dir, name)),
         ],
         gateway,
     )

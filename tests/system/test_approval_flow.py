@@ -3,14 +3,17 @@ policy -> executor, with approvers who act only through the approvals service
 (the approver creds, account APPROVERS) and only on their own tenants' calls.
 
 The attacks: an approver of another tenant trying to list, show or decide a
-call; two agents using one call_id; an agent publishing the call_id of a call
-that waits for approval, hoping to take over its approval, notice or result.
+call, or to read the replies sent to another approver; two agents using one
+call_id; an agent publishing the call_id of a call that waits for approval,
+hoping to take over its approval, notice or result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -32,11 +35,12 @@ from toolgate.contracts.events import (
     Event,
     ExecutionSucceeded,
 )
-from toolgate.runtime.creds import connect_options
+from toolgate.runtime.creds import connect_options, inbox_prefix_of
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient, Refused
 from toolgate.services.approvals.logic import Refusal
-from toolgate.services.approvals.protocol import ApprovalView
+from toolgate.services.approvals.protocol import REQUEST_INFO_HEADER, ApprovalView
+from toolgate.stack import nats_auth
 
 pytestmark = pytest.mark.system
 
@@ -47,12 +51,25 @@ MALLORY = Principal(tenant="globex", user="u-mallory", agent="researcher", sessi
 
 def APPROVER(gateway: Gateway) -> dict[str, Any]:  # noqa: N802 (reads as a constant)
     """An approver's connection: the locked bus lets it reach the approvals service only."""
-    return connect_options(gateway.stack.creds_of("approver"))
+    return connect_options(gateway.stack.creds_of("inbox"))
 
 
 def approver(gateway: Gateway, name: str, *tenants: str) -> str:
     """A new approver of `tenants` (names made unique: the gateway is shared)."""
     return add_approver(gateway.data_dir, f"{name}-{uuid.uuid4().hex[:6]}", list(tenants))
+
+
+def approver_with_creds(gateway: Gateway, name: str, *tenants: str) -> tuple[str, Path]:
+    """A new approver with a NATS user of her own, as `toolgate approvals add-approver`
+    makes her: (token, creds)."""
+    unique = f"{name}-{uuid.uuid4().hex[:6]}"
+    token = add_approver(
+        gateway.data_dir,
+        unique,
+        list(tenants),
+        mint_nats_user=lambda n: nats_auth.mint_approver(gateway.data_dir, n)[1],
+    )
+    return token, nats_auth.approver_creds_path(gateway.data_dir, unique)
 
 
 async def approvals_as(gateway: Gateway, token: str) -> ApprovalsClient:
@@ -256,6 +273,123 @@ async def test_an_approver_of_globex_cannot_list_show_or_decide_acme_calls(
     events = events_of(await shared_gateway.events(), call.call_id)
     grants = [e for e in events if isinstance(e, ApprovalGranted)]
     assert [g.approver for g in grants] == [out.approvers[0]]
+
+
+async def test_an_approver_of_globex_reads_none_of_the_replies_to_acme_s_approver(
+    shared_gateway: Gateway,
+) -> None:
+    erin, erin_creds = approver_with_creds(shared_gateway, "erin", "acme")
+    gus, gus_creds = approver_with_creds(shared_gateway, "gus", "globex")
+    secret = 737373
+    call = action(BOB, secret)
+    # gus, with his own creds, listens wherever he can think of.
+    errors: list[str] = []
+
+    async def remember(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    spy = await nats.connect(shared_gateway.url, error_cb=remember, **connect_options(gus_creds))
+    heard: list[bytes] = []
+
+    async def overhear(msg: Any) -> None:
+        heard.append(msg.data)
+
+    own = inbox_prefix_of(gus_creds)
+    assert own is not None and own != inbox_prefix_of(erin_creds)
+    wildcards = [
+        "_INBOX.>",
+        ">",
+        "*.>",
+        f"{nats_auth.APPROVER_INBOX_PREFIX}.>",
+        f"{nats_auth.APPROVER_INBOX_PREFIX}.*.>",
+        "_INBOX_approvals_inbox.>",
+        f"{subjects.APPROVALS_PREFIX}.>",
+    ]
+    for subject in [*wildcards, f"{own}.>"]:
+        await spy.subscribe(subject, cb=overhear)
+    await flushed(spy)
+    try:
+        async with (
+            await shared_gateway.client() as client,
+            await ApprovalsClient.connect(
+                shared_gateway.url, token=erin, **connect_options(erin_creds)
+            ) as as_erin,
+            await ApprovalsClient.connect(
+                shared_gateway.url, token=gus, **connect_options(gus_creds)
+            ) as as_gus,
+        ):
+            submitted = asyncio.create_task(client.submit(call, timeout=120))
+            # acme's approver lists and shows her call, with its arguments.
+            state = await waiting(as_erin, key(BOB, call.call_id))
+            assert state.call.arguments == {"amount": secret}
+            listed = await as_erin.list_pending()
+            assert state.key in [v.key for v in listed.calls]
+            assert (await as_erin.show(call.call_id)).ok
+
+            # gus's own show of it: a call that does not exist.
+            shown = await as_gus.show(state.key)
+            assert (shown.ok, shown.code) == (False, Refusal.UNKNOWN_CALL)
+            # erin's token is no use to him over his own creds, nor with the header
+            # that names who asks written by him (the server writes its own).
+            stolen = await as_gus.show(state.key, token=erin)
+            assert (stolen.ok, stolen.code) == (False, Refusal.INVALID_TOKEN)
+            forged = json.dumps({"user": "", "tags": ["role:inbox"]})
+            reply = await spy.request(
+                f"{subjects.APPROVALS_PREFIX}.show",
+                json.dumps({"token": erin, "call": state.key}).encode(),
+                headers={REQUEST_INFO_HEADER: forged},
+                timeout=10,
+            )
+            assert json.loads(reply.data)["code"] == Refusal.INVALID_TOKEN
+
+            await flushed(spy)
+            # Nothing of erin's replies reached gus: every wildcard was refused by the
+            # server itself, and his own inbox got only his own refusals.
+            assert reply.data in heard
+            assert [h for h in heard if str(secret).encode() in h or b'"ok":true' in h] == []
+            refused = " ".join(errors).lower()
+            for subject in wildcards:
+                assert f'permissions violation for subscription to "{subject.lower()}"' in refused
+
+            out = await as_erin.vote(
+                state.key, "deny", arguments_sha256=state.arguments_sha256, reason="no"
+            )
+            assert out.accepted
+            result = await submitted
+        assert not result.ok
+    finally:
+        await spy.close()
+
+
+async def test_a_rotated_approver_s_old_creds_are_refused(shared_gateway: Gateway) -> None:
+    token, creds = approver_with_creds(shared_gateway, "fay", "acme")
+    name = creds.stem
+    old = creds.read_text()
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=token, **connect_options(creds)
+    ) as before:
+        assert (await before.whoami()) is not None
+    rotated = add_approver(
+        shared_gateway.data_dir,
+        name,
+        ["acme"],
+        rotate=True,
+        mint_nats_user=lambda n: nats_auth.mint_approver(shared_gateway.data_dir, n)[1],
+    )
+    kept = creds.with_name("old.creds")
+    kept.write_text(old)
+    kept.chmod(0o600)
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=rotated, **connect_options(kept)
+    ) as with_old_creds:
+        with pytest.raises(Refused) as refused:
+            await with_old_creds.list_pending()
+        assert refused.value.code == Refusal.INVALID_TOKEN
+    async with await ApprovalsClient.connect(
+        shared_gateway.url, token=rotated, **connect_options(creds)
+    ) as after:
+        identity = await after.whoami()
+        assert identity is not None and identity.name == name
 
 
 async def test_one_call_id_from_two_agents_is_two_independent_approvals(

@@ -101,7 +101,7 @@ def inbox_process(shared_gateway: Gateway, tmp_path: Path) -> Iterator[tuple[str
                 "--nats-url",
                 shared_gateway.url,
                 "--creds",
-                str(shared_gateway.stack.creds_of("approver")),
+                str(shared_gateway.stack.creds_of("inbox")),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -148,7 +148,7 @@ async def test_approver_logs_in_sees_the_call_safely_and_approves(
     async with await ApprovalsClient.connect(
         shared_gateway.url,
         token=tokens["bob"],
-        **connect_options(shared_gateway.stack.creds_of("approver")),
+        **connect_options(shared_gateway.stack.creds_of("inbox")),
     ) as approvals:
         for _ in range(150):
             if await approvals.get("acme.researcher.call_browser") is not None:

@@ -78,7 +78,7 @@ async def deny_as_a_new_approver(
 ) -> Any:
     """An approver of acme (a new one) denies the interrupt's call, by the hash it carries."""
     token = add_approver(gateway.data_dir, f"{name}-{uuid.uuid4().hex[:6]}", ["acme"])
-    approver = connect_options(gateway.stack.creds_of("approver"))
+    approver = connect_options(gateway.stack.creds_of("inbox"))
     async with await ApprovalsClient.connect(gateway.url, token=token, **approver) as a:
         return await a.vote(
             f"acme.researcher.{request['call_id']}",

@@ -327,7 +327,7 @@ async def test_a_call_waiting_for_a_human_reports_progress_and_honours_cancellat
         )
         await asyncio.wait_for(told.wait(), 600)
         async with await ApprovalsClient.connect(
-            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("inbox"))
         ) as approvals:
             outcome = await approvals.vote(
                 f"acme.researcher.{call_id}",
@@ -418,7 +418,7 @@ def single_body_call(
 async def approver_of_acme(door: Gateway) -> AsyncIterator[ApprovalsClient]:
     token = add_approver(door.data_dir, f"appr-{uuid.uuid4().hex[:6]}", ["acme"])
     async with await ApprovalsClient.connect(
-        door.url, token=token, **connect_options(door.stack.creds_of("approver"))
+        door.url, token=token, **connect_options(door.stack.creds_of("inbox"))
     ) as approvals:
         yield approvals
 
@@ -616,7 +616,7 @@ async def test_a_human_no_is_approval_denied_as_is_error(door: Gateway) -> None:
         )
         await asyncio.wait_for(told.wait(), 600)
         async with await ApprovalsClient.connect(
-            door.url, token=approver_token, **connect_options(door.stack.creds_of("approver"))
+            door.url, token=approver_token, **connect_options(door.stack.creds_of("inbox"))
         ) as approvals:
             await approvals.vote(
                 f"acme.researcher.{call_id}",

@@ -200,7 +200,7 @@ def test_something_else_on_the_port(folder: Path, silent_url: str) -> None:
 
 def test_creds_files_that_cannot_work(gateway: Gateway, folder: Path, bad_creds: Path) -> None:
     url = gateway.url
-    approver = gateway.stack.creds_of("approver")
+    approver = gateway.stack.creds_of("inbox")
     assert approver is not None
     cases = [
         (

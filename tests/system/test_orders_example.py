@@ -192,7 +192,7 @@ async def test_a_900_refund_from_an_automated_session_at_night_waits_for_two_app
     ]
     arguments = {"order_id": "o-1001", "amount": 900, "reason": "damaged in transit"}
     call_id = new_call_id()
-    options = connect_options(example.stack.creds_of("approver"))
+    options = connect_options(example.stack.creds_of("inbox"))
     async with (
         await example.client("acme", "support") as client,
         await ApprovalsClient.connect(example.url, token=tokens[0], **options) as approvals,

@@ -35,6 +35,7 @@ from toolgate.services.approvals.logic import (
     new_state,
     pending_notice_id,
 )
+from toolgate.services.approvals.protocol import REQUEST_INFO_HEADER, Requester, requester_of
 from toolgate.services.approvals.store import decode_state, encode_state
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -329,3 +330,17 @@ def test_state_round_trips_through_the_store_encoding() -> None:
     state, _ = vote(new_state(request(n=2)), BOB)
     assert decode_state(encode_state(state)) == state
     assert msgspec.json.decode(encode_state(state))["votes"][0]["approver"] == "bob"
+
+
+def test_who_asks_is_read_from_the_server_s_request_info_header_only() -> None:
+    assert requester_of(None) is None and requester_of({}) is None  # from inside TOOLGATE
+    info = '{"acc": "AXYZ", "user": "UABC", "tags": ["role:approver"], "name_tag": "approver a"}'
+    assert requester_of({REQUEST_INFO_HEADER: info}) == Requester(
+        account="AXYZ", user="UABC", tags=("role:approver",)
+    )
+    inbox = requester_of({REQUEST_INFO_HEADER: '{"user": "UDEF", "tags": ["role:inbox"]}'})
+    assert inbox is not None and inbox.is_inbox
+    # A header that cannot be read names nobody: no approver's user, not the inbox.
+    for unreadable in ("not json", "[1, 2]", '{"tags": "role:inbox"}'):
+        nobody = requester_of({REQUEST_INFO_HEADER: unreadable})
+        assert nobody is not None and nobody.user == "" and not nobody.is_inbox
