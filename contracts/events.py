@@ -189,6 +189,16 @@ class MessageDeadLettered(Event, frozen=True, kw_only=True):
     payload_bytes: int = 0
 
 
+class CallRetried(Event, frozen=True, kw_only=True):
+    """The agent published again a call_id it had used: nothing runs or is decided again.
+
+    Not terminal: the attacher sends the call's stored result (or, while a human
+    decides, its pending notice) again on the call's subjects, the same bytes, so
+    a retry that subscribed is answered; a call still in flight is answered when
+    its result lands.
+    """
+
+
 class CallAbandoned(Event, frozen=True, kw_only=True):
     """A stage gave up on this call: the call ends in an error result, not in silence.
 
@@ -219,6 +229,7 @@ AnyEvent = (
     | ResultAttached
     | MessageDeadLettered
     | CallAbandoned
+    | CallRetried
 )
 
 TERMINAL_EVENTS: tuple[type[Event], ...] = (
