@@ -26,6 +26,11 @@ def derive_event_id(parent: str, kind: str) -> str:
     return hashlib.sha256(f"{parent}/{kind}".encode()).hexdigest()[:32]
 
 
+def payload_sha256(raw: bytes) -> str:
+    """How a message that could not be decoded is named in the record: never an excerpt."""
+    return hashlib.sha256(raw).hexdigest()
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -181,12 +186,19 @@ class ResultAttached(Event, frozen=True, kw_only=True):
 
 
 class MessageDeadLettered(Event, frozen=True, kw_only=True):
-    """A message no stage could act on; kept with the reason for an operator."""
+    """A message no stage could act on; kept with the reason for an operator.
+
+    The message itself is known by its size and SHA-256 only (the calls stream
+    holds it for the retention): an excerpt of a message that could not be
+    decoded could quote a secret meant for a tool audited as `hash` or `none`.
+    `payload_excerpt` is left empty (kept for readers of older events).
+    """
 
     reason: str
     source_subject: str
     payload_excerpt: str = ""
     payload_bytes: int = 0
+    payload_sha256: str = ""
 
 
 class CallRetried(Event, frozen=True, kw_only=True):

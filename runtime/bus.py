@@ -55,6 +55,7 @@ from toolgate.contracts.events import (
     decode_event,
     derive_event_id,
     encode_event,
+    payload_sha256,
     utc_now,
 )
 from toolgate.runtime import telemetry
@@ -664,8 +665,8 @@ def dead_letter(
         reason=f"{service} gave up after {attempts} failed attempt(s) "
         f"(delivery {delivery.attempt}): {exc!r}",
         source_subject=delivery.subject,
-        payload_excerpt=raw[:512].decode("utf-8", "replace"),
         payload_bytes=len(raw),
+        payload_sha256=payload_sha256(raw),
     )
 
 

@@ -30,6 +30,7 @@ from toolgate.contracts.events import (
     MessageDeadLettered,
     call_fields,
     derive_event_id,
+    payload_sha256,
     utc_now,
 )
 from toolgate.runtime import bus
@@ -45,7 +46,6 @@ from toolgate.services.validator.logic import (
 )
 
 SERVICE = "validator"
-EXCERPT_BYTES = 512
 log = logging.getLogger("toolgate.validator")
 
 
@@ -83,8 +83,8 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
                 call_id=call_id,
                 reason=reason,
                 source_subject=delivery.subject,
-                payload_excerpt=raw[:EXCERPT_BYTES].decode("utf-8", "replace"),
                 payload_bytes=len(raw),
+                payload_sha256=payload_sha256(raw),
             )
         )
     if isinstance(outcome, Rejected):
