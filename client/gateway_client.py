@@ -105,6 +105,19 @@ _RESULTS_PREFIX_DOT = subjects.RESULTS_PREFIX + "."
 _PENDING_TAIL = "." + subjects.PENDING_SUFFIX
 
 
+def too_large(call_id: str, size: int) -> ToolResult:
+    """The answer to a call larger than the gateway takes, given without a round trip."""
+    return failure(
+        call_id,
+        "invalid_arguments",
+        ToolError(
+            code=ErrorCode.PAYLOAD_TOO_LARGE,
+            message=f"call is {size} bytes; the gateway takes at most {MAX_CALL_BYTES}",
+            retryable=False,
+        ),
+    )
+
+
 class _Waiter:
     """One submit waiting for the result of `call_id`."""
 
@@ -210,35 +223,21 @@ class GatewayClient:
         raise IdentityUnknown("connect with an agent's creds file to know which agent you are")
 
     async def publish(self, call: ToolCall) -> ToolResult | None:
-        """Store `call` (with a publish ack). Returns a result at once only if it was refused
-        before storage (too large); else None, and the result arrives on the results subject.
+        """Store `call` (with a publish ack). Returns a result at once only if it is refused
+        before storage (too large: not even sent); else None, and the result arrives on the
+        results subject.
         """
         tenant, agent = self._identity(call)
         body = _encoder.encode(call)
-
-        def too_large() -> ToolResult:
-            return failure(
-                call.call_id,
-                "invalid_arguments",
-                ToolError(
-                    code=ErrorCode.PAYLOAD_TOO_LARGE,
-                    message=f"call is {len(body)} bytes; the gateway stores at most "
-                    f"{MAX_CALL_BYTES}",
-                    retryable=False,
-                ),
-            )
-
-        if len(body) > MAX_CALL_BYTES:
-            # Not sent at all: the calls stream would refuse it, and past the agent's
-            # payload limit the server closes the connection instead.
-            return too_large()
+        if len(body) > MAX_CALL_BYTES:  # the gateway would refuse it: not sent, not stored
+            return too_large(call.call_id, len(body))
         try:
             await self._js.publish(
                 subjects.calls_subject(tenant, agent), body, stream=subjects.CALLS_STREAM
             )
         except APIError as exc:
-            if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:
-                return too_large()
+            if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:  # a stream with a smaller limit
+                return too_large(call.call_id, len(body))
             if exc.err_code == SUBJECT_FULL_ERR_CODE:
                 return failure(
                     call.call_id,

@@ -26,6 +26,11 @@ def derive_event_id(parent: str, kind: str) -> str:
     return hashlib.sha256(f"{parent}/{kind}".encode()).hexdigest()[:32]
 
 
+def payload_sha256(raw: bytes) -> str:
+    """How a message that could not be decoded is named in the record: never an excerpt."""
+    return hashlib.sha256(raw).hexdigest()
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -181,12 +186,29 @@ class ResultAttached(Event, frozen=True, kw_only=True):
 
 
 class MessageDeadLettered(Event, frozen=True, kw_only=True):
-    """A message no stage could act on; kept with the reason for an operator."""
+    """A message no stage could act on; kept with the reason for an operator.
+
+    The message itself is known by its size and SHA-256 only (the calls stream
+    holds it for the retention): an excerpt of a message that could not be
+    decoded could quote a secret meant for a tool audited as `hash` or `none`.
+    `payload_excerpt` is left empty (kept for readers of older events).
+    """
 
     reason: str
     source_subject: str
     payload_excerpt: str = ""
     payload_bytes: int = 0
+    payload_sha256: str = ""
+
+
+class CallRetried(Event, frozen=True, kw_only=True):
+    """The agent published again a call_id it had used: nothing runs or is decided again.
+
+    Not terminal: the attacher sends the call's stored result (or, while a human
+    decides, its pending notice) again on the call's subjects, the same bytes, so
+    a retry that subscribed is answered; a call still in flight is answered when
+    its result lands.
+    """
 
 
 class CallAbandoned(Event, frozen=True, kw_only=True):
@@ -219,6 +241,7 @@ AnyEvent = (
     | ResultAttached
     | MessageDeadLettered
     | CallAbandoned
+    | CallRetried
 )
 
 TERMINAL_EVENTS: tuple[type[Event], ...] = (

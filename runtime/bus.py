@@ -55,6 +55,7 @@ from toolgate.contracts.events import (
     decode_event,
     derive_event_id,
     encode_event,
+    payload_sha256,
     utc_now,
 )
 from toolgate.runtime import telemetry
@@ -493,6 +494,35 @@ class Publisher:
             message_id,
         )
 
+    async def answer_again(self, principal: Principal, call_id: str) -> str:
+        """Send a retried call's stored answer again, to whoever listens on its subjects now.
+
+        A plain (core NATS) publish of the stored bytes: the retry's subscriber gets
+        exactly what the first one got, and the results stream, which holds one message
+        per subject, stores nothing new (checked against nats-server: the copy is
+        delivered, the stream refuses it). Returns what was sent: "result", "pending"
+        (the call waits for a human), or "" (no answer stored yet: the result reaches
+        the retry's subscriber when it lands, as it reaches every subscriber)."""
+        result = subjects.results_subject(principal.tenant, principal.agent, call_id)
+        pending = subjects.pending_subject(principal.tenant, principal.agent, call_id)
+        # The notice first: a result stored between the two reads is then found too.
+        notice = await self._stored(pending)
+        stored = await self._stored(result)
+        subject, body = (result, stored) if stored is not None else (pending, notice)
+        if body is None:
+            return ""
+        await self._broker.connection.publish(subject, body)
+        return "result" if stored is not None else "pending"
+
+    async def _stored(self, subject: str) -> bytes | None:
+        try:
+            msg = await self._jetstream().get_last_msg(
+                subjects.RESULTS_STREAM, subject, direct=True
+            )
+        except NotFoundError:
+            return None
+        return msg.data
+
     async def _publish_once(self, body: bytes, subject: str, message_id: str) -> bool:
         """True if the subject now holds this message (stored now, or by an earlier try)."""
         js = self._jetstream()
@@ -635,8 +665,8 @@ def dead_letter(
         reason=f"{service} gave up after {attempts} failed attempt(s) "
         f"(delivery {delivery.attempt}): {exc!r}",
         source_subject=delivery.subject,
-        payload_excerpt=raw[:512].decode("utf-8", "replace"),
         payload_bytes=len(raw),
+        payload_sha256=payload_sha256(raw),
     )
 
 

@@ -21,7 +21,6 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, NotFoundError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.runtime.creds import nats_servers
 
 DAY_S = 24 * 3600.0
@@ -60,6 +59,8 @@ def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
 # An always-empty stream the calls stream sources from (see Topology.streams).
 NO_DEDUPE_SOURCE = "TOOLGATE_NO_DEDUPE"
 NO_DEDUPE_SUBJECT = "toolgate.internal.no-dedupe"
+# The largest message a stream keeps: the embedded server's max_payload
+# (stack/nats_server.py), so whatever the server accepts is stored and answered.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
 
@@ -67,7 +68,12 @@ MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 class Topology:
     retention_s: float = 7 * DAY_S
     duplicate_window_s: float = 120.0
-    max_call_bytes: int = MAX_CALL_BYTES
+    # What the calls stream stores: every message the server accepts, so that a call
+    # over MAX_CALL_BYTES reaches the validator and gets PAYLOAD_TOO_LARGE as a result
+    # (a stream limit at MAX_CALL_BYTES answered it only with an error in the publish
+    # ack). What an agent can make the gateway keep stays bounded: at most
+    # max_calls_per_agent calls of at most this size, for the retention.
+    max_stored_call_bytes: int = MAX_MESSAGE_BYTES
     # The storage quota, per agent identity: at most this many calls stored
     # within the retention (each call has at most one result and one outcome
     # record, so this bounds those too). Over it, the server refuses the
@@ -83,7 +89,6 @@ class Topology:
             max_age=self.retention_s,
         )
         return [
-            # A call larger than the cap is refused by the server before it is stored.
             # Calls must not be deduplicated by Nats-Msg-Id: the header is stream-wide,
             # so one agent could make another's call vanish by publishing its id
             # first. The validator dedupes on (tenant, agent, call_id) instead.
@@ -95,7 +100,7 @@ class Topology:
                 name=subjects.CALLS_STREAM,
                 subjects=[subjects.CALLS_FILTER],
                 sources=[StreamSource(name=NO_DEDUPE_SOURCE)],
-                max_msg_size=self.max_call_bytes,
+                max_msg_size=self.max_stored_call_bytes,
                 max_msgs_per_subject=self.max_calls_per_agent,
                 discard=DiscardPolicy.NEW,
                 discard_new_per_subject=True,
@@ -297,7 +302,7 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
             subjects.CALLS_STREAM,
             "validator",
             subjects.CALLS_FILTER,
-            ("ArgumentsValidated", "ArgumentsRejected", "MessageDeadLettered"),
+            ("ArgumentsValidated", "ArgumentsRejected", "MessageDeadLettered", "CallRetried"),
         ),
         Handler(
             "policy",
@@ -339,6 +344,13 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
                 ("ToolResult", "ResultAttached"),
             )
             for kind in TERMINAL_EVENTS
+        ),
+        Handler(
+            "attacher",
+            subjects.EVENTS_STREAM,
+            "attacher-CallRetried",
+            f"{evt}.CallRetried.*",
+            ("ToolResult or PendingNotice, again (not stored)",),
         ),
     ]
     if with_audit:

@@ -48,9 +48,9 @@ import nkeys
 import yaml
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import MAX_CALL_BYTES
 from toolgate.contracts.events import TERMINAL_EVENTS
 from toolgate.runtime.creds import CredentialsError, connect_options, nats_servers
+from toolgate.runtime.topology import MAX_MESSAGE_BYTES
 from toolgate.stack import nats_jwt
 
 # Package data (read where the package is installed, never from a source tree).
@@ -447,9 +447,11 @@ AGENT_LIMIT_ENV = {
     "subs": ("TOOLGATE_AGENT_MAX_SUBSCRIPTIONS", 512),
     # Connections at once.
     "conn": ("TOOLGATE_AGENT_MAX_CONNECTIONS", 16),
-    # Bytes in one message: twice the largest call the calls stream stores, so a call
-    # between the two still gets its precise PAYLOAD_TOO_LARGE result.
-    "payload": ("TOOLGATE_AGENT_MAX_PAYLOAD", 2 * MAX_CALL_BYTES),
+    # Bytes in one message: the server's own max_payload, which the calls stream
+    # stores, so every call the server takes gets its precise PAYLOAD_TOO_LARGE result
+    # (README "Quotas"). An operator may set it lower; past it the server closes the
+    # connection instead of answering.
+    "payload": ("TOOLGATE_AGENT_MAX_PAYLOAD", MAX_MESSAGE_BYTES),
 }
 
 

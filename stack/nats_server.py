@@ -23,11 +23,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolgate.runtime.topology import MAX_MESSAGE_BYTES
 from toolgate.stack.processes import die_with_parent, free_port, kill_process, stop_process
 
 # Large enough that an oversized call reaches the validator and gets a precise
-# PAYLOAD_TOO_LARGE result instead of a bare publish error at the client.
-MAX_PAYLOAD_BYTES = 8 * 1024 * 1024
+# PAYLOAD_TOO_LARGE result instead of a bare publish error at the client; the calls
+# stream stores messages up to the same size (runtime/topology.py). Larger ones are
+# refused by the server (nats-py raises MaxPayloadError before sending).
+MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
 
 
 class NatsServerError(RuntimeError):

@@ -10,7 +10,11 @@ the stream sequence, so a redelivered copy has the same id.
 
 Arguments and results are kept as the tool's `audit` metadata says:
 full (as is), hash (only the SHA-256 of the canonical JSON), none (nothing,
-not even the hash, which would let a guess be confirmed).
+not even the hash, which would let a guess be confirmed). The tool is the one
+the decoded call names (JSON escapes resolved, as the registry is looked up);
+a tool the registry does not know is kept as `hash`. A message that cannot be
+decoded (or is too large to be) is kept as its size and SHA-256, never an
+excerpt: nothing tells which tool's secret it may carry.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ UNDECODABLE_EVENT = "UndecodableEvent"
 MAX_PAYLOAD_CHARS = 256 * 1024
 EXCERPT_CHARS = 512
 REDACTED = "[redacted]"
+UNKNOWN_TOOL_AUDIT = AuditSpec(arguments="hash", result="hash")
 
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
@@ -109,8 +114,9 @@ def to_micros(value: datetime) -> int:
     return calendar.timegm(value.utctimetuple()) * 1_000_000 + value.microsecond
 
 
-def _excerpt(data: bytes) -> str:
-    return data[:EXCERPT_CHARS].decode("utf-8", "replace")
+def _fingerprint(data: bytes) -> dict[str, Any]:
+    """What the audit keeps of a message it could not decode: its size and SHA-256."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 class RowBuilder:
@@ -119,36 +125,15 @@ class RowBuilder:
     def __init__(self, registry: Registry, max_call_bytes: int = 1024 * 1024) -> None:
         self.registry = registry
         self.max_call_bytes = max_call_bytes
-        self._guarded_names: list[str] | None = None
 
     def audit_of(self, tool: str) -> AuditSpec:
+        """The registry's rule for `tool`; a name it does not know is kept as `hash` (a
+        secret meant for a guarded tool may come under a misspelt name). An event of no
+        tool (a dead letter, a malformed call) carries no arguments to keep."""
+        if not tool:
+            return AuditSpec()
         spec = self.registry.get(tool)
-        return spec.audit if spec is not None else AuditSpec()
-
-    def quotable(self, data: bytes | str, tool: str = "") -> bool:
-        """May raw bytes of a message be quoted? Only if they belong to a tool kept in
-        full. When the tool is not known (a message too large or too broken to decode),
-        only if no tool kept as `hash` or `none` is named anywhere in them: a secret
-        sent to such a tool travels in a message that names it."""
-        if tool and self.registry.get(tool) is not None:
-            return self.audit_of(tool).arguments == "full" and self.audit_of(tool).result == "full"
-        raw = data.encode() if isinstance(data, str) else data
-        return not any(f'"{name}"'.encode() in raw for name in self._guarded)
-
-    @property
-    def _guarded(self) -> list[str]:
-        """The tools whose arguments or results are not kept in full."""
-        if self._guarded_names is None:
-            specs = [self.registry.get(n) for n in self.registry.names()]
-            self._guarded_names = [
-                spec.name
-                for spec in specs
-                if spec is not None
-                and "hash" in (spec.audit.arguments, spec.audit.result)
-                or spec is not None
-                and "none" in (spec.audit.arguments, spec.audit.result)
-            ]
-        return self._guarded_names
+        return spec.audit if spec is not None else UNKNOWN_TOOL_AUDIT
 
     def risk_of(self, tool: str) -> str:
         spec = self.registry.get(tool)
@@ -176,14 +161,8 @@ class RowBuilder:
         else:
             row["note"] = f"not stored under an agent's calls subject: {message.subject[:200]}"
         if len(message.data) > self.max_call_bytes:
-            quotable = self.quotable(message.data)
-            kept = "excerpt kept" if quotable else "excerpt redacted"
-            _add_note(row, f"oversized call: {len(message.data)} bytes, {kept}")
-            row["payload"] = {
-                "excerpt": _excerpt(message.data) if quotable else REDACTED,
-                "bytes": len(message.data),
-                "sha256": hashlib.sha256(message.data).hexdigest(),
-            }
+            _add_note(row, f"oversized call: {len(message.data)} bytes, kept as its SHA-256")
+            row["payload"] = _fingerprint(message.data)
             return self._finish(row)
         try:
             call = _call_decoder.decode(message.data)
@@ -217,8 +196,7 @@ class RowBuilder:
                 row["call_id"] = loose["call_id"]
             if isinstance(loose.get("tool"), str):
                 row["tool"] = loose["tool"][:128]
-        excerpt = _excerpt(message.data) if self.quotable(message.data, row["tool"]) else REDACTED
-        row["payload"] = {"excerpt": excerpt, "bytes": len(message.data)}
+        row["payload"] = _fingerprint(message.data)
         return row
 
     def _redacted_call(self, call: ToolCall, audit: AuditSpec) -> dict[str, Any]:
@@ -233,11 +211,7 @@ class RowBuilder:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             row = self._blank(message, derive_id(message, "undecodable"), UNDECODABLE_EVENT)
             row["note"] = f"not a decodable event: {exc}"
-            row["payload"] = {
-                "subject": message.subject,
-                "excerpt": _excerpt(message.data) if self.quotable(message.data) else REDACTED,
-                "bytes": len(message.data),
-            }
+            row["payload"] = {"subject": message.subject, **_fingerprint(message.data)}
             return self._finish(row)
         row = self._blank(message, event.event_id, type(event).__name__)
         row["occurred_at"] = event.occurred_at
@@ -263,10 +237,9 @@ class RowBuilder:
         output = _output_of(event)
         if output is not _MISSING and audit.result != "none":
             row["result_sha256"] = sha256_of(output)
+        # An excerpt (events of older versions had them) is never quoted.
         dead_excerpt = getattr(event, "payload_excerpt", "")
-        if (audit.arguments, audit.result) == ("full", "full") and (
-            not dead_excerpt or self.quotable(dead_excerpt, event.tool)
-        ):
+        if (audit.arguments, audit.result) == ("full", "full") and not dead_excerpt:
             row["payload"] = message.data.decode()  # nothing to redact: the event as emitted
         else:
             row["payload"] = self._redacted_event(event, audit)

@@ -41,6 +41,7 @@ STAGE = {
     "ExecutionFailed": 5,
     "CallAbandoned": 5,
     "ResultAttached": 6,
+    "CallRetried": 7,
 }
 OUTPUT_CHECKED = ("ok", "invalid_tool_result")
 
@@ -171,6 +172,8 @@ def describe(row: dict[str, Any]) -> list[str]:
         return [f"dead-lettered: {payload.get('reason', '')}"]
     if kind == "CallAbandoned":
         return [f"{row['service']} gave up on the call: {error.get('message', '')}"]
+    if kind == "CallRetried":
+        return ["the agent sent this call_id again: nothing run again, its answer sent again"]
     return [f"{kind}{note}"]
 
 

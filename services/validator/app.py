@@ -5,9 +5,11 @@ durable `validator`. The tenant and agent are the subject's: the server let
 only that agent's identity publish there.
 Emits: `ArgumentsValidated` (to policy), `ArgumentsRejected` (to the attacher:
 unknown tool, malformed call, bad arguments, oversized call, a payload naming
-another principal), and `MessageDeadLettered` for a message with no usable
-call_id. A call_id this agent used before is a duplicate: it claims nothing,
-emits nothing (the first call's one result is the answer) and is logged.
+another principal), `MessageDeadLettered` for a message with no usable
+call_id, and `CallRetried` for a call_id its agent used before.
+A call_id this agent used before is a duplicate: it claims nothing and
+nothing runs or is decided again; it emits `CallRetried`, on which the
+attacher sends the first call's stored result (or pending notice) again.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.events import (
     ArgumentsRejected,
     ArgumentsValidated,
+    CallRetried,
     Event,
     MessageDeadLettered,
     call_fields,
     derive_event_id,
+    payload_sha256,
     utc_now,
 )
 from toolgate.runtime import bus
@@ -42,7 +46,6 @@ from toolgate.services.validator.logic import (
 )
 
 SERVICE = "validator"
-EXCERPT_BYTES = 512
 log = logging.getLogger("toolgate.validator")
 
 
@@ -80,8 +83,8 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
                 call_id=call_id,
                 reason=reason,
                 source_subject=delivery.subject,
-                payload_excerpt=raw[:EXCERPT_BYTES].decode("utf-8", "replace"),
                 payload_bytes=len(raw),
+                payload_sha256=payload_sha256(raw),
             )
         )
     if isinstance(outcome, Rejected):
@@ -125,11 +128,13 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
                 if not await claims[0].claim(key, delivery.message_id):
                     log.info(
-                        "call %s: duplicate call_id from %s.%s, answered by the first",
+                        "call %s: duplicate call_id from %s.%s, nothing runs again; "
+                        "the attacher answers it again",
                         outcome_call_id(outcome),
                         identity.tenant,
                         identity.agent,
                     )
+                    await publisher.emit(retried(outcome, delivery))
                     return
             for event in events_for(outcome, raw, delivery):
                 await publisher.emit(event)
@@ -178,6 +183,22 @@ async def owns_call(claims: CallIdClaims, call: dict[str, Any], delivery: bus.De
         return await claims.claim(key, delivery.message_id)
     except Exception:  # cannot tell: leave the call to whoever owns it
         return False
+
+
+def retried(outcome: Validated | Rejected, delivery: bus.Delivery) -> CallRetried:
+    """The event that has the attacher answer a duplicate call_id again."""
+    if isinstance(outcome, Validated):
+        fields = call_fields(outcome.call)
+    elif outcome.call is not None:
+        fields = call_fields(outcome.call)
+    else:
+        fields = {"call_id": outcome.call_id, "principal": outcome.principal}
+    return CallRetried(
+        event_id=derive_event_id(delivery.message_id, "retried"),
+        occurred_at=utc_now(),
+        service=SERVICE,
+        **fields,
+    )
 
 
 def outcome_call_id(outcome: Validated | Rejected) -> str:

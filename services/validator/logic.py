@@ -33,7 +33,13 @@ CALL_ID_RULE = "a subject-safe token (letters, digits, '-', '_'; 1 to 128 charac
 # Deeper arguments are refused: nothing downstream (policy context, audit)
 # should have to walk a bomb, and msgspec itself gives up near 1,000.
 MAX_ARGUMENT_DEPTH = 64
-_CALL_ID_FIELD = re.compile(rb'"call_id"\s*:\s*"([A-Za-z0-9_-]{1,128})"')
+# A call_id field as it appears in a body that is not (all) JSON: the key unescaped and
+# not inside a string (no backslash before its quote), the value a subject-safe token.
+_CALL_ID_FIELD = re.compile(
+    rb'(?<!\\)"call_id"[ \t\r\n]{0,16}:[ \t\r\n]{0,16}"([A-Za-z0-9_-]{1,128})"'
+)
+# Enough to tell one call_id from two: a body naming several different ones is not answered.
+_CALL_ID_SCAN_LIMIT = 8
 
 
 @dataclass(frozen=True)
@@ -88,13 +94,23 @@ class _CallIdOnly(msgspec.Struct):
 def _read_call_id(raw: bytes) -> Any:
     try:
         return msgspec.json.decode(raw, type=_CallIdOnly).call_id
-    except msgspec.DecodeError:
-        return None
-    except RecursionError:
-        # Too deep even to skip: the first call_id field is the best guess. The
-        # answer still goes only to the publisher's own result subjects.
-        found = _CALL_ID_FIELD.search(raw)
-        return found.group(1).decode() if found else None
+    except (msgspec.DecodeError, RecursionError):
+        # Not JSON (NaN, cut short) or too deep even to skip: scan for the field.
+        return scan_call_id(raw)
+
+
+def scan_call_id(raw: bytes) -> str | None:
+    """The call_id a body that cannot be decoded names, if it names exactly one.
+
+    A bounded scan (one pass, at most a few matches) for `"call_id": "<token>"`;
+    several different ones (one may sit inside the arguments) are no answer. Even
+    a wrong guess is answered only on the publisher's own result subjects."""
+    found: set[bytes] = set()
+    for match, _ in zip(_CALL_ID_FIELD.finditer(raw), range(_CALL_ID_SCAN_LIMIT), strict=False):
+        found.add(match.group(1))
+        if len(found) > 1:
+            return None
+    return found.pop().decode() if found else None
 
 
 def nesting_depth(value: Any, limit: int) -> int:

@@ -47,7 +47,7 @@ from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 from toolgate.runtime import bus
 from toolgate.runtime import creds as creds_reading
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import apply_topology
+from toolgate.runtime.topology import MAX_MESSAGE_BYTES, apply_topology
 from toolgate.stack import nats_auth, nats_jwt
 from toolgate.stack.nats_server import EmbeddedNats
 
@@ -285,7 +285,7 @@ def test_agent_limits_have_defaults_and_variables() -> None:
         "exports": 0,
         "subs": 512,
         "conn": 16,
-        "payload": 2 * MAX_CALL_BYTES,
+        "payload": MAX_MESSAGE_BYTES,
     }
     changed = nats_auth.agent_limits(
         {"TOOLGATE_AGENT_MAX_SUBSCRIPTIONS": " 50 ", "TOOLGATE_AGENT_MAX_CONNECTIONS": "-1"}
@@ -502,11 +502,21 @@ async def test_an_agent_is_held_to_its_subscription_connection_and_payload_limit
     await locked.server_said("acme.researcher", "maximum subscriptions exceeded")
     await until(lambda: agent.is_closed)
 
-    # One message over the payload limit: refused, and that connection closed (a call
-    # between MAX_CALL_BYTES and the limit still gets its PAYLOAD_TOO_LARGE result).
-    sender = connected[0]
-    await sender.publish(subjects.calls_subject(*ACME), b"x" * (limits["payload"] + 1))
-    await locked.server_said("acme.researcher", "maximum payload")
+
+async def test_an_agent_whose_payload_limit_was_lowered_is_held_to_it(
+    locked: LockedBus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default an agent may send what the server takes (so every call gets its
+    PAYLOAD_TOO_LARGE result); an operator's lower TOOLGATE_AGENT_MAX_PAYLOAD is enforced
+    by the server itself: the message is refused and that connection closed."""
+    limit = 2 * MAX_CALL_BYTES
+    monkeypatch.setenv("TOOLGATE_AGENT_MAX_PAYLOAD", str(limit))
+    tenant, name = ("initech", "sender")
+    _, token = nats_auth.add_agent(locked.data_dir, tenant, name)
+    await nats_auth.push_account_jwts(locked.url, locked.data_dir, [token])
+    sender = await locked.connect_agent(tenant, name)
+    await sender.publish(subjects.calls_subject(tenant, name), b"x" * (limit + 1))
+    await locked.server_said(f"{tenant}.{name}", "maximum payload")
     await until(lambda: sender.is_closed)
     admin = (await locked.connect("admin")).jetstream()
     assert (await admin.stream_info(subjects.CALLS_STREAM)).state.messages == 0

@@ -3,9 +3,12 @@
 Each kind of bad call carries the secret: arguments that break the schema,
 a malformed call, a call_id that is not subject-safe, JSON that does not
 parse, arguments nested too deep, a tool that raises quoting it, a tool
-whose output breaks its schema quoting it, and a call that succeeds. Then
-every row of event_log (all columns) and every file under the data dir's
-logs (services and the embedded ClickHouse) is searched for it.
+whose output breaks its schema quoting it, and a call that succeeds; and,
+with the tool's name written with a JSON escape (`\u0076ault_lookup`), a
+malformed call, a body with `NaN` and a call over the size cap; and a call to
+a misspelt tool. Then every row of event_log (all columns), every dead letter
+in JetStream and every file under the data dir's logs (services and the
+embedded ClickHouse) is searched for it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import pytest
 from tests.harness import Gateway, make_test_registry
 from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import Principal
+from toolgate.contracts.calls import MAX_CALL_BYTES, Principal
+from toolgate.contracts.events import MessageDeadLettered
 
 SECRET = "sk-LIVE-7f3a9c1e5b2d4680"
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
@@ -80,6 +84,8 @@ async def send_bad_calls(gateway: Gateway) -> dict[str, str]:
         }.items():
             result = await client.call("vault_lookup", arguments, principal=ALICE, timeout=60)
             statuses[name] = result.status
+        misspelt = await client.call("vault_lookupp", {"token": SECRET}, principal=ALICE)
+        statuses["unknown_tool"] = misspelt.status
     nc = await gateway.connect()
     js = nc.jetstream()
     calls = subjects.calls_subject(ALICE.tenant, ALICE.agent)
@@ -98,6 +104,24 @@ async def send_bad_calls(gateway: Gateway) -> dict[str, str]:
     for body in raw.values():
         await js.publish(calls, json.dumps(body).encode())
     await js.publish(calls, b'{"tool": "vault_lookup", "arguments": {"token": "' + SECRET.encode())
+    # The tool's name with a JSON escape: no literal "vault_lookup" in the bytes.
+    escaped = b'"tool": "\\u0076ault_lookup"'
+    p = json.dumps(principal).encode()
+    for body in (
+        # arguments not an object: MALFORMED_CALL and a dead letter
+        b'{"call_id": "%s", %s, "arguments": "%s", "principal": %s}'
+        % (new_call_id().encode(), escaped, SECRET.encode(), p),
+        # not JSON (NaN): MALFORMED_CALL and a dead letter
+        b'{"call_id": "%s", %s, "arguments": {"token": "%s", "n": NaN}, "principal": %s}'
+        % (new_call_id().encode(), escaped, SECRET.encode(), p),
+        # over the size cap: PAYLOAD_TOO_LARGE, the call kept in the calls stream only
+        b'{"call_id": "%s", %s, "arguments": {"token": "%s", "pad": "%s"}, "principal": %s}'
+        % (new_call_id().encode(), escaped, SECRET.encode(), b"x" * MAX_CALL_BYTES, p),
+        # decodable: checked (and kept) under its decoded name
+        b'{"call_id": "%s", %s, "arguments": {"token": "%s"}, "principal": %s}'
+        % (new_call_id().encode(), escaped, SECRET.encode(), p),
+    ):
+        await js.publish(calls, body)
     await nc.close()
     return statuses
 
@@ -125,6 +149,7 @@ def test_a_secret_of_a_hash_audited_tool_is_nowhere(vaulted: Gateway) -> None:
         "broken": "invalid_tool_result",
         "ok": "ok",
         "deep": "invalid_arguments",
+        "unknown_tool": "unknown_tool",
     }
     asyncio.run(audited_everything(vaulted))
     client = vaulted.audit_client()
@@ -133,8 +158,14 @@ def test_a_secret_of_a_hash_audited_tool_is_nowhere(vaulted: Gateway) -> None:
     # every kind of bad call made it to the audit, so the search below is meaningful
     assert {"CallRequested", "ArgumentsRejected", "MessageDeadLettered", "ExecutionFailed"} <= kinds
     assert any("not a decodable ToolCall" in r[1] for r in rows)
+    assert any("oversized call" in r[1] for r in rows)
     dead = [json.loads(r[2]) for r in rows if r[0] == "MessageDeadLettered"]
-    assert dead and all(d["payload_excerpt"] == "[redacted]" for d in dead)
+    assert len(dead) >= 4 and all(d["payload_excerpt"] in ("", "[redacted]") for d in dead)
+    # The dead letters in JetStream: the message's size and SHA-256, no excerpt.
+    letters = [e for e in asyncio.run(vaulted.events()) if isinstance(e, MessageDeadLettered)]
+    assert len(letters) >= 4
+    assert all(e.payload_excerpt == "" and len(e.payload_sha256) == 64 for e in letters)
+    assert all(SECRET not in e.reason for e in letters)
     everything = client.raw_query("SELECT * FROM event_log FORMAT TSVRaw").decode()
     assert SECRET not in everything
     checkpoints = client.raw_query("SELECT * FROM chain_checkpoints FORMAT TSVRaw").decode()

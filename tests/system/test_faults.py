@@ -8,14 +8,13 @@ from datetime import timedelta
 import msgspec
 import nats
 import pytest
-from nats.js.errors import APIError
 
 from tests.harness import Gateway, count_types, events_of, publish_event
 from tests.tools.faulty import runs_of
-from toolgate.client.gateway_client import MESSAGE_TOO_LARGE_ERR_CODE, new_call_id
+from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import MAX_CALL_BYTES, Principal, ToolCall, ToolError
+from toolgate.contracts.calls import Principal, ToolCall, ToolError
 from toolgate.contracts.events import (
     ArgumentsValidated,
     Authorization,
@@ -240,24 +239,21 @@ async def test_malformed_oversized_and_deep_calls_get_clear_answers(
         )
         missing_tool = await waiting
 
-        # v2: a call over MAX_CALL_BYTES is refused by the server before it is stored
-        # (v1 stored 5 MB and the validator answered); the client answers it locally.
+        # A call over MAX_CALL_BYTES (under the server's max_payload) is stored and the
+        # validator answers it; GatewayClient answers one locally, without sending it.
         big = ToolCall(
             call_id=new_call_id(),
             tool="echo",
             arguments={"payload": "x" * (5 * 1024 * 1024)},
             principal=BOB,
         )
-        # (A plain client's call over the agent's payload limit, 2 MiB, is refused by
-        # the server before it reaches the stream: see test_locked_bus.py.)
-        just_over = msgspec.structs.replace(
-            big, arguments={"payload": "x" * (MAX_CALL_BYTES + 1024)}
-        )
-        with pytest.raises(APIError) as refused:
-            await js.publish(mine, msgspec.json.encode(just_over))
-        assert refused.value.err_code == MESSAGE_TOO_LARGE_ERR_CODE
-        oversized = await client.submit(big)
-        assert await client.result(big.call_id) is None  # nothing stored, nothing ran
+        await js.publish(mine, msgspec.json.encode(big))
+        oversized = await _result_of(client, big.call_id)
+        unsent = msgspec.structs.replace(big, call_id=new_call_id())
+        refused_locally = await client.submit(unsent)
+        assert refused_locally.error is not None
+        assert refused_locally.error.code == "PAYLOAD_TOO_LARGE"
+        assert await client.result(unsent.call_id) is None  # never sent, nothing stored
 
         deep: object = "leaf"
         for _ in range(MAX_ARGUMENT_DEPTH + 1):
@@ -281,7 +277,8 @@ async def test_malformed_oversized_and_deep_calls_get_clear_answers(
     assert any("malformed ToolCall" in e.reason for e in letters)
     assert any("subject-safe" in e.reason for e in letters)
     assert {e.source_subject for e in letters if e.service == "validator"} == {mine}
-    assert big.call_id not in {e.call_id for e in await shared_gateway.events()}
+    big_events = events_of(await shared_gateway.events(), big.call_id)
+    assert [type(e).__name__ for e in big_events] == ["ArgumentsRejected", "ResultAttached"]
     assert shared_gateway.all_alive()
 
 

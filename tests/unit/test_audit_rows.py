@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -125,13 +126,16 @@ class TestCallRequested:
         row = builder.row_for(stored_call(b"{not json"))
         assert row["event_type"] == CALL_REQUESTED and row["call_id"] == ""
         assert row["note"].startswith("not a decodable ToolCall")
-        assert json.loads(row["payload"])["excerpt"] == "{not json"
+        # No excerpt, whatever the tool: only what identifies the bytes.
+        assert json.loads(row["payload"]) == {
+            "bytes": 9,
+            "sha256": hashlib.sha256(b"{not json").hexdigest(),
+        }
 
     def test_a_call_missing_fields_keeps_what_names_it(self, builder):
         row = builder.row_for(stored_call(b'{"call_id": "c-9", "tool": "echo"}'))
         assert (row["call_id"], row["tool"]) == ("c-9", "echo")
-        # echo's audit is `hash`: the raw excerpt would show the arguments.
-        assert json.loads(row["payload"])["excerpt"] == "[redacted]"
+        assert "excerpt" not in json.loads(row["payload"])
 
     def test_tenant_and_agent_are_the_senders_not_the_payloads(self, builder):
         spoof = ToolCall(
@@ -161,10 +165,14 @@ class TestCallRequested:
         assert (row["tenant"], row["agent"]) == ("acme", "researcher")
         assert row["note"].startswith("not stored under an agent's calls subject")
 
-    def test_oversized_call_keeps_an_excerpt(self, builder):
-        row = builder.row_for(stored_call(b'{"x": "' + b"a" * 10_000 + b'"}'))
+    def test_oversized_call_keeps_its_size_and_sha256_only(self, builder):
+        data = b'{"x": "' + b"a" * 10_000 + b'"}'
+        row = builder.row_for(stored_call(data))
         assert "oversized" in row["note"]
-        assert len(json.loads(row["payload"])["excerpt"]) == 512
+        assert json.loads(row["payload"]) == {
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
 
 class TestRedaction:
@@ -386,16 +394,41 @@ class TestRedactionEverywhere:
         call = call_of("vault", {"payload": self.LEAK + "x" * 5000})
         row = builder.row_for(stored_call(call))
         assert "oversized call" in row["note"] and self.LEAK not in row["payload"]
-        assert json.loads(row["payload"])["excerpt"] == "[redacted]"
+        # Not decoded, so not known to be open_echo's: no excerpt either.
         open_call = call_of("open_echo", {"payload": self.LEAK + "x" * 5000})
-        assert self.LEAK in builder.row_for(stored_call(open_call))["payload"]
+        assert self.LEAK not in builder.row_for(stored_call(open_call))["payload"]
 
     def test_a_broken_call_naming_a_guarded_tool_is_not_quoted(self, builder):
         broken = b'{"tool": "vault", "arguments": {"payload": "' + self.LEAK.encode()
         row = builder.row_for(stored_call(broken))
         assert self.LEAK not in row["payload"] and "not a decodable ToolCall" in row["note"]
         plain = b'{"tool": "open_echo", "arguments": {"payload": "' + self.LEAK.encode()
-        assert self.LEAK in builder.row_for(stored_call(plain))["payload"]
+        assert self.LEAK not in builder.row_for(stored_call(plain))["payload"]
+        # The tool's name written with a JSON escape: still not quoted.
+        escaped = b'{"tool": "\\u0076ault", "arguments": "' + self.LEAK.encode() + b'"}'
+        row = builder.row_for(stored_call(escaped))
+        assert row["tool"] == "vault" and self.LEAK not in row["payload"]
+
+    def test_a_decoded_call_is_redacted_under_its_decoded_tool_name(self, builder):
+        escaped = (
+            b'{"call_id": "c-1", "tool": "\\u0076ault", "arguments": {"payload": "'
+            + self.LEAK.encode()
+            + b'"}, "principal": {"tenant": "acme", "agent": "researcher"}}'
+        )
+        row = builder.row_for(stored_call(escaped))
+        assert row["tool"] == "vault" and self.LEAK not in row["payload"]
+
+    def test_a_call_to_a_tool_the_registry_does_not_know_is_kept_as_hash(self, builder):
+        call = call_of("vault_lookupp", {"payload": self.LEAK})
+        row = builder.row_for(stored_call(call))
+        assert self.LEAK not in row["payload"]
+        assert row["arguments_sha256"] == arguments_sha256(call.arguments)
+        rejected = ArgumentsRejected(
+            **common(call),
+            status="unknown_tool",
+            error=ToolError(code="TOOL_NOT_FOUND", message=f"no tool {self.LEAK}"),
+        )
+        assert self.LEAK not in builder.row_for(stored_event(rejected))["payload"]
 
     def test_a_dead_letter_of_a_guarded_tool_keeps_no_excerpt(self, builder):
         dead = MessageDeadLettered(

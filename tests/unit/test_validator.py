@@ -78,6 +78,40 @@ class TestCheckCall:
     def test_not_json_is_undeliverable(self, checker: CallChecker) -> None:
         assert isinstance(checker.check(b"\xff\x00garbage", SENDER), Undeliverable)
 
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b'{"call_id": "c-7", "tool": "echo", "arguments": {"amount": NaN}}',
+            b'{"tool": "echo", "call_id" :\n "c-7", "arguments": {"payl',
+            b'\xff\x00{"call_id":"c-7"',
+        ],
+        ids=["NaN", "truncated", "garbage-before"],
+    )
+    def test_a_body_that_is_not_json_is_answered_on_the_one_call_id_it_names(
+        self, checker: CallChecker, body: bytes
+    ) -> None:
+        outcome = checker.check(body, SENDER)
+        assert isinstance(outcome, Rejected) and outcome.call_id == "c-7"
+        assert outcome.error.code == "MALFORMED_CALL" and outcome.dead_letter_reason
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            # two different call_ids (one may be an argument's): no guess
+            b'{"call_id": "c-7", "arguments": {"call_id": "c-8", "x": NaN}}',
+            # only inside a string (its quotes escaped)
+            b'{"arguments": {"note": "\\"call_id\\": \\"c-7\\""}, "x": NaN}',
+            # not a subject-safe token, or too long
+            b'{"call_id": "c.7", "x": NaN}',
+            b'{"call_id": "%s", "x": NaN}' % (b"a" * 129),
+        ],
+        ids=["two-call-ids", "inside-a-string", "unsafe", "too-long"],
+    )
+    def test_a_body_that_is_not_json_without_one_clear_call_id_is_undeliverable(
+        self, checker: CallChecker, body: bytes
+    ) -> None:
+        assert isinstance(checker.check(body, SENDER), Undeliverable)
+
     def test_oversized_call_is_payload_too_large(self, checker: CallChecker) -> None:
         outcome = checker.check(raw(query="q" * 100_000, source_type="any", limit=1), SENDER)
         assert isinstance(outcome, Rejected) and outcome.error.code == "PAYLOAD_TOO_LARGE"
