@@ -37,6 +37,7 @@ from typing import Any
 
 from toolgate.contracts.events import utc_now
 from toolgate.runtime import settings as env
+from toolgate.runtime.outside_text import log_visibly, visible
 from toolgate.services.approvals.approvers import ApproverError, add_approver
 from toolgate.services.approvals.logic import VoteOutcome
 from toolgate.services.approvals.render import as_text
@@ -215,7 +216,7 @@ def _run(args: argparse.Namespace, work: Any) -> int:
     try:
         return asyncio.run(run())
     except Refused as exc:
-        print(str(exc), file=sys.stderr)
+        print(visible(str(exc)), file=sys.stderr)
         return 1
     except ServiceUnavailable:
         print(
@@ -235,14 +236,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         reply = await client.list_pending(timeout=args.timeout)
         who = reply.approver
         scope = "every tenant" if who.all_tenants else "tenants " + ", ".join(who.tenants)
-        print(f"approver {who.name} ({scope})", file=sys.stderr)
+        print(visible(f"approver {who.name} ({scope})"), file=sys.stderr)
         if not reply.calls:
             print("no calls are waiting for approval")
             return 0
         now = utc_now()
         print("\n\n".join(as_text(view, now) for view in reply.calls))
         if reply.omitted:
-            print(f"\n{reply.message}", file=sys.stderr)
+            print(f"\n{visible(reply.message)}", file=sys.stderr)
         return 0
 
     return _run(args, work)
@@ -255,7 +256,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     async def work(client: Any) -> int:
         reply = await client.show(args.call, timeout=args.timeout)
         if not reply.ok:
-            print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+            print(visible(f"refused ({reply.code}): {reply.message}"), file=sys.stderr)
             return 1
         print(as_text(reply.approval, utc_now()))
         return 0
@@ -272,7 +273,7 @@ def cmd_vote(args: argparse.Namespace) -> int:
         if sha is None:
             reply = await client.show(call, timeout=args.timeout)
             if not reply.ok:
-                print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+                print(visible(f"refused ({reply.code}): {reply.message}"), file=sys.stderr)
                 return 1
             print(as_text(reply.approval, utc_now()))
             call, sha = reply.approval.key, reply.approval.arguments_sha256
@@ -286,9 +287,9 @@ def cmd_vote(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
         if not outcome.accepted:
-            print(f"refused ({outcome.code}): {outcome.message}", file=sys.stderr)
+            print(visible(f"refused ({outcome.code}): {outcome.message}"), file=sys.stderr)
             return 1
-        print(f"{outcome.call}: {outcome.message}")
+        print(visible(f"{outcome.call}: {outcome.message}"))
         return 0
 
     return _run(args, work)
@@ -331,6 +332,7 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     check_nats_url(args.nats_url)
     check_creds(args.creds)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inbox %(levelname)s %(message)s")
+    log_visibly()
     # It waits for NATS as long as it takes, one line at a time (a service, not a command).
     quiet_nats_tracebacks(args.nats_url)
     try:

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
+from toolgate.runtime.outside_text import visible
 from toolgate.runtime.timespec import FORMS, TimeSpecError, parse_since
 from toolgate.services.audit.connection import (
     BAD_CONFIG,
@@ -86,7 +87,7 @@ def fails_in_one_line(
                 failure = Failed(str(exc), UNREACHABLE)
             except CredentialsError as exc:
                 failure = Failed(f"NATS creds: {exc} (--creds or $TOOLGATE_NATS_CREDS)")
-            print(f"{command}: {failure}", file=sys.stderr)
+            print(visible(f"{command}: {failure}"), file=sys.stderr)
             return failure.exit_code
 
         return run
