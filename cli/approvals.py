@@ -173,6 +173,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="interface to listen on (default %(default)s; put TLS in front before exposing it)",
     )
+    inbox.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="a Host header to answer besides loopback and --host, as NAME (any port) or "
+        "NAME:PORT (repeatable; e.g. inbox.example.com behind a proxy); others get 421",
+    )
+    inbox.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="an origin that may post to the inbox besides its own (repeatable; e.g. "
+        "https://inbox.example.com when a proxy rewrites Host); others get 403",
+    )
     # Each approver logs in with their own token; the inbox has none of its own.
     _nats(
         inbox,
@@ -336,7 +350,14 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     # It waits for NATS as long as it takes, one line at a time (a service, not a command).
     quiet_nats_tracebacks(args.nats_url)
     try:
-        return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
+        return serve_inbox(
+            args.nats_url,
+            args.host,
+            args.port,
+            connect_options(args),
+            allowed_hosts=tuple(args.allow_host),
+            allowed_origins=tuple(args.allow_origin),
+        )
     except OSError as exc:
         if exc.errno is not None and "address" in (exc.strerror or "").lower():
             raise Failed(
