@@ -429,7 +429,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     progress.finish()
     for outcome in outcomes:
-        print(side_by_side(outcome), end="\n\n")
+        print(visible(side_by_side(outcome), keep_newlines=True), end="\n\n")
     return 0 if all(o.same for o in outcomes) else 1
 
 
@@ -482,7 +482,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with store.errors():
         report = verify_store(client, key, seals)
     for finding in report.findings:
-        print(finding.line())
+        print(visible(finding.line()))  # ids and writers a forged row may carry
     verdict = "OK" if report.ok else f"TAMPERED ({len(report.tampered)} finding(s))"
     against = f", {len(seals)} seal(s) in JetStream" if seals is not None else ", seals not checked"
     print(

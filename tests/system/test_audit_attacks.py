@@ -120,10 +120,16 @@ def test_a_forged_insert_as_the_writer_is_named(attacked: Gateway, capsys) -> No
         "INSERT INTO event_log (event_id, call_id, event_type, chain_id, chain_seq, chain_hash) "
         "VALUES ('forged-1', 'c-forged', 'ExecutionSucceeded', '', 0, '')"
     )
+    # A forged event_id that would clear the auditor's screen is shown, not obeyed.
+    writer.command(
+        "INSERT INTO event_log (event_id, call_id, event_type, chain_id, chain_seq, chain_hash) "
+        "VALUES ('forged-2\x1b[2J\u202e', 'c-forged', 'ExecutionSucceeded', '', 0, '')"
+    )
     code, out = verify(attacked, capsys)
     assert code == 1 and "INSERTED" in out and "forged-1" in out, out
+    assert "forged-2\\u001b[2J\\u202e" in out and "\x1b" not in out and "\u202e" not in out
     connect(attacked.audit_url("admin")).command(
-        "ALTER TABLE event_log DELETE WHERE event_id = 'forged-1' SETTINGS mutations_sync = 1"
+        "ALTER TABLE event_log DELETE WHERE event_id LIKE 'forged-%' SETTINGS mutations_sync = 1"
     )
 
 
