@@ -42,6 +42,7 @@ from typing import Any
 from toolgate.contracts.events import utc_now
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import env_creds
+from toolgate.runtime.outside_text import log_visibly, visible
 from toolgate.services.approvals.approvers import ApproverError, add_approver
 from toolgate.services.approvals.logic import VoteOutcome
 from toolgate.services.approvals.render import as_text
@@ -177,6 +178,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="interface to listen on (default %(default)s; put TLS in front before exposing it)",
     )
+    inbox.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="a Host header to answer besides loopback and --host, as NAME (any port) or "
+        "NAME:PORT (repeatable; e.g. inbox.example.com behind a proxy); others get 421",
+    )
+    inbox.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="an origin that may post to the inbox besides its own (repeatable; e.g. "
+        "https://inbox.example.com when a proxy rewrites Host); others get 403",
+    )
     # Each approver logs in with their own token; the inbox has none of its own.
     _nats(
         inbox,
@@ -228,7 +243,7 @@ def _run(args: argparse.Namespace, work: Any) -> int:
     try:
         return asyncio.run(run())
     except Refused as exc:
-        print(str(exc), file=sys.stderr)
+        print(visible(str(exc)), file=sys.stderr)
         return 1
     except ServiceUnavailable:
         print(
@@ -248,14 +263,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         reply = await client.list_pending(timeout=args.timeout)
         who = reply.approver
         scope = "every tenant" if who.all_tenants else "tenants " + ", ".join(who.tenants)
-        print(f"approver {who.name} ({scope})", file=sys.stderr)
+        print(visible(f"approver {who.name} ({scope})"), file=sys.stderr)
         if not reply.calls:
             print("no calls are waiting for approval")
             return 0
         now = utc_now()
         print("\n\n".join(as_text(view, now) for view in reply.calls))
         if reply.omitted:
-            print(f"\n{reply.message}", file=sys.stderr)
+            print(f"\n{visible(reply.message)}", file=sys.stderr)
         return 0
 
     return _run(args, work)
@@ -268,7 +283,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     async def work(client: Any) -> int:
         reply = await client.show(args.call, timeout=args.timeout)
         if not reply.ok:
-            print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+            print(visible(f"refused ({reply.code}): {reply.message}"), file=sys.stderr)
             return 1
         print(as_text(reply.approval, utc_now()))
         return 0
@@ -285,7 +300,7 @@ def cmd_vote(args: argparse.Namespace) -> int:
         if sha is None:
             reply = await client.show(call, timeout=args.timeout)
             if not reply.ok:
-                print(f"refused ({reply.code}): {reply.message}", file=sys.stderr)
+                print(visible(f"refused ({reply.code}): {reply.message}"), file=sys.stderr)
                 return 1
             print(as_text(reply.approval, utc_now()))
             call, sha = reply.approval.key, reply.approval.arguments_sha256
@@ -299,9 +314,9 @@ def cmd_vote(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
         if not outcome.accepted:
-            print(f"refused ({outcome.code}): {outcome.message}", file=sys.stderr)
+            print(visible(f"refused ({outcome.code}): {outcome.message}"), file=sys.stderr)
             return 1
-        print(f"{outcome.call}: {outcome.message}")
+        print(visible(f"{outcome.call}: {outcome.message}"))
         return 0
 
     return _run(args, work)
@@ -374,10 +389,18 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
     asyncio.run(reachable())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s inbox %(levelname)s %(message)s")
+    log_visibly()
     # Once up, it reconnects as long as it takes, one line at a time (a service).
     quiet_nats_tracebacks(args.nats_url)
     try:
-        return serve_inbox(args.nats_url, args.host, args.port, connect_options(args))
+        return serve_inbox(
+            args.nats_url,
+            args.host,
+            args.port,
+            connect_options(args),
+            allowed_hosts=tuple(args.allow_host),
+            allowed_origins=tuple(args.allow_origin),
+        )
     except OSError as exc:
         if exc.errno is not None and "address" in (exc.strerror or "").lower():
             raise Failed(

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from toolgate.contracts.registry import RegistryError
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
+from toolgate.runtime.outside_text import visible
 from toolgate.runtime.timespec import FORMS, TimeSpecError, parse_since
 from toolgate.services.audit.connection import (
     BAD_CONFIG,
@@ -95,7 +96,7 @@ def fails_in_one_line(
                 failure = Failed(str(exc), UNREACHABLE)
             except CredentialsError as exc:
                 failure = Failed(f"NATS creds: {exc} (--creds or $TOOLGATE_NATS_CREDS)")
-            print(f"{command}: {failure}", file=sys.stderr)
+            print(visible(f"{command}: {failure}"), file=sys.stderr)
             return failure.exit_code
 
         return run
@@ -623,7 +624,7 @@ def _execute(
     )
     progress.finish()
     for outcome in outcomes:
-        print(side_by_side(outcome), end="\n\n")
+        print(visible(side_by_side(outcome), keep_newlines=True), end="\n\n")
     return 0 if all(o.same for o in outcomes) else 1
 
 
@@ -676,7 +677,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     with store.errors():
         report = verify_store(client, key, seals)
     for finding in report.findings:
-        print(finding.line())
+        print(visible(finding.line()))  # ids and writers a forged row may carry
     verdict = "OK" if report.ok else f"TAMPERED ({len(report.tampered)} finding(s))"
     against = f", {len(seals)} seal(s) in JetStream" if seals is not None else ", seals not checked"
     print(

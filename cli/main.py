@@ -47,6 +47,7 @@ from toolgate.contracts.registry import RegistryError
 from toolgate.runtime import bus
 from toolgate.runtime import settings as env
 from toolgate.runtime.creds import CredentialsError
+from toolgate.runtime.outside_text import log_visibly, visible, visible_json
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
 SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit", "mcp")
@@ -447,6 +448,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s"
     )
+    log_visibly()  # log lines quote calls, users and upstream errors: shown escaped
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
     from toolgate.runtime import telemetry
@@ -588,8 +590,10 @@ def cmd_call(args: argparse.Namespace) -> int:
                 key = f"{principal.tenant}.{principal.agent}.{call.call_id}"
                 expires = f", until {notice.expires_at}" if notice.expires_at else ""
                 print(
-                    f"toolgate call: {call.call_id} waits for a human: {notice.message}"
-                    f"{expires} (an approver: toolgate approvals approve {key})",
+                    visible(
+                        f"toolgate call: {call.call_id} waits for a human: {notice.message}"
+                        f"{expires} (an approver: toolgate approvals approve {key})"
+                    ),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -614,7 +618,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                 raise problem from None
 
     result = asyncio.run(run())
-    print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
+    print(visible_json(msgspec.to_builtins(result), indent=2))
     return 0 if result.ok else 1
 
 
@@ -642,7 +646,7 @@ def cmd_result(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(msgspec.to_builtins(result), indent=2, ensure_ascii=False))
+    print(visible_json(msgspec.to_builtins(result), indent=2))
     return 0
 
 
@@ -1209,7 +1213,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except Failed as exc:
-        print(str(exc), file=sys.stderr)
+        print(visible(str(exc), keep_newlines=True), file=sys.stderr)
         return exc.code
     except RegistryError as exc:
         print(f"toolgate: registry error: {_one_line(exc)}", file=sys.stderr)
@@ -1235,7 +1239,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return visible(" ".join(str(exc).split())) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -197,8 +197,9 @@ def cmd_import_mcp(args: argparse.Namespace) -> int:
         if not header or not variable:
             raise _fail(f"toolgate tools import-mcp: --header-env {pair!r} is not HEADER=VAR", 2)
         headers_from_env[header] = variable
+    from toolgate.contracts.calls import ErrorCode
     from toolgate.contracts.registry import McpUpstream
-    from toolgate.services.executor.upstream_mcp import upstream_headers
+    from toolgate.services.executor.upstream_mcp import duplicate_tool_names, upstream_headers
 
     try:
         pinned = McpUpstream(
@@ -220,6 +221,13 @@ def cmd_import_mcp(args: argparse.Namespace) -> int:
         ) from None
     if not tools:
         raise _fail(f"toolgate tools import-mcp: {args.url} lists no tools", 1)
+    twice = duplicate_tool_names(tools)
+    if twice:  # which of two definitions would be "the" tool is the upstream's choice
+        raise _fail(
+            f"toolgate tools import-mcp: {args.url} lists the tool {twice[0]!r} more than "
+            f"once ({ErrorCode.UPSTREAM_DUPLICATE_TOOL}): nothing written",
+            1,
+        )
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     agents = [a for a in args.agents.split(",") if a] or ["*"]

@@ -48,6 +48,7 @@ from toolgate.cli.audit import (
 )
 from toolgate.contracts.registry import RegistryError
 from toolgate.runtime.creds import CredentialsError, connect_options
+from toolgate.runtime.outside_text import visible
 from toolgate.runtime.settings import (
     GatewaySettings,
     env_data_dir,
@@ -370,5 +371,5 @@ def cmd_test(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report.to_json(args.limit), indent=2))
     else:
-        print(report.text(args.limit))
+        print(visible(report.text(args.limit), keep_newlines=True))  # names from the audit
     return 1 if report.changed else 0

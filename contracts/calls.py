@@ -57,6 +57,10 @@ class ErrorCode:
     # An upstream MCP tool now serves another definition than the one an operator
     # imported and reviewed (its hash is pinned in the registry): refused until re-imported.
     UPSTREAM_CHANGED: Final = "UPSTREAM_CHANGED"
+    # An upstream MCP server's tools/list names a tool twice: which entry is "the" tool
+    # is then the upstream's choice (a changed definition beside the pinned one), so the
+    # listing is refused whatever the order, until the upstream lists each name once.
+    UPSTREAM_DUPLICATE_TOOL: Final = "UPSTREAM_DUPLICATE_TOOL"
     # A stage of the gateway gave up on the call (its attempts ran out on an error no
     # retry mended). `retryable` says whether the tool surely did not run.
     GATEWAY_GAVE_UP: Final = "GATEWAY_GAVE_UP"

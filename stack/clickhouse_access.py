@@ -1,4 +1,5 @@
-"""Who may do what on the embedded ClickHouse: three users with passwords, `default` bare.
+"""Who may do what on the embedded ClickHouse: three users with passwords; `default` only
+for the engine's own in-process session, never over HTTP.
 
 The roles (the same users and grants exist as DDL for an external server in
 infra/clickhouse/access/):
@@ -15,11 +16,15 @@ admin changes the schema.
 
 What the embedded engine honours (../shared/notes/embedded-clickhouse-auth.md):
 users in a users.xml named by `user_directories` (not `<users>` in config.xml),
-and the in-process session always logs in as a passwordless `default`. So
-`default` keeps a login, limited to loopback, with nothing but SYSTEM LISTEN
-(the server's own listener) and SELECT on system.numbers (what the keep-alive
-query reads): over HTTP it reads no table and no file, writes nothing,
-and can only stop the listener or kill its own keep-alive query.
+and the in-process session always logs in as a passwordless `default` that
+counts as loopback (a password, other `<networks>` or a reload of users.xml
+after start all fail or are ignored). So `default` keeps a login with nothing
+but what that session needs: SYSTEM LISTEN (to open the listener) and SELECT
+on system.numbers (what the keep-alive query reads). HTTP never reaches it:
+the server's HTTP handlers (`http_handlers`) answer only a request that names
+a toolgate user in `X-ClickHouse-User` (which ClickHouse refuses to combine
+with a user in the URL or an Authorization header), and `/ping`; any other
+request, `default`'s included, gets 403 before it is authenticated.
 
 Passwords are generated once into `logins.json` (mode 0600) beside the data;
 users.xml keeps only their SHA-256. Pure logic but the file writes.
@@ -82,6 +87,8 @@ def access_ddl(database: str = "toolgate", cluster: str = "") -> str:
         "-- kill another user's query or run SYSTEM. Run as a user with access management,",
         "-- with the three ${..._password} placeholders replaced; give each service its URL:",
         "--   http://toolgate_writer:PASSWORD@HOST:8123/" + database + "  (toolgate serve audit)",
+        "-- ClickHouse's own `default` user needs none of this: give it a password or drop it",
+        "-- (toolgate never logs in as `default`).",
         "-- Rendered by toolgate.stack.clickhouse_access.access_ddl (a test keeps it in step).",
     ]
     for role in ROLES:
@@ -152,6 +159,46 @@ def with_login(url: str, role: str, password: str) -> str:
         return url
     netloc = f"{quote(user_of(role), safe='')}:{quote(password, safe='')}@{parts.netloc}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+# Full-match RE2 of the X-ClickHouse-User header values the HTTP handlers let through.
+HTTP_USER_PATTERN = USER_PREFIX + "[a-z]+"
+# What any other request gets (403; the code, AUTHENTICATION_FAILED, also in the
+# X-ClickHouse-Exception-Code header, where clients read it).
+HTTP_REFUSAL = (
+    "Code: 516. DB::Exception: ACCESS_DENIED: this server answers only toolgate's users, "
+    "named in the X-ClickHouse-User and X-ClickHouse-Key headers. (AUTHENTICATION_FAILED)"
+)
+
+
+def http_handlers_xml() -> str:
+    """The embedded server's HTTP handlers: `/ping`, and queries that log in as a toolgate
+    user with X-ClickHouse-User/X-ClickHouse-Key; everything else 403 (no `default`, no
+    play UI, no dashboard). Basic auth is not among them: ClickHouse lets `?user=` in the
+    URL override it, so `default` would come back through it."""
+    return f"""
+    <http_handlers>
+        <rule>
+            <url>/ping</url>
+            <methods>GET,HEAD</methods>
+            <handler><type>static</type><status>200</status>
+                <content_type>text/plain; charset=UTF-8</content_type>
+                <response_content>Ok.\n</response_content></handler>
+        </rule>
+        <rule>
+            <headers><X-ClickHouse-User>regex:{HTTP_USER_PATTERN}</X-ClickHouse-User></headers>
+            <handler><type>dynamic_query_handler</type>
+                <query_param_name>query</query_param_name></handler>
+        </rule>
+        <rule>
+            <handler><type>static</type><status>403</status>
+                <content_type>text/plain; charset=UTF-8</content_type>
+                <http_response_headers>
+                    <X-ClickHouse-Exception-Code>516</X-ClickHouse-Exception-Code>
+                </http_response_headers>
+                <response_content>{HTTP_REFUSAL}\n</response_content></handler>
+        </rule>
+    </http_handlers>"""
 
 
 def users_xml(logins: dict[str, str], database: str = "*") -> str:

@@ -7,7 +7,10 @@ Run in the foreground::
 or as a child process from Python::
 
     with EmbeddedClickHouse(Path("state/ch")) as ch:
-        client = clickhouse_connect.get_client(host="127.0.0.1", port=ch.port)
+        client = connect(ch.url_for("auditor"))  # toolgate.services.audit.connection
+
+(HTTP answers only toolgate's users, in the X-ClickHouse-User/Key headers: see
+clickhouse_access.http_handlers_xml.)
 
 How it works (chdb-core 26.9.0):
 
@@ -100,7 +103,7 @@ CONFIG_TEMPLATE = """<clickhouse>
     <listen_host>{host}</listen_host>
     <http_port>{port}</http_port>
     <keep_alive_timeout>{keep_alive}</keep_alive_timeout>
-    <shutdown_wait_unfinished>{shutdown_wait}</shutdown_wait_unfinished>{access}
+    <shutdown_wait_unfinished>{shutdown_wait}</shutdown_wait_unfinished>{access}{handlers}
 </clickhouse>
 """
 # Users, passwords and grants (stack/clickhouse_access.py): honoured only from a users.xml
@@ -195,6 +198,8 @@ def serve(
         keep_alive=KEEP_ALIVE_TIMEOUT,
         shutdown_wait=SHUTDOWN_WAIT,
         access=access,
+        # With users, HTTP reaches only them (and /ping): never the engine's own `default`.
+        handlers=clickhouse_access.http_handlers_xml() if users.exists() else "",
     )
     (run_dir / "config.xml").write_text(config)
 
@@ -454,8 +459,8 @@ class EmbeddedClickHouse:
 
     def ensure_running(self, timeout: float = 60) -> bool:
         """Start the server again if it died (SIGKILL, OOM, its keep-alive query killed)
-        or stopped answering /ping UNANSWERED_PINGS times in a row (its listener stopped:
-        `SYSTEM STOP LISTEN HTTP` by a local `default`). True if it was restarted."""
+        or stopped answering /ping UNANSWERED_PINGS times in a row (hung, or its listener
+        gone). True if it was restarted."""
         if self.running():
             if ping(self.host, self.port, timeout=1.0):
                 self._unanswered = 0

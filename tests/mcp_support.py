@@ -64,9 +64,10 @@ async def wait_for_front_door(gateway: Gateway, timeout: float = 60.0) -> str:
 class Upstream:
     """tests/tools/mcp_upstream.py on a free loopback port, as a process of its own."""
 
-    def __init__(self, changed: bool = False, port: int = 0) -> None:
+    def __init__(self, changed: bool = False, port: int = 0, duplicate: str | None = None) -> None:
         self.port = port or free_port()
         self.changed = changed
+        self.duplicate = duplicate  # list `lookup` twice: "changed-first" or "pinned-first"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -77,6 +78,8 @@ class Upstream:
         command = [sys.executable, "-m", "tests.tools.mcp_upstream", "--port", str(self.port)]
         if self.changed:
             command.append("--changed")
+        if self.duplicate:
+            command += ["--duplicate", self.duplicate]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=env)
         deadline = time.monotonic() + timeout

@@ -13,6 +13,13 @@ the session at its next request.
 Arguments come from a model: every value is HTML-escaped and invisible
 characters are made visible; a Content-Security-Policy that allows no script
 at all backs that up. Forms carry a per-session CSRF token.
+
+Every request must name the inbox in its `Host` header (a loopback name, the
+`--host` it listens on, or an `--allow-host`): anything else is 421, so a
+DNS-rebinding page cannot talk to it. Every POST, the login included, must come
+from the inbox's own origin (or an `--allow-origin`): a foreign `Origin` (or,
+without one, a foreign `Referer`) is 403. A client that sends neither is not a
+browser and is judged by its token alone.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from html import escape
 from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
@@ -55,7 +62,9 @@ SECURITY_HEADERS = {
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    "Referrer-Policy": "no-referrer",
+    # Not no-referrer: under it a browser sends `Origin: null` with the inbox's own
+    # forms, and the origin check could not tell them from a sandboxed foreign page.
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -70,6 +79,69 @@ dl{display:grid;grid-template-columns:10rem 1fr;gap:.25rem .75rem}dt{color:#666}
 .flash{padding:.75rem;border-radius:6px;background:#eef}.flash.refused{background:#fee}
 textarea{width:100%;min-height:3rem}code{word-break:break-all}
 """
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+ANY_INTERFACE = ("", "0.0.0.0", "::")
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Which `Host` headers the inbox answers and which origins may post to it."""
+
+    bind_host: str = "127.0.0.1"
+    allowed_hosts: tuple[str, ...] = ()  # "name" (any port) or "name:port"
+    allowed_origins: tuple[str, ...] = ()  # e.g. "https://inbox.example.com"
+
+    def host_ok(self, host: str | None) -> bool:
+        """Whether a request's Host header names this inbox (DNS rebinding names another)."""
+        host = (host or "").strip().lower()
+        name = _host_name(host)
+        if name is None:
+            return False
+        names = {*LOOPBACK_NAMES}
+        if self.bind_host.lower() not in ANY_INTERFACE:
+            names.add(self.bind_host.lower().strip("[]"))
+        for allowed in (a.strip().lower() for a in self.allowed_hosts):
+            if allowed == host:  # "name:port"
+                return True
+            if ":" not in allowed.rsplit("]", 1)[-1]:  # "name": any port
+                names.add(allowed.strip("[]"))
+        return name in names
+
+    def origin_ok(self, origin: str | None, referer: str | None, host: str | None) -> bool:
+        """Whether a state-changing request comes from the inbox's own pages: its Origin
+        (else its Referer) is the inbox itself or an allowed origin. A request with
+        neither is not from a browser, so no foreign page can have sent it."""
+        host = (host or "").strip().lower()
+        if origin is not None:
+            origin = origin.strip().lower().rstrip("/")
+            if origin in (o.strip().lower().rstrip("/") for o in self.allowed_origins):
+                return True
+            return _same_origin(origin, host)
+        if referer is not None:
+            return _same_origin(referer.strip().lower(), host)
+        return True
+
+
+def _host_name(host: str) -> str | None:
+    """The name part of a Host header (no port, no brackets); None if it is not one."""
+    try:
+        parts = urlsplit(f"//{host}")
+        parts.port  # noqa: B018 (raises on a port that is not one)
+    except ValueError:
+        return None
+    if not host or "@" in host or not parts.hostname or parts.netloc != host:
+        return None
+    return parts.hostname
+
+
+def _same_origin(url: str, host: str) -> bool:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
 
 
 def h(value: object) -> str:
@@ -95,10 +167,13 @@ class Inbox:
         host: str = "127.0.0.1",
         port: int = 0,
         connect_options: dict[str, Any] | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+        allowed_origins: tuple[str, ...] = (),
     ) -> None:
         self.nats_url = nats_url
         self.host = host
         self.port = port
+        self.origins = Origins(host, allowed_hosts, allowed_origins)
         self.connect_options = connect_options or {}
         self.sessions: dict[str, Session] = {}
         self._sessions_lock = threading.Lock()
@@ -407,6 +482,23 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         return session.approver, session.token, session
 
+    def _misdirected(self) -> bool:
+        """Refuse (421) a request whose Host names another site: a DNS-rebinding page."""
+        if self.owner.origins.host_ok(self.headers.get("Host")):
+            return False
+        log.warning("refused a request for host %r", self.headers.get("Host"))
+        self._send(421, page("misdirected", "<p>This is not the host you asked for.</p>"))
+        return True
+
+    def _foreign(self) -> bool:
+        """Refuse (403) a POST that a page of another origin made the browser send."""
+        origin, referer = self.headers.get("Origin"), self.headers.get("Referer")
+        if self.owner.origins.origin_ok(origin, referer, self.headers.get("Host")):
+            return False
+        log.warning("refused a POST from origin %r (referer %r)", origin, referer)
+        self._send(403, page("forbidden", "<p>Cross-site request refused.</p>"))
+        return True
+
     # -------------------------------------------------------- routes
 
     def do_HEAD(self) -> None:  # noqa: N802
@@ -414,8 +506,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
-        if path == "/healthz":
+        if path == "/healthz":  # probes name the pod's address: no Host check, no data
             self._send(200, b"ok", "text/plain")
+            return
+        if self._misdirected():
             return
         if path != "/":
             self._send(404, page("not found", "<p>Not found.</p>"))
@@ -450,6 +544,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, inbox_page(approver, csrf, list(reply.calls), flash, reply.omitted))
 
     def do_POST(self) -> None:  # noqa: N802
+        if self._misdirected() or self._foreign():
+            return
         path = self.path.split("?", 1)[0]
         form = self._form()
         if form is None:
@@ -534,10 +630,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def serve_inbox(
-    nats_url: str, host: str, port: int, connect_options: dict[str, Any] | None = None
+    nats_url: str,
+    host: str,
+    port: int,
+    connect_options: dict[str, Any] | None = None,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
 ) -> int:
     """Run the inbox until interrupted (the `toolgate approvals inbox` command)."""
-    inbox = Inbox(nats_url, host=host, port=port, connect_options=connect_options).start()
+    inbox = Inbox(
+        nats_url,
+        host=host,
+        port=port,
+        connect_options=connect_options,
+        allowed_hosts=allowed_hosts,
+        allowed_origins=allowed_origins,
+    ).start()
     print(f"approvals inbox: {inbox.url}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

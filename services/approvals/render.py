@@ -8,32 +8,18 @@ HTML everything is escaped as well.
 
 from __future__ import annotations
 
-import json
-import unicodedata
 from datetime import datetime
 from typing import Any
 
+from toolgate.runtime.outside_text import visible, visible_json
 from toolgate.services.approvals.protocol import ApprovalView
 
-
-def visible(text: str, keep_newlines: bool = False) -> str:
-    """Replace control and format characters by \\uXXXX escapes."""
-    out = []
-    for ch in text:
-        if keep_newlines and ch == "\n":
-            out.append(ch)
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs"):
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
+__all__ = ["as_text", "pretty_arguments", "visible", "votes_line"]
 
 
 def pretty_arguments(arguments: Any) -> str:
     """Indented, key-sorted JSON; every string readable, nothing hidden."""
-    return visible(
-        json.dumps(arguments, indent=2, sort_keys=True, ensure_ascii=False), keep_newlines=True
-    )
+    return visible_json(arguments, indent=2, sort_keys=True)
 
 
 def time_left(expires_at: datetime, now: datetime) -> str:

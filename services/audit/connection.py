@@ -79,12 +79,15 @@ class ClickHouseTarget:
         import clickhouse_connect
 
         # No session id: the sink inserts from a worker thread, and ClickHouse
-        # refuses concurrent queries within one session.
+        # refuses concurrent queries within one session. The login goes in the
+        # X-ClickHouse-User/Key headers, not Basic auth: every ClickHouse takes them, and
+        # the embedded server answers nothing else (stack/clickhouse_access.py).
         return clickhouse_connect.get_client(
             host=self.host,
             port=self.port,
-            username=self.username,
-            password=self.password,
+            username=None,
+            password="",
+            headers={"X-ClickHouse-User": self.username, "X-ClickHouse-Key": self.password},
             database=self.database if with_database else "",
             secure=self.secure,
             autogenerate_session_id=False,

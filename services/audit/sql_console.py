@@ -1,4 +1,8 @@
-"""`toolgate audit sql`: an auditor's ad-hoc query, read-only, as a table, CSV or JSON."""
+"""`toolgate audit sql`: an auditor's ad-hoc query, read-only, as a table, CSV or JSON.
+
+Cells hold what agents and tools sent: every format shows their control and bidi
+characters escaped (JSON as JSON escapes, so it stays the same JSON value).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,8 @@ from datetime import date, datetime
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
+
+from toolgate.runtime.outside_text import visible, visible_json
 
 FORMATS = ("table", "csv", "json")
 MAX_CELL = 60
@@ -33,20 +39,17 @@ def _plain(value: Any) -> Any:
 def render(columns: list[str], rows: list[tuple[Any, ...]], fmt: str = "table") -> str:
     if fmt == "json":
         return "\n".join(
-            json.dumps(
-                dict(zip(columns, (_plain(v) for v in row), strict=True)),
-                ensure_ascii=False,
-                default=str,
-            )
+            visible_json(dict(zip(columns, (_plain(v) for v in row), strict=True)), default=str)
             for row in rows
         )
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
+        writer.writerow([visible(c) for c in columns])
         writer.writerows([[_cell(v, None) for v in row] for row in rows])
         return out.getvalue().rstrip("\n")
     cells = [[_cell(v, MAX_CELL) for v in row] for row in rows]
+    columns = [visible(c) for c in columns]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))
     rule = "  ".join("-" * w for w in widths)
@@ -63,5 +66,5 @@ def _cell(value: Any, limit: int | None) -> str:
             json.dumps(plain, ensure_ascii=False) if isinstance(plain, list | dict) else str(plain)
         )
     )
-    text = text.replace("\n", " ")
+    text = visible(text.replace("\n", " "))
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"

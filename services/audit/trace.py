@@ -14,6 +14,7 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 from toolgate.contracts.calls import ErrorCode
+from toolgate.runtime.outside_text import visible
 from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
 
 # What a trace shows of each event: the recorded columns, without the call's own
@@ -186,10 +187,15 @@ def _payload(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_trace(call_id: str, steps: list[TraceStep]) -> str:
+    """The trace as a person reads it: users, tools, reasons and messages came from
+    outside, so each line shows its control and bidi characters as escapes."""
     if not steps:
-        return f"no audit events for call {call_id}"
-    lines = [f"call {call_id}"]
+        return f"no audit events for call {visible(call_id)}"
+    lines = [f"call {visible(call_id)}"]
     for step in steps:
         stamp = step.occurred_at.strftime("%Y-%m-%d %H:%M:%S.%f")
-        lines.append(f"  {stamp}  +{step.offset_ms:9.1f} ms  {step.service:<10} {step.text}")
+        lines.append(
+            f"  {stamp}  +{step.offset_ms:9.1f} ms  {visible(step.service):<10} "
+            f"{visible(step.text)}"
+        )
     return "\n".join(lines)

@@ -3,7 +3,9 @@
 Each call opens a Streamable HTTP session with the official `mcp` SDK client,
 lists the upstream's tools, and refuses the call (UPSTREAM_CHANGED) unless
 the tool's definition (name, description, schemas) still hashes to what the
-operator imported and reviewed; only then does it call the tool. The timeout
+operator imported and reviewed; only then does it call the tool. A listing that
+names a tool twice is refused (UPSTREAM_DUPLICATE_TOOL): with two definitions
+under one name, the pin would check one and the upstream could serve the other. The timeout
 is the executor's (`timeout_s` of the registry entry, around this whole
 function). What comes back is untrusted: the attacher checks it against the
 registry's `output_schema` like any tool's output and marks the result with
@@ -50,6 +52,45 @@ def upstream_headers(
 def definition_hash(tool: Any) -> str:
     """The pinned hash of an SDK `Tool` as the upstream lists it."""
     return mcp_definition_sha256(tool.name, tool.description, tool.input_schema, tool.output_schema)
+
+
+def duplicate_tool_names(tools: list[Any]) -> list[str]:
+    """The names a tools/list gives to more than one tool, in the order first seen."""
+    seen: set[str] = set()
+    twice: list[str] = []
+    for tool in tools:
+        if tool.name in seen and tool.name not in twice:
+            twice.append(tool.name)
+        seen.add(tool.name)
+    return twice
+
+
+def pinned_tool(tools: list[Any], upstream: McpUpstream) -> Any:
+    """The upstream's tool for this registry entry, if its listing is unambiguous and its
+    definition is the one pinned; ToolRefused otherwise."""
+    twice = duplicate_tool_names(tools)
+    if twice:
+        raise ToolRefused(
+            f"{upstream.url} lists the tool {twice[0]!r} more than once"
+            + (f" (and {', '.join(repr(n) for n in twice[1:])})" if twice[1:] else "")
+            + "; refused until the upstream lists each tool once",
+            code=ErrorCode.UPSTREAM_DUPLICATE_TOOL,
+        )
+    tool = next((t for t in tools if t.name == upstream.tool), None)
+    if tool is None:
+        raise ToolRefused(
+            f"{upstream.url} no longer lists the tool {upstream.tool!r}; re-import "
+            "and review it (toolgate tools import-mcp)",
+            code=ErrorCode.UPSTREAM_CHANGED,
+        )
+    if definition_hash(tool) != upstream.definition_sha256:
+        raise ToolRefused(
+            f"{upstream.url} now serves another definition of {upstream.tool!r} (its "
+            "name, description or schemas changed since it was imported); refused "
+            "until an operator re-imports and reviews it (toolgate tools import-mcp)",
+            code=ErrorCode.UPSTREAM_CHANGED,
+        )
+    return tool
 
 
 def content_as_json(blocks: list[Any]) -> list[dict[str, Any]]:
@@ -125,21 +166,7 @@ def upstream_tool(upstream: McpUpstream):  # type: ignore[no-untyped-def]
         client, http = open_client(upstream.url, headers)
         try:
             async with http, client:
-                listed = {tool.name: tool for tool in await list_upstream_tools(client)}
-                tool = listed.get(upstream.tool)
-                if tool is None:
-                    raise ToolRefused(
-                        f"{upstream.url} no longer lists the tool {upstream.tool!r}; re-import "
-                        "and review it (toolgate tools import-mcp)",
-                        code=ErrorCode.UPSTREAM_CHANGED,
-                    )
-                if definition_hash(tool) != upstream.definition_sha256:
-                    raise ToolRefused(
-                        f"{upstream.url} now serves another definition of {upstream.tool!r} (its "
-                        "name, description or schemas changed since it was imported); refused "
-                        "until an operator re-imports and reviews it (toolgate tools import-mcp)",
-                        code=ErrorCode.UPSTREAM_CHANGED,
-                    )
+                pinned_tool(await list_upstream_tools(client), upstream)
                 # Not client.call_tool: the SDK would check the output against the
                 # upstream's own schema and raise; the attacher checks it against the
                 # registry's, and says invalid_tool_result.

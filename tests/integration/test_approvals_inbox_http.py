@@ -193,3 +193,75 @@ async def test_a_session_ends_when_its_token_is_rotated(
     assert status == 401 and "no longer valid" in page and KEY not in page
     status, _, page = await asyncio.to_thread(http, "GET", server.url + "/", None, session)
     assert status == 200 and "id=token" in page  # logged out: the login form
+
+
+async def test_a_login_from_a_foreign_origin_is_refused(inbox: tuple[Inbox, dict]) -> None:
+    """A cross-site form that posts a token (login CSRF) sets no cookie; nor a vote."""
+    server, tokens = inbox
+    own = server.url.replace("http://", "")
+    for foreign in (
+        {"Origin": "https://evil.example"},
+        {"Origin": "null"},  # a sandboxed frame or a data: page
+        {"Origin": f"http://{own}.evil.example"},
+        {"Referer": "https://evil.example/login.html"},
+    ):
+        status, headers, _ = await asyncio.to_thread(
+            http, "POST", server.url + "/login", {"token": tokens["bob"]}, foreign
+        )
+        assert status == 403, foreign
+        assert "Set-Cookie" not in headers
+        status, _, _ = await asyncio.to_thread(
+            http,
+            "POST",
+            server.url + "/vote",
+            {"call": KEY, "decision": "deny", "arguments_sha256": SHA, "reason": "x"},
+            {**foreign, "Authorization": f"Bearer {tokens['bob']}"},
+        )
+        assert status == 403, foreign
+    # The inbox's own pages (and clients that are no browser) still log in.
+    for same in ({"Origin": server.url}, {"Referer": server.url + "/"}, {}):
+        status, headers, _ = await asyncio.to_thread(
+            http, "POST", server.url + "/login", {"token": tokens["bob"]}, same
+        )
+        assert status == 303 and "Set-Cookie" in headers, same
+
+
+async def test_a_request_for_another_host_is_refused(inbox: tuple[Inbox, dict]) -> None:
+    """DNS rebinding: evil.example resolves to the inbox, the Host header still says evil."""
+    server, tokens = inbox
+    bob = {"Authorization": f"Bearer {tokens['bob']}"}
+    for host in ("evil.example", f"evil.example:{server.port}", "127.0.0.1.evil.example"):
+        status, _, body = await asyncio.to_thread(
+            http, "GET", server.url + "/", None, {**bob, "Host": host}
+        )
+        assert status == 421 and KEY not in body, host
+        status, headers, _ = await asyncio.to_thread(
+            http,
+            "POST",
+            server.url + "/login",
+            {"token": tokens["bob"]},
+            {"Host": host, "Origin": f"http://{host}"},
+        )
+        assert status == 421 and "Set-Cookie" not in headers, host
+    for host in (f"localhost:{server.port}", f"127.0.0.1:{server.port}"):
+        status, _, body = await asyncio.to_thread(
+            http, "GET", server.url + "/", None, {**bob, "Host": host}
+        )
+        assert status == 200 and KEY in body, host
+
+
+def test_hosts_and_origins_an_operator_allows() -> None:
+    from toolgate.services.approvals.inbox import Origins
+
+    behind = Origins(
+        "0.0.0.0", ("inbox.example.com", "alt.example:8443"), ("https://approve.example.com",)
+    )
+    assert behind.host_ok("inbox.example.com") and behind.host_ok("inbox.example.com:443")
+    assert behind.host_ok("alt.example:8443") and not behind.host_ok("alt.example:9")
+    assert not behind.host_ok("0.0.0.0:8090") and not behind.host_ok("evil.example")
+    assert not behind.host_ok("") and not behind.host_ok(None)
+    assert not behind.host_ok("user@127.0.0.1") and not behind.host_ok("127.0.0.1:x")
+    assert behind.origin_ok("https://approve.example.com", None, "10.0.0.5:8090")
+    assert behind.origin_ok("https://inbox.example.com", None, "inbox.example.com")
+    assert not behind.origin_ok("https://evil.example", None, "inbox.example.com")
+    assert Origins("10.0.0.5").host_ok("10.0.0.5:8090")

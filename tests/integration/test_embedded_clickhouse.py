@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -29,11 +31,12 @@ DATABASE = "engine_checks"
 
 def _client(ch: EmbeddedClickHouse):
     user, password = _admin(ch)
-    clickhouse_connect.get_client(
-        host=ch.host, port=ch.port, username=user, password=password
-    ).command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+    login = {"X-ClickHouse-User": user, "X-ClickHouse-Key": password}
+    clickhouse_connect.get_client(host=ch.host, port=ch.port, headers=login).command(
+        f"CREATE DATABASE IF NOT EXISTS {DATABASE}"
+    )
     return clickhouse_connect.get_client(
-        host=ch.host, port=ch.port, username=user, password=password, database=DATABASE
+        host=ch.host, port=ch.port, headers=login, database=DATABASE
     )
 
 
@@ -100,6 +103,49 @@ def test_raw_http(server):
     )
     with urllib.request.urlopen(req, timeout=10) as r:
         assert json.loads(r.read()) == {"plus(40, 2)": 42}
+
+
+def _as(ch: EmbeddedClickHouse, sql: str, headers: dict[str, str], query: str = "") -> str:
+    """What the server answers (an error's body too) to `sql` sent with these headers."""
+    req = urllib.request.Request(f"{ch.url}/{query}", data=sql.encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return f"{r.status} {r.read().decode()}"
+    except urllib.error.HTTPError as exc:
+        return f"{exc.code} {exc.read().decode()}"
+
+
+def test_default_reaches_nothing_over_http(server):
+    """ClickHouse's passwordless `default` (the engine's own session) cannot stop the
+    listener, read toolgate's tables or run anything else over HTTP, however it is named."""
+    user, password = _admin(server)
+    _client(server).command(
+        "CREATE TABLE IF NOT EXISTS secrets (s String) ENGINE = MergeTree ORDER BY s"
+    )
+    basic_default = {"Authorization": "Basic " + base64.b64encode(b"default:").decode()}
+    basic_admin = {"Authorization": "Basic " + base64.b64encode(f"{user}:".encode()).decode()}
+    for headers, query in [
+        ({}, ""),  # no login: ClickHouse takes it as `default`
+        ({}, "?user=default&password="),
+        (basic_default, ""),
+        ({"X-ClickHouse-User": "default", "X-ClickHouse-Key": ""}, ""),
+        (basic_admin, "?user=default"),  # the URL's user would win over Basic auth
+        ({"X-ClickHouse-User": user}, "?user=default"),
+        ({"X-ClickHouse-User": user, **basic_default}, ""),
+    ]:
+        for sql in (
+            "SYSTEM STOP LISTEN HTTP",
+            "SYSTEM START LISTEN HTTP",
+            f"SELECT count() FROM {DATABASE}.secrets",
+            "SELECT name FROM system.tables",
+            "SELECT 1",
+        ):
+            answer = _as(server, sql, headers, query)
+            assert answer.startswith("403 "), (headers, query, sql, answer)
+    with urllib.request.urlopen(f"{server.url}/ping", timeout=10) as r:  # still listening
+        assert r.read() == b"Ok.\n"
+    admin = {"X-ClickHouse-User": user, "X-ClickHouse-Key": password}
+    assert _as(server, "SELECT currentUser()", admin) == f"200 {user}\n"
 
 
 def test_url_and_port(server):

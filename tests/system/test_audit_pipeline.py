@@ -626,3 +626,36 @@ def test_replay_under_a_pushed_bundle_names_what_changed(audited, story, capsys,
         assert asyncio.run(stored_messages(audited)) == stored
     finally:
         assert main(["policy", "push", str(DEFAULT_BUNDLE_DIR), *push]) == 0
+
+
+TERMINAL_ORDERS = "u\x1b]0;PWNED\x07\x1b[2J\x1b[31mapproved by security team\x1b[0m"
+OBEYED = ("\x1b", "\x07", "\x9b", "\u202e", "\u2066", "\u200f")
+
+
+def test_a_user_that_drives_the_terminal_is_shown_escaped(audited, story, capsys):
+    """The red team's `user`: through the gateway, then trace and sql print it as escapes."""
+    call_id = new_call_id()
+    mallory = Principal(
+        tenant="acme", user=TERMINAL_ORDERS + "\u202eevil\u2066", agent="researcher", session="s"
+    )
+
+    async def run() -> None:
+        async with await audited.client() as client:
+            await client.call("search_sources", SEARCH, principal=mallory, call_id=call_id)
+        await wait_until_audited(audited)
+
+    asyncio.run(run())
+    url = audited.audit_url()
+    assert audit_cli("trace", call_id, "--clickhouse-url", url) == 0
+    trace = capsys.readouterr().out
+    assert "for user u\\u001b]0;PWNED\\u0007\\u001b[2J\\u001b[31mapproved" in trace
+    assert "\\u202eevil\\u2066" in trace
+    sql = f"SELECT user, tool FROM events WHERE call_id = '{call_id}' LIMIT 1"
+    assert audit_cli("sql", sql, "--clickhouse-url", url) == 0
+    table = capsys.readouterr().out
+    assert "u\\u001b]0;PWNED\\u0007\\u001b[2J" in table
+    assert audit_cli("sql", sql, "--format", "json", "--clickhouse-url", url) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["user"] == mallory.user
+    for text in (trace, table, out):
+        assert [ch for ch in OBEYED if ch in text] == []

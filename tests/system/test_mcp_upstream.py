@@ -3,7 +3,8 @@ on a free port), imported with `toolgate tools import-mcp`, served by a whole ga
 called through the whole gate, by the MCP front door and by the wire contract.
 
 Attacks: an upstream that changes a tool's description after it was reviewed; one that
-returns output breaking its schema; one that hangs; one that reports an error.
+lists a tool twice (the changed definition beside the reviewed one, in either order); one
+that returns output breaking its schema; one that hangs; one that reports an error.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tests.mcp_support import (
     toolgate,
     wait_for_front_door,
 )
+from tests.tools.mcp_upstream import DUPLICATE_ORDERS
 from toolgate.contracts.calls import Provenance
 from toolgate.contracts.registry import load_tool_file
 
@@ -37,6 +39,7 @@ class Setup:
     gateway: Gateway
     steady: Upstream
     drifting: Upstream
+    doubling: Upstream
 
 
 def import_into(registry: Path, upstream: Upstream, prefix: str) -> list[Path]:
@@ -57,14 +60,16 @@ def import_into(registry: Path, upstream: Upstream, prefix: str) -> list[Path]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     base = tmp_path_factory.mktemp("mcp-upstream")
-    steady, drifting = Upstream().start(), Upstream().start()
+    steady, drifting, doubling = Upstream().start(), Upstream().start(), Upstream().start()
     gateway = None
-    # A test replaces `drifting` (a redeployed upstream): stop whatever runs at the end.
-    running = Setup(gateway=None, steady=steady, drifting=drifting)  # type: ignore[arg-type]
+    # Tests replace `drifting` and `doubling` (a redeployed upstream): stop whatever runs
+    # at the end.
+    running = Setup(gateway=None, steady=steady, drifting=drifting, doubling=doubling)  # type: ignore[arg-type]
     try:
         registry = make_test_registry(base / "registry")
         import_into(registry, steady, "up")
         import_into(registry, drifting, "drift")
+        import_into(registry, doubling, "dup")
         gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
         asyncio.run(wait_for_front_door(gateway))
         running.gateway = gateway
@@ -74,6 +79,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             gateway.stop()
         running.steady.stop()
         running.drifting.stop()
+        running.doubling.stop()
 
 
 def test_import_writes_one_pinned_registry_file_per_upstream_tool(tmp_path: Path) -> None:
@@ -178,3 +184,39 @@ async def test_an_upstream_that_changed_a_reviewed_definition_is_refused(setup: 
     assert structured(after)["error"]["code"] == "UPSTREAM_CHANGED"
     # The agent still sees the reviewed description, never the upstream's new one.
     assert listed["drift_lookup"].description == "Look up the value stored under a key."
+
+
+@pytest.mark.parametrize("order", DUPLICATE_ORDERS)
+async def test_an_upstream_that_lists_a_tool_twice_is_refused_whatever_the_order(
+    setup: Setup, order: str
+) -> None:
+    """The reviewed definition beside a changed one: the pin must not pass on either."""
+    token = await agent_token(setup.gateway, "acme", "researcher")
+    url = setup.gateway.stack.mcp_url or ""
+    setup.doubling.stop()
+    setup.doubling = Upstream(duplicate=order, port=setup.doubling.port).start()
+    async with mcp_client(url, token) as c:
+        result = await c.call_tool("dup_lookup", {"key": "k"})
+        other = await c.call_tool("dup_plain", {"key": "k"})  # the whole listing is suspect
+    for refused in (result, other):
+        assert refused.is_error is True
+        body = structured(refused)
+        assert body["status"] == "execution_error", body
+        assert body["error"]["code"] == "UPSTREAM_DUPLICATE_TOOL"
+        assert "'lookup' more than once" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("order", DUPLICATE_ORDERS)
+def test_importing_an_upstream_that_lists_a_tool_twice_is_refused(
+    tmp_path: Path, order: str
+) -> None:
+    upstream = Upstream(duplicate=order).start()
+    try:
+        done = toolgate(
+            "tools", "import-mcp", upstream.url, "--prefix", "up", "--out", str(tmp_path)
+        )
+    finally:
+        upstream.stop()
+    assert done.returncode == 1, done.stderr
+    assert "'lookup' more than once (UPSTREAM_DUPLICATE_TOOL)" in done.stderr
+    assert list(tmp_path.iterdir()) == []

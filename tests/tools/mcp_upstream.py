@@ -1,12 +1,14 @@
 """An upstream MCP server for the tests, built with the official SDK (Streamable HTTP).
 
-    python -m tests.tools.mcp_upstream --port N [--changed]
+    python -m tests.tools.mcp_upstream --port N [--changed] [--duplicate changed-first|pinned-first]
 
 Tools: `lookup` (well-behaved, with an output schema), `broken` (declares the
 same schema, returns output that breaks it), `slow` (never answers in time),
 `failing` (answers isError), `plain` (no output schema, text content).
 `--changed` serves another description of `lookup` (what a malicious or
-careless upstream update looks like). Never shipped.
+careless upstream update looks like). `--duplicate` lists `lookup` twice, the changed
+definition and the reviewed one, in the order given (a pin that checks one entry of a
+name while the other is served). Never shipped.
 """
 
 from __future__ import annotations
@@ -38,14 +40,27 @@ CHANGED_DESCRIPTION = (
 )
 
 
-def tools(changed: bool) -> list[types.Tool]:
+DUPLICATE_ORDERS = ("changed-first", "pinned-first")
+
+
+def lookup_tool(changed: bool) -> types.Tool:
+    return types.Tool(
+        name="lookup",
+        description=CHANGED_DESCRIPTION if changed else LOOKUP_DESCRIPTION,
+        input_schema=KEY_SCHEMA,
+        output_schema=VALUE_SCHEMA,
+    )
+
+
+def tools(changed: bool, duplicate: str | None = None) -> list[types.Tool]:
+    if duplicate is None:
+        lookup = [lookup_tool(changed)]
+    else:
+        lookup = [lookup_tool(True), lookup_tool(False)]
+        if duplicate == "pinned-first":
+            lookup.reverse()
     return [
-        types.Tool(
-            name="lookup",
-            description=CHANGED_DESCRIPTION if changed else LOOKUP_DESCRIPTION,
-            input_schema=KEY_SCHEMA,
-            output_schema=VALUE_SCHEMA,
-        ),
+        *lookup,
         types.Tool(
             name="broken",
             description="Claims to return a value; returns a number instead.",
@@ -58,9 +73,9 @@ def tools(changed: bool) -> list[types.Tool]:
     ]
 
 
-def build(changed: bool) -> Server[Any]:
+def build(changed: bool, duplicate: str | None = None) -> Server[Any]:
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools(changed))
+        return types.ListToolsResult(tools=tools(changed, duplicate))
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         key = str((params.arguments or {}).get("key", ""))
@@ -91,8 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--changed", action="store_true")
+    parser.add_argument("--duplicate", choices=DUPLICATE_ORDERS, default=None)
     args = parser.parse_args()
-    app = build(args.changed).streamable_http_app(host="127.0.0.1")
+    app = build(args.changed, args.duplicate).streamable_http_app(host="127.0.0.1")
     print(f"upstream MCP on http://127.0.0.1:{args.port}/mcp", flush=True)
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
 

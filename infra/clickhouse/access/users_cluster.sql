@@ -4,6 +4,8 @@
 -- kill another user's query or run SYSTEM. Run as a user with access management,
 -- with the three ${..._password} placeholders replaced; give each service its URL:
 --   http://toolgate_writer:PASSWORD@HOST:8123/toolgate  (toolgate serve audit)
+-- ClickHouse's own `default` user needs none of this: give it a password or drop it
+-- (toolgate never logs in as `default`).
 -- Rendered by toolgate.stack.clickhouse_access.access_ddl (a test keeps it in step).
 CREATE USER IF NOT EXISTS toolgate_admin ON CLUSTER '${cluster}' IDENTIFIED WITH sha256_password BY '${admin_password}';
 CREATE USER IF NOT EXISTS toolgate_writer ON CLUSTER '${cluster}' IDENTIFIED WITH sha256_password BY '${writer_password}';
