@@ -4,11 +4,16 @@ check validates a bundle directory here and prints its version; push
 validates it the same way, signs it with the operator's policy-signing key
 (DATA_DIR/keys/policy-signing.key, created on first push), then stores it as
 the active bundle, which every policy replica verifies and loads within a
-moment. A bundle that fails validation is never pushed: the command prints
-file, line and reason and exits 2; a bus it cannot reach or write to gets
+moment. Validation is against the bundle's schema and the tool registry
+(--registry, else $TOOLGATE_REGISTRY, else what `toolgate up` recorded in
+DATA_DIR, else the built-in tools): a rule that reads an argument no tool in
+its scope takes is refused (services/policy/argument_names.py). A bundle that
+fails validation is never pushed: the command prints each problem in one line
+(file:line:column and reason) and exits 2; a bus it cannot reach or write to gets
 one line and exit 3. push finds NATS the way every command does (flags,
 TOOLGATE_* variables, else what `toolgate up` recorded, as admin). test
-replays the decisions recorded in the audit store under a bundle and prints
+checks the bundle the same way, replays the decisions recorded in the audit
+store under it, with the same registry, and prints
 which would change (exit 0: none, 1: some, 2: bad input or configuration: the
 bundle, the registry, --since, the ClickHouse URL or database; 3: no ClickHouse
 answered), every failure in one line; it finds the audit as `toolgate audit`
@@ -334,9 +339,13 @@ def cmd_test(args: argparse.Namespace) -> int:
         raise Failed(f"--limit {args.limit}: give 0 or more")
     if not args.connect_timeout > 0:
         raise Failed(f"--connect-timeout {args.connect_timeout:g}: give a number of seconds > 0")
+    registry, _ = registry_of(args)
     try:
         files = read_bundle_dir(args.directory)
         engine = engine_from_files(files)
+        unknown = unknown_arguments(files, registry)  # as check and push refuse them
+        if unknown:
+            raise BundleError("\n".join(map(str, unknown)))
     except BundleError as exc:
         problems = str(exc).splitlines() or ["?"]
         raise Failed(
@@ -344,7 +353,6 @@ def cmd_test(args: argparse.Namespace) -> int:
             f"first: {problems[0]}): `toolgate policy check {args.directory}` lists "
             "them"
         ) from None
-    registry, _ = registry_of(args)
     store = store_of(args.clickhouse_url, args.data_dir)
     client = store.open(args.connect_timeout)
     with store.errors():

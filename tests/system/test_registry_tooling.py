@@ -3,8 +3,8 @@
 `toolgate up --registry DIR` serves DIR's tools beside the built-in ones (a
 directory may not redefine a built-in: refused naming both files), and every
 later command in that folder uses the registry `up` recorded: `policy test`
-replays calls of DIR's tools, `policy check` (and push) refuse a rule on an
-argument no tool in its scope takes. A Cedar error names the line and column
+replays calls of DIR's tools, `policy check` (push and test too) refuse a rule
+on an argument no tool in its scope takes. A Cedar error names the line and column
 of the error itself. The real `toolgate` CLI, in a folder of its own, no
 TOOLGATE_* variables, against a real `toolgate up` (embedded NATS and ClickHouse).
 """
@@ -151,7 +151,7 @@ def test_policy_check_refuses_an_argument_no_tool_in_scope_takes(folder: Path) -
     checked = toolgate(folder, "policy", "check", str(good))
     assert checked.returncode == 0, checked.stderr
     typo = bundle(folder / "typo", **{"limit.cedar": LIMIT_PAY_OUT.replace("ARG", "amonut")})
-    for command in ("check", "push"):
+    for command in ("check", "push", "test"):
         done = toolgate(folder, "policy", command, str(typo))
         line = one_line(done)
         assert done.returncode == 2, (command, line)
