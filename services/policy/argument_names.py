@@ -23,7 +23,9 @@ from the conjuncts of its `when` clauses:
 
 A tool whose input_schema admits properties it does not list (no
 `additionalProperties: false`, or `patternProperties`) may take any name: a
-policy that can apply to one is not checked. Only the top-level name is
+policy that can apply to one is not checked. Nor is a policy that applies to
+no tool of the registry: it is written for tools another gateway serves (one
+bundle for several), and what they take is not known here. Only the top-level name is
 checked (`context.arguments.order.id` reads `order`).
 """
 
@@ -60,9 +62,7 @@ class UnknownArgument:
     known: tuple[str, ...]  # the argument names those tools take
 
     def __str__(self) -> str:
-        if not self.tools:
-            takes = "it applies to no tool of the registry"
-        elif len(self.tools) == 1:
+        if len(self.tools) == 1:
             takes = f"{self.tools[0]} takes {', '.join(self.known) or 'none'}"
         else:
             takes = f"its {len(self.tools)} tools take {', '.join(self.known) or 'none'}"
@@ -93,8 +93,8 @@ def _unknown_in_file(name: str, text: str, registry: Registry) -> list[UnknownAr
         if not read:
             continue
         tools = tools_in_scope(policy, registry)
-        if any(_takes_any_name(spec) for spec in tools):
-            continue
+        if not tools or any(_takes_any_name(spec) for spec in tools):
+            continue  # a rule for tools not served here; a tool that takes any name
         known = sorted({arg for spec in tools for arg in _argument_names(spec)})
         index = int(positional_id.removeprefix("policy") or 0)
         statement = statements[index] if index < len(statements) else None

@@ -84,7 +84,7 @@ def test_a_tool_that_takes_any_name_is_not_checked(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["refund_payment", "no_such_tool"])
-def test_a_rule_for_a_tool_the_registry_lacks_applies_to_no_tool(name: str) -> None:
-    policy = rule(f'action, resource == Tool::"{name}"', "context.arguments has amount")
-    found = unknown(policy, load_registry(BUILTIN_TOOLS_DIR))
-    assert len(found) == 1 and "it applies to no tool of the registry" in found[0]
+def test_a_rule_for_a_tool_the_registry_lacks_is_not_checked(name: str) -> None:
+    # one bundle for several gateways: this one does not know what the tool takes
+    policy = rule(f'action, resource == Tool::"{name}"', "context.arguments has amonut")
+    assert unknown(policy, load_registry(BUILTIN_TOOLS_DIR)) == []
