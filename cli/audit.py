@@ -412,9 +412,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 @fails_in_one_line("toolgate audit replay")
 def cmd_replay(args: argparse.Namespace) -> int:
     """Re-decide (default) or, with --execute, re-run read_only tools; see redecide.py."""
-    from toolgate.cli.main import _recorded_registry
     from toolgate.cli.redecide import read_recorded
-    from toolgate.runtime.settings import GatewaySettings
+    from toolgate.runtime.settings import GatewaySettings, recorded_registry
     from toolgate.services.audit.replay import find_recorded
 
     since = since_of(args.since)
@@ -428,9 +427,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or env.env_data_dir()
     args.nats_url, args.creds = _operator_bus(args.nats_url, args.creds, data_dir)
     _check_nats_url(args.nats_url)
-    registry_dirs = tuple(args.registry or _recorded_registry(data_dir))
+    # Today's registry: --registry (beside the built-in tools), else what `up` recorded.
+    recorded_dirs, builtin = recorded_registry(data_dir)
+    registry_dirs = tuple(args.registry or recorded_dirs)
+    builtin = builtin or bool(args.registry)
     try:
-        registry = GatewaySettings(registry_dirs=registry_dirs).load_registry()
+        registry = GatewaySettings(
+            registry_dirs=registry_dirs, builtin_tools=builtin
+        ).load_registry()
     except RegistryError as exc:
         raise Failed(f"tool registry: {exc} (--registry or $TOOLGATE_REGISTRY)") from None
     store, client = _open(args, args.data_dir)

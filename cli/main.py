@@ -93,13 +93,6 @@ def _add_connect_timeout(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _recorded_registry(data_dir: Path | None = None) -> list[Path]:
-    """$TOOLGATE_REGISTRY, else the registry dirs `toolgate up` started its services with."""
-    return env.env_registry_dirs() or [
-        Path(p) for p in env.read_context(data_dir).get("registry_dirs") or [] if isinstance(p, str)
-    ]
-
-
 def _add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
     parser.add_argument(
         "--data-dir",
@@ -108,20 +101,28 @@ def _add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None
         help="state directory: keys, tool data, embedded servers "
         "(default: $TOOLGATE_DATA_DIR, else %(default)s)",
     )
-    registry = _recorded_registry() if recorded else env.env_registry_dirs()
+    # $TOOLGATE_REGISTRY, else (serve) the directories `toolgate up` started its services with.
+    registry, builtin = env.recorded_registry() if recorded else (env.env_registry_dirs(), True)
     parser.add_argument(
         "--registry",
         type=Path,
         action="append",
         default=None,
-        help="directory of tool YAML files; repeatable (default: "
+        help="directory of tool YAML files, beside the built-in tools; repeatable (default: "
         "$TOOLGATE_REGISTRY"
         + (", else what `toolgate up` recorded" if recorded else "")
-        + ", else the built-in tools; now "
-        + (":".join(map(str, registry)) or "the built-in tools")
-        + ")",
+        + ", else none; now "
+        + (":".join(map(str, registry)) or "none")
+        + ("" if builtin else ", without the built-in tools")
+        + "). A tool name may not repeat: a directory cannot redefine a built-in tool",
     )
-    parser.set_defaults(registry_default=registry)
+    parser.add_argument(
+        "--no-builtin-tools",
+        action="store_true",
+        help="serve only the tools of the --registry directories, not the built-in "
+        "search_sources, fetch_document, save_evidence and echo",
+    )
+    parser.set_defaults(registry_default=registry, builtin_default=builtin)
 
 
 def _settings(args: argparse.Namespace) -> env.GatewaySettings:
@@ -130,7 +131,14 @@ def _settings(args: argparse.Namespace) -> env.GatewaySettings:
         nats_creds=args.creds,
         data_dir=args.data_dir,
         registry_dirs=tuple(args.registry or args.registry_default),
+        builtin_tools=_builtin_tools(args),
     )
+
+
+def _builtin_tools(args: argparse.Namespace) -> bool:
+    """Whether the built-in tools are served: not with --no-builtin-tools, nor when the
+    registry comes from a `toolgate up` that ran without them (and no --registry is given)."""
+    return not args.no_builtin_tools and (args.registry is not None or args.builtin_default)
 
 
 # ---------------------------------------------------------------- failing in one line
@@ -334,6 +342,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nats_cluster=args.nats_cluster,
         with_http=not args.no_metrics,
         registry_dirs=list(args.registry or env.env_registry_dirs()),
+        builtin_tools=not args.no_builtin_tools,
         executor_args=executor_args,
         clickhouse_url=args.clickhouse_url_given,
         clickhouse_port=args.clickhouse_port,

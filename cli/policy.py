@@ -9,11 +9,16 @@ policy replica verifies and loads within a moment. Should the bucket change
 between reading it and writing (another push), push refuses (exit 1) rather
 than write a version that is not the newest. rollback VERSION takes that
 version's content from the bucket's history and pushes it again, signed as a
-new, higher version. A bundle that fails validation is never pushed: the command prints
-file, line and reason and exits 2; a bus it cannot reach or write to gets
+new, higher version. Validation is against the bundle's schema and the tool
+registry (--registry, else $TOOLGATE_REGISTRY, else what `toolgate up` recorded
+in DATA_DIR, else the built-in tools): a rule that reads an argument no tool in
+its scope takes is refused (services/policy/argument_names.py). A bundle that
+fails validation is never pushed: the command prints each problem in one line
+(file:line:column and reason) and exits 2; a bus it cannot reach or write to gets
 one line and exit 3. push finds NATS the way every command does (flags,
 TOOLGATE_* variables, else what `toolgate up` recorded, as admin). test
-replays the decisions recorded in the audit store under a bundle and prints
+checks the bundle the same way, replays the decisions recorded in the audit
+store under it, with the same registry, and prints
 which would change (exit 0: none, 1: some, 2: bad input or configuration: the
 bundle, the registry, --since, the ClickHouse URL or database; 3: no ClickHouse
 answered), every failure in one line; it finds the audit as `toolgate audit`
@@ -46,17 +51,21 @@ from toolgate.cli.audit import (
     since_of,
     store_of,
 )
-from toolgate.contracts.registry import RegistryError
+from toolgate.contracts.registry import Registry, RegistryError
 from toolgate.runtime.creds import CredentialsError, connect_options
 from toolgate.runtime.outside_text import visible
 from toolgate.runtime.settings import (
+    CONTEXT_FILE,
     GatewaySettings,
     env_data_dir,
     env_nats_creds,
     env_nats_url,
     env_registry_dirs,
+    read_context,
+    recorded_registry,
 )
 from toolgate.services.policy import versions
+from toolgate.services.policy.argument_names import unknown_arguments
 from toolgate.services.policy.bundle import BundleError, bundle_version, read_bundle_dir
 from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
@@ -79,12 +88,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     commands = policy.add_subparsers(
         dest="policy_command", required=True, parser_class=OneLineParser
     )
-    check = commands.add_parser("check", help="validate a bundle directory, print its version")
+    check = commands.add_parser(
+        "check",
+        help="validate a bundle directory against the schema and the tool registry, print "
+        "its version",
+    )
     check.add_argument("directory", type=Path)
+    check.add_argument(
+        "--data-dir",
+        type=Path,
+        default=env_data_dir(),
+        help="whose recorded registry to check against (default: $TOOLGATE_DATA_DIR or .toolgate)",
+    )
+    add_registry_options(check)
     check.set_defaults(func=cmd_check)
     push = commands.add_parser("push", help="validate a bundle and make it active everywhere")
     push.add_argument("directory", type=Path)
     _add_bus_options(push)
+    add_registry_options(push)
     push.set_defaults(func=cmd_push)
     rollback = commands.add_parser(
         "rollback", help="make an earlier version's content active again, as a new version"
@@ -101,13 +122,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "(UTC unless it says; default: %(default)s)",
     )
     test.add_argument(
-        "--registry",
+        "--data-dir",
         type=Path,
-        action="append",
-        default=None,
-        help="tool registry directory, repeatable (default: $TOOLGATE_REGISTRY "
-        "or the built-in tools)",
+        default=env_data_dir(),
+        help="whose recorded registry and audit to use (default: $TOOLGATE_DATA_DIR or .toolgate)",
     )
+    add_registry_options(test)
     test.add_argument("--limit", type=int, default=5, help="example call_ids per kind")
     test.add_argument("--format", choices=("text", "json"), default="text")
     add_store_options(test)
@@ -142,17 +162,75 @@ def _add_bus_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def checked_engine(directory: Path) -> tuple[dict[str, str], CedarEngine] | None:
+def add_registry_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--registry",
+        type=Path,
+        action="append",
+        default=None,
+        help="tool registry directory beside the built-in tools, repeatable (default: "
+        "$TOOLGATE_REGISTRY, else the registry `toolgate up` recorded in DATA_DIR, else "
+        "the built-in tools)",
+    )
+    parser.add_argument(
+        "--no-builtin-tools",
+        action="store_true",
+        help="the --registry directories without the built-in tools (as `toolgate up "
+        "--no-builtin-tools`)",
+    )
+
+
+def registry_of(args: argparse.Namespace) -> tuple[Registry, str]:
+    """The registry a bundle is checked or replayed against, and where it came from:
+    --registry, else $TOOLGATE_REGISTRY, else what `toolgate up` recorded in DATA_DIR
+    (its directories, with or without the built-in tools), else the built-in tools.
+    Failed (exit 2) if it does not load."""
+    if args.registry:
+        dirs, builtin, source = list(args.registry), True, "--registry"
+    else:
+        dirs, builtin = recorded_registry(args.data_dir)
+        context = (args.data_dir / CONTEXT_FILE).absolute()
+        source = (
+            "$TOOLGATE_REGISTRY"
+            if env_registry_dirs()
+            else f"the registry `toolgate up` recorded in {context}"
+            if read_context(args.data_dir)
+            else f"the built-in tools (no --registry, nothing recorded in {context})"
+        )
+    builtin = builtin and not args.no_builtin_tools
+    try:
+        registry = GatewaySettings(registry_dirs=tuple(dirs), builtin_tools=builtin).load_registry()
+    except RegistryError as exc:
+        raise Failed(f"tool registry: {exc} ({source})") from None
+    return registry, source
+
+
+def checked_engine(
+    directory: Path, registry: Registry, command: str = "check"
+) -> tuple[dict[str, str], CedarEngine] | None:
+    """The bundle's files and engine, or None once each problem is printed (file:line:
+    column and the reason, one line each): Cedar's, then each argument a policy reads that
+    no tool it applies to takes."""
     try:
         files = read_bundle_dir(directory)
-        return files, engine_from_files(files)
+        engine = engine_from_files(files)
+        unknown = unknown_arguments(files, registry)
+        if unknown:
+            raise BundleError("\n".join(map(str, unknown)))
     except BundleError as exc:
-        print(f"toolgate: policy bundle {directory} rejected:\n{exc}", file=sys.stderr)
+        for problem in str(exc).splitlines() or ["?"]:
+            print(
+                f"toolgate policy {command}: bundle {directory} rejected: {problem}",
+                file=sys.stderr,
+            )
         return None
+    return files, engine
 
 
+@fails_in_one_line("toolgate policy check")
 def cmd_check(args: argparse.Namespace) -> int:
-    checked = checked_engine(args.directory)
+    registry, _ = registry_of(args)
+    checked = checked_engine(args.directory, registry)
     if checked is None:
         return 2
     _, engine = checked
@@ -278,7 +356,12 @@ def _run_push(
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    checked = checked_engine(args.directory)
+    try:
+        registry, _ = registry_of(args)
+    except Failed as exc:
+        print(f"toolgate policy push: {exc}", file=sys.stderr)
+        return 2
+    checked = checked_engine(args.directory, registry, "push")
     if checked is None:
         return 2
     files, engine = checked
@@ -345,9 +428,13 @@ def cmd_test(args: argparse.Namespace) -> int:
         raise Failed(f"--limit {args.limit}: give 0 or more")
     if not args.connect_timeout > 0:
         raise Failed(f"--connect-timeout {args.connect_timeout:g}: give a number of seconds > 0")
+    registry, _ = registry_of(args)
     try:
         files = read_bundle_dir(args.directory)
         engine = engine_from_files(files)
+        unknown = unknown_arguments(files, registry)  # as check and push refuse them
+        if unknown:
+            raise BundleError("\n".join(map(str, unknown)))
     except BundleError as exc:
         problems = str(exc).splitlines() or ["?"]
         raise Failed(
@@ -355,13 +442,7 @@ def cmd_test(args: argparse.Namespace) -> int:
             f"first: {problems[0]}): `toolgate policy check {args.directory}` lists "
             "them"
         ) from None
-    try:
-        registry = GatewaySettings(
-            registry_dirs=tuple(args.registry or env_registry_dirs())
-        ).load_registry()
-    except RegistryError as exc:
-        raise Failed(f"tool registry: {exc} (--registry or $TOOLGATE_REGISTRY)") from None
-    store = store_of(args.clickhouse_url)
+    store = store_of(args.clickhouse_url, args.data_dir)
     client = store.open(args.connect_timeout)
     with store.errors():
         recorded = read_recorded(client, since)

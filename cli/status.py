@@ -217,7 +217,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     check_creds(args.creds)
     context = env.read_context(args.data_dir)
     tools = env.GatewaySettings(
-        registry_dirs=tuple(Path(d) for d in context.get("registry_dirs") or [])
+        registry_dirs=tuple(Path(d) for d in context.get("registry_dirs") or []),
+        builtin_tools=context.get("builtin_tools") is not False,
     ).load_registry()
 
     async def run() -> Status:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -307,15 +308,49 @@ def load_tool_file(path: Path) -> ToolSpec:
         raise RegistryError(f"{path}: {problems}") from exc
 
 
+def tool_dirs(dirs: Iterable[Path] = (), builtin_tools: bool = True) -> list[Path]:
+    """The directories a registry is loaded from: the built-in tools (unless dropped,
+    `--no-builtin-tools`), then `dirs`, each directory once.
+
+    RegistryError if that leaves none (no built-in tools and no directory).
+    """
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for directory in [*([BUILTIN_TOOLS_DIR] if builtin_tools else []), *dirs]:
+        key = directory.resolve()
+        if key not in seen:
+            seen.add(key)
+            found.append(directory)
+    if not found:
+        raise RegistryError(
+            "no tools: without the built-in tools (--no-builtin-tools) name a directory "
+            "of tool files (--registry DIR or $TOOLGATE_REGISTRY)"
+        )
+    return found
+
+
 def load_registry(*dirs: Path) -> Registry:
-    """Load every `*.yaml` in `dirs` (later directories may add tools, never shadow one)."""
+    """Load every `*.yaml` in `dirs` (none: the built-in tools). Directories add up; a
+    tool name declared twice is refused, naming both files (`tool_dirs` says which
+    directories a gateway reads: the built-in tools and its --registry directories)."""
     tools: dict[str, ToolSpec] = {}
+    declared_in: dict[str, Path] = {}
     for directory in dirs or (BUILTIN_TOOLS_DIR,):
         if not directory.is_dir():
             raise RegistryError(f"{directory}: not a directory")
         for path in sorted(directory.glob("*.yaml")):
             spec = load_tool_file(path)
             if spec.name in tools:
-                raise RegistryError(f"{path}: tool '{spec.name}' is declared twice")
+                first = declared_in[spec.name]
+                hint = (
+                    " (a built-in tool: leave it out, or replace the built-in tools with "
+                    "--no-builtin-tools and copy the ones you keep)"
+                    if first.parent.resolve() == BUILTIN_TOOLS_DIR.resolve()
+                    else ""
+                )
+                raise RegistryError(
+                    f"{path}: tool '{spec.name}' is declared twice, also in {first}{hint}"
+                )
             tools[spec.name] = spec
+            declared_in[spec.name] = path
     return Registry(tools)

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from toolgate.contracts.calls import MAX_CALL_BYTES
-from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, Registry, load_registry
+from toolgate.contracts.registry import Registry, load_registry, tool_dirs
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 CONTEXT_FILE = "context.json"
@@ -115,8 +115,23 @@ def clickhouse_login(role: str, data_dir: Path | None = None) -> tuple[str, str]
 
 
 def env_registry_dirs() -> list[Path]:
+    """$TOOLGATE_REGISTRY: tool directories beside the built-in tools."""
     raw = os.environ.get("TOOLGATE_REGISTRY", "")
     return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+def recorded_registry(data_dir: Path | None = None) -> tuple[list[Path], bool]:
+    """The tool directories a command uses when given none, and whether the built-in
+    tools come first: $TOOLGATE_REGISTRY (beside the built-in tools), else what
+    `toolgate up` recorded in DATA_DIR/context.json (its --registry directories, an
+    example's, and whether it ran with --no-builtin-tools), else none (the built-ins).
+    """
+    given = env_registry_dirs()
+    if given:
+        return given, True
+    context = read_context(data_dir)
+    dirs = [Path(p) for p in context.get("registry_dirs") or [] if isinstance(p, str) and p]
+    return dirs, context.get("builtin_tools") is not False
 
 
 class GatewaySettings(BaseModel):
@@ -126,8 +141,11 @@ class GatewaySettings(BaseModel):
     # This service's role on a locked bus (services/stack/nats_auth.py); None: no auth.
     nats_creds: Path | None = None
     data_dir: Path = Path(".toolgate")
-    # Empty: the built-in tools. Several directories add up (a name may not repeat).
+    # Tool directories beside the built-in tools (contracts/tools/); they add up, and a
+    # name may not repeat (a directory may not redefine a built-in tool).
     registry_dirs: tuple[Path, ...] = ()
+    # False (`--no-builtin-tools`): only the tools of registry_dirs.
+    builtin_tools: bool = True
     # The largest call the validator accepts; larger ones get PAYLOAD_TOO_LARGE.
     max_call_bytes: int = MAX_CALL_BYTES
     # How long a signed authorization stays valid for the executor.
@@ -142,4 +160,4 @@ class GatewaySettings(BaseModel):
         return self.data_dir / "tools"
 
     def load_registry(self) -> Registry:
-        return load_registry(*(self.registry_dirs or (BUILTIN_TOOLS_DIR,)))
+        return load_registry(*tool_dirs(self.registry_dirs, self.builtin_tools))

@@ -26,7 +26,7 @@ from nats.js.errors import Error as JetStreamError
 from nats.js.errors import KeyWrongLastSequenceError, ServiceUnavailableError
 
 from toolgate.contracts.authorization import ensure_keypair
-from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
+from toolgate.contracts.registry import load_registry, tool_dirs
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.health import probe
 from toolgate.runtime.settings import write_context
@@ -87,6 +87,7 @@ def serve_command(
     registry_dirs: list[Path],
     extra: list[str] | None = None,
     creds: Path | None = None,
+    builtin_tools: bool = True,
 ) -> list[str]:
     command = [
         sys.executable,
@@ -103,6 +104,8 @@ def serve_command(
         command += ["--creds", str(creds)]
     for directory in registry_dirs:
         command += ["--registry", str(directory)]
+    if not builtin_tools:
+        command.append("--no-builtin-tools")
     return command + (extra or [])
 
 
@@ -156,7 +159,9 @@ class Stack:
     data_dir: Path
     nats_url: str | None = None
     nats_port: int = 0
+    # Tool directories beside the built-in tools (builtin_tools=False: instead of them).
     registry_dirs: list[Path] = field(default_factory=list)
+    builtin_tools: bool = True
     executor_args: list[str] = field(default_factory=list)
     nats: EmbeddedNats | None = None
     # `--nats-cluster N` (N > 1): N routed nats-servers instead of one; every stream and
@@ -196,6 +201,10 @@ class Stack:
     # DATA_DIR/gateway.lock, held while this stack runs (one gateway per data dir).
     _claim: int | None = None
 
+    def tool_dirs(self) -> list[Path]:
+        """Where the services' tools come from: the built-in ones, then registry_dirs."""
+        return tool_dirs(self.registry_dirs, self.builtin_tools)
+
     def http_args(self, port: int) -> list[str]:
         if not self.with_http:
             return []
@@ -206,9 +215,8 @@ class Stack:
         """The example's tools beside the others, its data prepared, its bundle and agents."""
         assert self.example is not None
         example = load_example(self.example)
-        dirs = self.registry_dirs or [BUILTIN_TOOLS_DIR]
-        if example.REGISTRY_DIR not in dirs:
-            self.registry_dirs = [*dirs, example.REGISTRY_DIR]
+        if example.REGISTRY_DIR not in self.registry_dirs:
+            self.registry_dirs = [*self.registry_dirs, example.REGISTRY_DIR]
         policy = example.POLICY_DIR
         if policy is not None and not Path(policy).is_absolute():
             policy = self.data_dir / policy  # under the data dir, written by prepare()
@@ -257,7 +265,7 @@ class Stack:
         if self.locked:
             # Keys are kept across runs; permissions are rendered afresh (the
             # executor gets one durable per tool of this registry).
-            tools = load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR])).names()
+            tools = load_registry(*self.tool_dirs()).names()
             # Minted before the server config is rendered, so it is preloaded.
             self.default_agent_creds, _ = add_agent(self.data_dir, DEFAULT_TENANT, DEFAULT_AGENT)
             self.creds = create_credentials(self.data_dir, tools=tools)
@@ -305,6 +313,7 @@ class Stack:
                     self.registry_dirs,
                     [*extra, *self.http_args(port)],
                     creds=self.creds_of(name),
+                    builtin_tools=self.builtin_tools,
                 ),
                 self.data_dir / "logs" / f"{name}.log",
                 http_port=port if self.with_http else None,
@@ -352,10 +361,7 @@ class Stack:
             )
             await probe.close()
             await self._apply_when_jetstream_answers(options)
-            timeouts = {
-                spec.name: spec.timeout_s
-                for spec in load_registry(*(self.registry_dirs or [BUILTIN_TOOLS_DIR]))
-            }
+            timeouts = {spec.name: spec.timeout_s for spec in load_registry(*self.tool_dirs())}
             await refresh_ack_waits(self.url, timeouts, **options)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             cause = str(errors[-1] if errors else exc) or type(exc).__name__
@@ -474,6 +480,7 @@ class Stack:
                 # What the services were started with, so a copy started by hand here
                 # (`toolgate serve NAME`) serves the same tools under the same bundle.
                 "registry_dirs": [str(Path(d).resolve()) for d in self.registry_dirs],
+                "builtin_tools": self.builtin_tools,
                 # Each service's /healthz, /readyz and /metrics (`toolgate status` reads them).
                 "http": {s.name: s.http_url for s in self.services if s.http_url},
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
@@ -497,6 +504,7 @@ class Stack:
                 self.registry_dirs,
                 ["--port", str(port)],
                 creds=self.creds_of("mcp_front"),
+                builtin_tools=self.builtin_tools,
             ),
             self.data_dir / "logs" / "mcp.log",
         )
@@ -524,6 +532,7 @@ class Stack:
                 self.registry_dirs,
                 ["--clickhouse-url", self.audit_url, *self.http_args(port)],
                 creds=self.creds_of(AUDIT_SERVICE),
+                builtin_tools=self.builtin_tools,
             ),
             self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
             http_port=port if self.with_http else None,

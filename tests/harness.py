@@ -65,6 +65,8 @@ class Gateway:
     """A whole gateway, every service its own process, as `toolgate up` runs it."""
 
     data_dir: Path
+    # make_test_registry's copies of the built-in tools (edited) and the test tools:
+    # served instead of the built-in ones (`toolgate up --no-builtin-tools`).
     registry_dir: Path
     # The audit (embedded ClickHouse + audit sink): off unless a test asks for it.
     with_audit: bool = False
@@ -78,6 +80,7 @@ class Gateway:
         self.stack = Stack(
             data_dir=self.data_dir,
             registry_dirs=[self.registry_dir],
+            builtin_tools=False,
             executor_args=["--concurrency", "16"],
             with_audit=self.with_audit,
         )

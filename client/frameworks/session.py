@@ -30,7 +30,7 @@ from toolgate.contracts.calls import (
     ToolResult,
     failure,
 )
-from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, Registry, ToolSpec, load_registry
+from toolgate.contracts.registry import Registry, ToolSpec, load_registry, tool_dirs
 from toolgate.runtime import settings as env
 
 from .core import (
@@ -51,10 +51,14 @@ class SessionError(RuntimeError):
 
 
 def recorded_registry(data_dir: Path | None = None) -> Registry:
-    """The registry `toolgate up` recorded in DATA_DIR/context.json, else the built-in tools."""
-    dirs = [Path(p) for p in env.read_context(data_dir).get("registry_dirs") or [] if p]
+    """The registry `toolgate up` recorded in DATA_DIR/context.json (the built-in tools,
+    unless it ran with --no-builtin-tools, and its --registry directories), else the
+    built-in tools and $TOOLGATE_REGISTRY's."""
+    context = env.read_context(data_dir)
+    dirs = [Path(p) for p in context.get("registry_dirs") or [] if p]
+    builtin_tools = context.get("builtin_tools") is not False
     dirs = dirs or env.env_registry_dirs()
-    return load_registry(*(dirs or [BUILTIN_TOOLS_DIR]))
+    return load_registry(*tool_dirs(dirs, builtin_tools))
 
 
 class GatewaySession:

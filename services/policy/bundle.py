@@ -30,7 +30,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from toolgate.contracts.calls import ErrorCode
-from toolgate.services.policy.cedar_source import line_of_error, split_statements
+from toolgate.services.policy.cedar_source import (
+    error_location,
+    split_statements,
+    statement_error_location,
+)
 from toolgate.services.policy.providers import ProviderConfig, check_entity_type
 
 SCHEMA_FILE = "schema.cedarschema"
@@ -188,8 +192,8 @@ def _schema(text: str) -> cedarpy.Schema:
     try:
         return cedarpy.Schema.from_str(text)
     except ValueError as exc:
-        line = line_of_error(text, cedarpy.Schema.from_str, str(exc))
-        raise BundleError(f"{SCHEMA_FILE}:{line}: {exc}") from exc
+        where = error_location(text, cedarpy.Schema.from_str, str(exc))
+        raise BundleError(f"{SCHEMA_FILE}:{where}: {exc}") from exc
 
 
 def _add_policies(
@@ -203,16 +207,23 @@ def _add_policies(
     try:
         parsed = cedarpy.PolicySet.from_str(text)
     except ValueError as exc:
-        return [f"{name}:{line_of_error(text, cedarpy.PolicySet.from_str, str(exc))}: {exc}"]
-    lines = [statement.line for statement in split_statements(text)]
+        return [f"{name}:{error_location(text, cedarpy.PolicySet.from_str, str(exc))}: {exc}"]
+    statements = split_statements(text)
 
     def line_of(positional_id: str) -> int:
         # Cedar numbers the policies of one parse policy0, policy1, ... in order.
         index = int(positional_id.removeprefix("policy") or 0)
-        return lines[index] if index < len(lines) else 1
+        return statements[index].line if index < len(statements) else 1
 
     def where(positional_id: str) -> str:
         return f"{name}:{line_of(positional_id)}"
+
+    def where_error(positional_id: str, message: str) -> str:
+        """file:line:column of what a validation error names, within its policy."""
+        index = int(positional_id.removeprefix("policy") or 0)
+        if index >= len(statements):
+            return where(positional_id)
+        return f"{name}:{statement_error_location(text, statements[index], message)}"
 
     pst = parsed.to_pst()
     problems = [
@@ -220,7 +231,7 @@ def _add_policies(
         for pid in pst.templates
     ]
     validation = cedarpy.validate_policies(text, schema)
-    problems += [f"{where(e.policy_id)}: {e.error}" for e in validation.errors]
+    problems += [f"{where_error(e.policy_id, e.error)}: {e.error}" for e in validation.errors]
     found: dict[str, PolicyInfo] = {}
     for pid, policy in pst.static_policies.items():
         info, problem = _policy_info(policy.annotations, policy.effect, name, line_of(pid))

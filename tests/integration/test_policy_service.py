@@ -86,7 +86,9 @@ def settings(url: str, tmp_path: Path) -> GatewaySettings:
     }
     for name, changes in extra_tools.items():
         (registry / f"{name}.yaml").write_text(yaml.safe_dump({**echo, "name": name, **changes}))
-    return GatewaySettings(nats_url=url, data_dir=tmp_path / "data", registry_dirs=(registry,))
+    return GatewaySettings(
+        nats_url=url, data_dir=tmp_path / "data", registry_dirs=(registry,), builtin_tools=False
+    )
 
 
 @asynccontextmanager

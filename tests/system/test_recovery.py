@@ -51,6 +51,7 @@ def scaled(tmp_path: Path) -> Iterator[Gateway]:
             stack.registry_dirs,
             ["--concurrency", "4"],
             creds=stack.creds_of("executor"),
+            builtin_tools=stack.builtin_tools,
         ),
         stack.data_dir / "logs" / "executor-2.log",
     )

@@ -63,7 +63,29 @@ class TestRejection:
             'when { context.risk = "low" };\n'
         )
         message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": GOOD, "b.cedar": text})
-        assert message.startswith("b.cedar:6: ") and "not a valid operator" in message
+        # the `=` itself: line 8 of b.cedar, column 21 (its policy starts on line 6)
+        assert message.startswith("b.cedar:8:21: ") and "not a valid operator" in message
+
+    def test_syntax_error_on_line_2_of_a_policy_names_line_2(self) -> None:
+        text = (
+            '@id("broken") permit (principal, action, resource)\nwhen { context.risk = "low" };\n'
+        )
+        message = rejection({SCHEMA_FILE: SCHEMA, "broken.cedar": text})
+        assert message.startswith("broken.cedar:2:21: "), message
+
+    def test_unexpected_token_names_its_line_and_column(self) -> None:
+        text = '@id("broken")\npermit (principal,\n        action resource);\n'
+        message = rejection({SCHEMA_FILE: SCHEMA, "broken.cedar": text})
+        assert message.startswith("broken.cedar:3:16: ") and "`resource`" in message
+
+    def test_a_string_that_never_ends_is_named_where_it_starts(self) -> None:
+        text = (
+            GOOD
+            + '@id("broken")\npermit (principal, action, resource)\n'
+            + '  when { context.risk == "l };\n'
+        )
+        message = rejection({SCHEMA_FILE: SCHEMA, "broken.cedar": text})
+        assert message.startswith("broken.cedar:5:26: "), message
 
     def test_type_error_against_the_schema_names_file_and_line(self) -> None:
         text = (
@@ -71,7 +93,8 @@ class TestRejection:
             'when { context.tool.riskk == "high" };\n'
         )
         message = rejection({SCHEMA_FILE: SCHEMA, "a.cedar": text})
-        assert message.startswith("a.cedar:4: ") and "riskk" in message
+        # where `riskk` is read (the policy starts on line 4)
+        assert message.startswith("a.cedar:6:21: ") and "riskk" in message
 
     def test_policy_without_an_id_is_refused(self) -> None:
         message = rejection(
@@ -96,7 +119,7 @@ class TestRejection:
         schema = SCHEMA.replace("entity Agent;", "entity Agent;\nentity Broken = { x: Strin };")
         line = schema.splitlines().index("entity Broken = { x: Strin };") + 1
         message = rejection({SCHEMA_FILE: schema, "a.cedar": GOOD})
-        assert message.startswith(f"{SCHEMA_FILE}:{line}: ") and "Strin" in message
+        assert message.startswith(f"{SCHEMA_FILE}:{line}:22: ") and "Strin" in message
 
     def test_schema_that_does_not_describe_the_engines_requests_is_refused(self) -> None:
         schema = SCHEMA.replace("  any_agent: Bool,", "")
@@ -114,9 +137,18 @@ class TestRejection:
         assert message.startswith("bundle.yaml: ")
 
 
+def policy_args(directory: Path, data_dir: Path, **more: object) -> argparse.Namespace:
+    """What `toolgate policy check|push DIRECTORY --data-dir DATA_DIR` parses to."""
+    return argparse.Namespace(
+        directory=directory, data_dir=data_dir, registry=None, no_builtin_tools=False, **more
+    )
+
+
 class TestCheckCommand:
-    def test_check_prints_the_version(self, capsys: pytest.CaptureFixture[str]) -> None:
-        assert cmd_check(argparse.Namespace(directory=DEFAULT_BUNDLE_DIR)) == 0
+    def test_check_prints_the_version(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        assert cmd_check(policy_args(DEFAULT_BUNDLE_DIR, tmp_path)) == 0
         assert capsys.readouterr().out.startswith(bundle_version(DEFAULT_FILES))
 
     def test_check_refuses_a_bad_bundle_naming_file_and_line(
@@ -124,8 +156,8 @@ class TestCheckCommand:
     ) -> None:
         (tmp_path / SCHEMA_FILE).write_text(SCHEMA)
         (tmp_path / "a.cedar").write_text(GOOD + "permit (principal, action resource);\n")
-        assert cmd_check(argparse.Namespace(directory=tmp_path)) == 2
-        assert "a.cedar:3: " in capsys.readouterr().err
+        assert cmd_check(policy_args(tmp_path, tmp_path)) == 2
+        assert "a.cedar:3:27: " in capsys.readouterr().err
 
     def test_push_refuses_a_bad_bundle_before_connecting(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -133,7 +165,7 @@ class TestCheckCommand:
         (tmp_path / SCHEMA_FILE).write_text(SCHEMA)
         (tmp_path / "a.cedar").write_text("permit (principal, action, resource);\n")
         nowhere = "nats://127.0.0.1:1"  # nothing listens: a connection attempt would fail
-        assert cmd_push(argparse.Namespace(directory=tmp_path, nats_url=nowhere)) == 2
+        assert cmd_push(policy_args(tmp_path, tmp_path, nats_url=nowhere)) == 2
         assert "a.cedar:1: " in capsys.readouterr().err
 
 
