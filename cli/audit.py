@@ -250,8 +250,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         type=Path,
         action="append",
         default=None,
-        help="today's tool registry directory, repeatable (default: $TOOLGATE_REGISTRY, "
-        "else the one `toolgate up` recorded in DATA_DIR/context.json, else the built-in tools)",
+        help="today's tool registry directory beside the built-in tools, repeatable "
+        "(default: $TOOLGATE_REGISTRY, else the one `toolgate up` recorded in "
+        "DATA_DIR/context.json, else the built-in tools)",
+    )
+    replay.add_argument(
+        "--no-builtin-tools",
+        action="store_true",
+        help="the --registry directories without the built-in tools (as `toolgate up "
+        "--no-builtin-tools`)",
     )
     replay.add_argument(
         "--data-dir",
@@ -430,7 +437,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # Today's registry: --registry (beside the built-in tools), else what `up` recorded.
     recorded_dirs, builtin = recorded_registry(data_dir)
     registry_dirs = tuple(args.registry or recorded_dirs)
-    builtin = builtin or bool(args.registry)
+    builtin = (builtin or bool(args.registry)) and not args.no_builtin_tools
     try:
         registry = GatewaySettings(
             registry_dirs=registry_dirs, builtin_tools=builtin

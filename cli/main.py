@@ -1212,6 +1212,15 @@ def _add_data_dir_everywhere(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     env.use_data_dir(data_dir_given(argv))  # before any default is read from the context
+    try:
+        return _run(argv)
+    finally:
+        # A command's --data-dir ends with it (main() is also called in-process, by
+        # tests and by embedding programs: the next caller starts from the default).
+        env.use_data_dir(None)
+
+
+def _run(argv: list[str]) -> int:
     parser = build_parser()
     _add_data_dir_everywhere(parser)
     args = parser.parse_args(argv)

@@ -283,14 +283,24 @@ def test_replay_under_another_registry_names_what_changed(audited, story, capsys
     search.write_text(yaml.safe_dump(spec))
     rows, stored = evidence_rows(audited), asyncio.run(stored_messages(audited))
     argv = [*operator_bus(audited), "--clickhouse-url", audited.audit_url()]
-    assert audit_cli("replay", story["saved"], "--registry", str(registry), *argv) == 1
+    assert (
+        audit_cli(
+            "replay", story["saved"], "--registry", str(registry), "--no-builtin-tools", *argv
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert f"registry ({registry})" in out
     line = next(x for x in out.splitlines() if story["saved"] in x)
     assert "DIFFERENT decision: decision allow -> approval" in line, out
     assert "approvers needed - -> 1" in line
     assert "today:    approval required (1 approver(s))" in out
-    assert audit_cli("replay", story["search"], "--registry", str(registry), *argv) == 1
+    assert (
+        audit_cli(
+            "replay", story["search"], "--registry", str(registry), "--no-builtin-tools", *argv
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert (
         "DIFFERENT decision: decision allow -> rejected; status - -> invalid_arguments; "
