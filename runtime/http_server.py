@@ -33,8 +33,8 @@ log = logging.getLogger("toolgate.http")
 # A browser or an SDK sends a request head in one packet: 10 s is ample on a slow link
 # and lets a slow-client flood hold a socket for 10 s, not forever.
 HEAD_TIMEOUT_S = 10.0
-# A body is sent right after its head; the largest one a door takes (an MCP call, a few
-# MiB) needs far less than this on any link that can work at all.
+# A body is sent right after its head: the largest a door takes (an 8 MiB MCP call) needs
+# about 2.2 Mbit/s to arrive within 30 s; the doors are meant for loopback or a LAN.
 BODY_TIMEOUT_S = 30.0
 # Uvicorn's own default: an idle keep-alive connection is closed after 5 s.
 IDLE_TIMEOUT_S = 5.0
@@ -141,7 +141,8 @@ def uvicorn_config(app: Any, host: str, port: int, limits: SlowClientLimits, **k
         port=port,
         http=guarded_protocol(limits),
         timeout_keep_alive=int(limits.idle_timeout_s),
-        # Requests in progress (tasks) beyond the cap are answered 503 by uvicorn.
+        # uvicorn answers 503 to a request that finds the cap reached (open connections or
+        # requests in progress): at the cap a request is told so at once, not queued.
         limit_concurrency=limits.max_connections,
         **kw,
     )

@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 import uvicorn
 
-from toolgate.runtime.http_server import HEAD_TIMEOUT_S
+from toolgate.runtime.http_server import BODY_TIMEOUT_S
 from toolgate.services.approvals.inbox import INBOX_LIMITS, Inbox
 from toolgate.services.mcp_front.app import FRONT_DOOR_LIMITS, FrontDoorOptions, front_door_config
 from toolgate.stack.nats_server import EmbeddedNats
 from toolgate.stack.supervisor import free_port
 
-# How long a test waits for the server to act: far beyond the head timeout.
-GIVE_UP_S = HEAD_TIMEOUT_S * 4 + 20
+# How long a test waits for the server to act: far beyond the head and body timeouts.
+GIVE_UP_S = BODY_TIMEOUT_S * 2 + 20
 HEAD_START = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
@@ -119,6 +119,11 @@ def check_cap(port: int, cap: int) -> None:
 
 async def healthz(scope: dict[str, Any], receive: Any, send: Any) -> None:
     assert scope["type"] == "http"
+    message = {"more_body": scope["method"] == "POST"}
+    while message.get("more_body"):  # a POST: its whole body first, as the MCP app does
+        message = await receive()
+        if message["type"] != "http.request":
+            return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -173,3 +178,11 @@ def test_an_idle_connection_that_never_sends_is_cut(front_door_port: int) -> Non
             assert sock.recv(1024) == b""
         except TimeoutError:
             pytest.fail("a silent connection was kept open")
+
+
+def test_a_body_trickled_after_its_head_is_cut(front_door_port: int) -> None:
+    """A complete head, then a body a byte at a time: the app waits for the body and
+    each byte cancelled uvicorn's only timer."""
+    with socket.create_connection(("127.0.0.1", front_door_port)) as sock:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000\r\n\r\n{")
+        assert trickle_until_cut([sock], GIVE_UP_S) == 1, "a trickled body was kept open"
