@@ -1,14 +1,17 @@
 """The web inbox: approvers see pending calls and approve or deny them.
 
-A small server-rendered site on the standard library's http.server (no web
-framework to install). An approver logs in with their token (form POST; the
-server keeps the session and gives the browser only a random, HttpOnly,
-SameSite=Strict cookie) or sends `Authorization: Bearer <token>` on each
-request. The inbox holds no approver list and reads no bucket: it is a
-client of the approvals service like the CLI (NATS as the approver role),
-and the service authenticates the token on every request and answers with
-the calls of that approver's tenants only. A token rotated or removed ends
-the session at its next request.
+A small server-rendered site on uvicorn (a dependency of the MCP SDK), as a bare
+ASGI app: one asyncio loop serves every connection and the NATS client, not a
+thread per connection, and runtime/http_server.py bounds slow clients (a request
+head within 10 s, idle keep-alive 5 s, at most 128 connections: INBOX_LIMITS).
+
+An approver logs in with their token (form POST; the server keeps the session
+and gives the browser only a random, HttpOnly, SameSite=Strict cookie) or sends
+`Authorization: Bearer <token>` on each request. The inbox holds no approver
+list and reads no bucket: it is a client of the approvals service like the CLI
+(NATS as the approver role), and the service authenticates the token on every
+request and answers with the calls of that approver's tenants only. A token
+rotated or removed ends the session at its next request.
 
 Arguments come from a model: every value is HTML-escaped and invisible
 characters are made visible; a Content-Security-Policy that allows no script
@@ -30,18 +33,19 @@ import json
 import logging
 import secrets
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from html import escape
 from http.cookies import CookieError, SimpleCookie
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
 from toolgate.contracts.events import utc_now
+from toolgate.runtime.http_server import SlowClientLimits, uvicorn_config
 from toolgate.services.approvals.client import ApprovalsClient, Refused, ServiceUnavailable
 from toolgate.services.approvals.logic import (
     MAX_REASON_CHARS,
@@ -57,6 +61,9 @@ log = logging.getLogger("toolgate.approvals.inbox")
 COOKIE = "toolgate_inbox"
 SESSION_IDLE_S = 8 * 3600.0
 MAX_FORM_BYTES = 16 * 1024
+# Approvers are people: a browser opens up to 6 connections each, so 128 serves some twenty
+# at once and keeps a slow-client flood to 128 sockets (each closed after 10 s).
+INBOX_LIMITS = SlowClientLimits(max_connections=128)
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -159,7 +166,7 @@ class Session:
 
 
 class Inbox:
-    """The inbox server: HTTP in threads, NATS in one asyncio loop of its own."""
+    """The inbox server: HTTP (uvicorn) and NATS in one asyncio loop, on a thread of its own."""
 
     def __init__(
         self,
@@ -179,29 +186,46 @@ class Inbox:
         self._sessions_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
-            target=self._loop.run_forever, daemon=True, name="inbox-nats"
+            target=self._loop.run_forever, daemon=True, name="inbox-loop"
         )
         self._client: ApprovalsClient | None = None
-        self._server: ThreadingHTTPServer | None = None
-        self._http_thread: threading.Thread | None = None
+        self._server: Any = None  # uvicorn.Server
+        self._serving: Any = None  # concurrent.futures.Future of its serve()
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> Inbox:
         self._loop_thread.start()
         self._client = self.run(ApprovalsClient.connect(self.nats_url, **self.connect_options))
-        inbox = self
+        import uvicorn
 
-        class Handler(_Handler):
-            owner = inbox
-
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
-        self.port = int(self._server.server_address[1])
-        self._http_thread = threading.Thread(
-            target=self._server.serve_forever, daemon=True, name="inbox-http"
+        # Bound here, not by uvicorn (which exits the process on a bind error): the CLI
+        # turns an OSError into its one-line "cannot listen" message.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.create_server((self.host, self.port), family=family, backlog=128)
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn_config(
+            self.asgi,
+            self.host,
+            self.port,
+            INBOX_LIMITS,
+            interface="asgi3",
+            lifespan="off",
+            proxy_headers=False,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            timeout_graceful_shutdown=5,
         )
-        self._http_thread.start()
+        self._server = uvicorn.Server(config)
+        self._serving = asyncio.run_coroutine_threadsafe(
+            self._server.serve(sockets=[sock]), self._loop
+        )
+        while not self._server.started:
+            if self._serving.done():
+                self._serving.result()  # raises why it did not start
+                raise RuntimeError("the inbox's HTTP server did not start")
+            time.sleep(0.01)
         log.info("approvals inbox on %s", self.url)
         return self
 
@@ -211,8 +235,11 @@ class Inbox:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.should_exit = True
+            try:
+                self._serving.result(10)
+            except Exception:  # stopping on the way out: nothing to save
+                pass
         if self._client is not None:
             try:
                 self.run(self._client.close(), timeout=5)
@@ -221,8 +248,11 @@ class Inbox:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(5)
 
+    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await asgi_app(self, scope, receive, send)
+
     def run(self, coroutine: Any, timeout: float = 30.0) -> Any:
-        """Run a coroutine on the NATS loop from an HTTP thread and wait for it."""
+        """Run a coroutine on the inbox's loop from another thread and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     @property
@@ -232,16 +262,16 @@ class Inbox:
 
     # ------------------------------------------------------------ sessions
 
-    def authenticate(self, token: str) -> Approver | None:
+    async def authenticate(self, token: str) -> Approver | None:
         """Ask the approvals service whose token this is (ServiceUnavailable if none answers)."""
         token = token.strip()
         if not token:
             return None
-        identity = self.run(self.client.whoami(token))
+        identity = await self.client.whoami(token)
         return identity.approver() if identity is not None else None
 
-    def login(self, token: str) -> tuple[str, Session] | None:
-        approver = self.authenticate(token)
+    async def login(self, token: str) -> tuple[str, Session] | None:
+        approver = await self.authenticate(token)
         if approver is None:
             return None
         sid = secrets.token_urlsafe(32)
@@ -280,10 +310,10 @@ class Inbox:
 
     # ------------------------------------------------------------ pages
 
-    def pending_for(self, token: str) -> ListReply | None:
+    async def pending_for(self, token: str) -> ListReply | None:
         """What the service lets this token see now; None if the token is no longer valid."""
         try:
-            reply: ListReply = self.run(self.client.list_pending(token))
+            reply: ListReply = await self.client.list_pending(token)
         except Refused as exc:
             if exc.code == Refusal.INVALID_TOKEN:
                 self.forget_token(token)
@@ -409,15 +439,71 @@ def inbox_page(
     )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    owner: Inbox
-    server_version = "toolgate-inbox"
-    sys_version = ""
+class _Headers:
+    """A request's headers by case-insensitive name (the first of a repeated one)."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self._values: dict[str, str] = {}
+        for name, value in raw:
+            self._values.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._values.get(name.lower(), default)
+
+
+async def _read_body(receive: Any, limit: int) -> bytes:
+    """A request's body, read no further than one byte past `limit` (then refused)."""
+    body = b""
+    while len(body) <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    return body
+
+
+async def asgi_app(owner: Inbox, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    handler = _Handler(owner, scope)
+    if handler.command == "POST":
+        handler.body = await _read_body(receive, MAX_FORM_BYTES)
+    await handler.handle()
+    status, headers, body = handler.response
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Handler:
+    """One request: the routes, as thin as they were on http.server."""
+
+    def __init__(self, owner: Inbox, scope: dict[str, Any]) -> None:
+        self.owner = owner
+        self.command: str = scope["method"]
+        target = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string") or b""
+        self.path = (target + (b"?" + query if query else b"")).decode("latin-1")
+        self.headers = _Headers(scope["headers"])
+        self.body = b""
+        self.response: tuple[int, list[tuple[str, str]], bytes] = (500, [], b"")
+
+    async def handle(self) -> None:
+        if self.command in ("GET", "HEAD"):
+            await self.do_GET()
+        elif self.command == "POST":
+            await self.do_POST()
+        else:
+            self._send(501, page("not implemented", "<p>Unsupported method.</p>"))
 
     # -------------------------------------------------------- plumbing
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
-        log.debug("%s %s", self.address_string(), format % args)
 
     def _send(
         self,
@@ -426,14 +512,11 @@ class _Handler(BaseHTTPRequestHandler):
         content_type: str = "text/html; charset=utf-8",
         headers: dict[str, str] | None = None,
     ) -> None:
-        self.send_response(status)
-        for name, value in {**SECURITY_HEADERS, **(headers or {})}.items():
-            self.send_header(name, value)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
+        values = {**SECURITY_HEADERS, **(headers or {})}
+        values["Server"] = "toolgate-inbox"
+        values["Content-Type"] = content_type
+        values["Content-Length"] = str(len(body))
+        self.response = (status, list(values.items()), b"" if self.command == "HEAD" else body)
 
     def _redirect(self, location: str, headers: dict[str, str] | None = None) -> None:
         self._send(303, b"", headers={"Location": location, **(headers or {})})
@@ -468,14 +551,16 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if ctype != "application/x-www-form-urlencoded":
             return None
-        data = self.rfile.read(length).decode("utf-8", "replace")
+        if len(self.body) < length:  # the client closed before sending all it announced
+            return None
+        data = self.body[:length].decode("utf-8", "replace")
         return {k: v[0] for k, v in parse_qs(data, keep_blank_values=True).items()}
 
-    def _identity(self) -> tuple[Approver, str, Session | None] | None:
+    async def _identity(self) -> tuple[Approver, str, Session | None] | None:
         """(approver, token, session): a Bearer token, else the session cookie."""
         bearer = self._bearer()
         if bearer is not None:
-            approver = self.owner.authenticate(bearer)
+            approver = await self.owner.authenticate(bearer)
             return (approver, bearer, None) if approver else None
         session = self.owner.session(self._sid())
         if session is None:
@@ -501,10 +586,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -------------------------------------------------------- routes
 
-    def do_HEAD(self) -> None:  # noqa: N802
-        self.do_GET()
-
-    def do_GET(self) -> None:  # noqa: N802
+    async def do_GET(self) -> None:  # noqa: N802
         path = self.path.split("?", 1)[0]
         if path == "/healthz":  # probes name the pod's address: no Host check, no data
             self._send(200, b"ok", "text/plain")
@@ -515,7 +597,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, page("not found", "<p>Not found.</p>"))
             return
         try:
-            identity = self._identity()
+            identity = await self._identity()
             if identity is None:
                 if self._bearer() is not None:
                     self._send(401, login_page("unknown or invalid token"))
@@ -523,7 +605,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send(200, login_page())
                 return
             approver, token, session = identity
-            reply = self.owner.pending_for(token)
+            reply = await self.owner.pending_for(token)
         except Exception as exc:
             log.warning("listing pending approvals failed: %r", exc)
             self._send(
@@ -543,7 +625,7 @@ class _Handler(BaseHTTPRequestHandler):
             csrf = session.csrf
         self._send(200, inbox_page(approver, csrf, list(reply.calls), flash, reply.omitted))
 
-    def do_POST(self) -> None:  # noqa: N802
+    async def do_POST(self) -> None:  # noqa: N802
         if self._misdirected() or self._foreign():
             return
         path = self.path.split("?", 1)[0]
@@ -553,7 +635,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/login":
             try:
-                found = self.owner.login(form.get("token", ""))
+                found = await self.owner.login(form.get("token", ""))
             except Exception as exc:
                 log.warning("login failed: %r", exc)
                 self._send(503, login_page("the approvals service is unavailable; retry shortly"))
@@ -567,7 +649,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         try:
-            identity = self._identity()
+            identity = await self._identity()
         except Exception as exc:
             log.warning("authenticating a request failed: %r", exc)
             self._send(
@@ -597,14 +679,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         call = form.get("call", "")
         try:
-            outcome = self.owner.run(
-                self.owner.client.vote(
-                    call,
-                    decision,  # type: ignore[arg-type]
-                    arguments_sha256=form.get("arguments_sha256", ""),
-                    reason=form.get("reason", ""),
-                    token=token,
-                )
+            outcome = await self.owner.client.vote(
+                call,
+                decision,  # type: ignore[arg-type]
+                arguments_sha256=form.get("arguments_sha256", ""),
+                reason=form.get("reason", ""),
+                token=token,
             )
         except ServiceUnavailable as exc:
             message, refused = str(exc), True

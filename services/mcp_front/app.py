@@ -73,6 +73,7 @@ from toolgate.contracts.calls import PendingNotice, Principal, ToolCall
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import telemetry
 from toolgate.runtime.creds import connect_options, nats_servers
+from toolgate.runtime.http_server import SlowClientLimits, uvicorn_config
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.mcp_front import logic
 from toolgate.services.mcp_front.tokens import TokenStore
@@ -88,6 +89,13 @@ WATCH_AFTER_S = 1.0
 # Set in the ASGI scope of a request answered in one JSON body (no stream).
 SINGLE_ANSWER_SCOPE_KEY = "toolgate.single_answer"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+# Slow clients (runtime/http_server.py): a request head within 10 s, a body within 30 s,
+# idle keep-alive 5 s. 512 connections: an agent's MCP session holds one or two (its POSTs
+# and a GET stream), so this is far beyond one door's agents, and stays under the common
+# 1024 file-handle limit with room for NATS and the process's own files.
+FRONT_DOOR_LIMITS = SlowClientLimits(max_connections=512)
 
 
 @dataclass(frozen=True)
@@ -471,6 +479,13 @@ def public_url(options: FrontDoorOptions) -> str:
     return f"http://{host}:{options.port}{MCP_PATH}"
 
 
+def front_door_config(app: Any, options: FrontDoorOptions) -> Any:
+    """The front door's uvicorn.Config: slow clients bounded (FRONT_DOOR_LIMITS)."""
+    return uvicorn_config(
+        app, options.host, options.port, FRONT_DOOR_LIMITS, log_level="warning", lifespan="on"
+    )
+
+
 def serve(settings: GatewaySettings, options: FrontDoorOptions) -> None:
     """Run the front door until SIGINT/SIGTERM (uvicorn's own handling)."""
     import uvicorn
@@ -481,14 +496,7 @@ def serve(settings: GatewaySettings, options: FrontDoorOptions) -> None:
     url = public_url(options)
     app = build_app(settings, options, url)
     log.info("MCP front door on %s (registry %s)", url, settings.load_registry().version)
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        log_level="warning",
-        lifespan="on",
-    )
-    uvicorn.Server(config).run()
+    uvicorn.Server(front_door_config(app, options)).run()
 
 
-__all__ = ["FrontDoorOptions", "build_app", "serve", "public_url", "Path"]
+__all__ = ["FrontDoorOptions", "build_app", "front_door_config", "serve", "public_url", "Path"]

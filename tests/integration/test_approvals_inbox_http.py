@@ -11,6 +11,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,9 +52,14 @@ def http(
         request.add_header("Content-Type", "application/x-www-form-urlencoded")
     try:
         with opener.open(request, timeout=10) as response:
-            return response.status, dict(response.headers), response.read().decode()
+            return response.status, headers_of(response.headers), response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
+        return exc.code, headers_of(exc.headers), exc.read().decode()
+
+
+def headers_of(message: Any) -> dict[str, str]:
+    """Response headers by their canonical names (HTTP names are case-insensitive)."""
+    return {"-".join(p.capitalize() for p in k.split("-")): v for k, v in message.items()}
 
 
 @pytest.fixture
