@@ -377,13 +377,14 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     check_creds(args.creds)
     # NATS first, within --connect-timeout (one line and exit 3 if not; Ctrl-C ends the
     # wait): an inbox that opened its port with no gateway behind it would only fail later.
-    print(
-        f"approvals inbox: waiting for NATS at {args.nats_url} (up to "
-        f"{args.connect_timeout:g} s; Ctrl-C stops)",
-        flush=True,
-    )
 
     async def reachable() -> None:
+        # Said once the loop runs, so a Ctrl-C from then on ends the wait cleanly.
+        print(
+            f"approvals inbox: waiting for NATS at {args.nats_url} (up to "
+            f"{args.connect_timeout:g} s; Ctrl-C stops)",
+            flush=True,
+        )
         nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
         await nc.close()
 

@@ -81,7 +81,9 @@ def test_every_command_finds_the_gateway_through_data_dir(
     token = toolgate(
         ["approvals", "add-approver", "dd-alice", "--tenant", "acme", *where], elsewhere
     ).stdout.strip()
-    listed = toolgate(["approvals", "list", "--token", token, *where], elsewhere)
+    # An approver logs in with the creds add-approver wrote for her, and her token.
+    mine = ["--creds", str(gateway.data_dir / "creds" / "approvers" / "dd-alice.creds")]
+    listed = toolgate(["approvals", "list", "--token", token, *mine, *where], elsewhere)
     assert listed.returncode == 0, listed.stderr
 
 

@@ -369,7 +369,16 @@ def test_bad_input_and_clear_failures(gateway: Gateway, folder: Path) -> None:
         (["result", "never-called"], 1, ("no result stored for never-called",)),
         (["approvals", "list"], 2, ("an approver token is needed",)),
         (
-            ["approvals", "show", "acme.a.c1", "--token", "tgap_wrong"],
+            # (The inbox's NATS user speaks for any approver, by token.)
+            [
+                "approvals",
+                "show",
+                "acme.a.c1",
+                "--token",
+                "tgap_wrong",
+                "--creds",
+                str(gateway.stack.creds_of("inbox")),
+            ],
             1,
             ("refused (INVALID_TOKEN)",),
         ),
