@@ -24,6 +24,10 @@ class ToolContext:
     # The tool's own storage root, chosen by the runtime: <data-dir>/tools/<tool>.
     data_dir: Path
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # The end user's verified access token (OIDC), for tools that act on the user's
+    # behalf (RFC 8693 token exchange). None when no issuer is configured or the tool
+    # acts for no user. Never printed: kept out of repr.
+    subject_token: str | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
