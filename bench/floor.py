@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats
@@ -112,10 +113,19 @@ async def _hop(nc: Client, index: int, last: bool, batch: int, ready: asyncio.Ev
         await msg.ack()
 
     ready.set()
+    await pump(lambda: psub.fetch(batch, timeout=1.0), forward)
+
+
+async def pump(
+    fetch: Callable[[], Awaitable[list[Msg]]], forward: Callable[[Msg], Awaitable[None]]
+) -> None:
+    """Fetch and forward until cancelled. An idle fetch times out: nats-py raises its
+    own TimeoutError, and 2.16 sometimes a bare asyncio one; both mean "nothing yet"
+    (the builtin TimeoutError covers both on 3.11), never the end of the hop."""
     while True:
         try:
-            messages = await psub.fetch(batch, timeout=1.0)
-        except nats.errors.TimeoutError:
+            messages = await fetch()
+        except TimeoutError:
             continue
         await asyncio.gather(*(forward(m) for m in messages))
 
