@@ -13,7 +13,15 @@ import pytest
 from tests.integration.test_audit_store import StoredJsMessage
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import Principal, ToolCall, ToolError, ToolResult, failure, success
+from toolgate.contracts.calls import (
+    Principal,
+    Provenance,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    failure,
+    success,
+)
 from toolgate.contracts.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -123,6 +131,7 @@ class Story:
                 call=self.call,
                 policy_version="pv-1",
                 approver=approver,
+                reason="Checked the payee by phone.\u202e",
                 quorum_reached=True,
             )
         return self.add(
@@ -196,6 +205,13 @@ def stories() -> list[Story]:
             )
         )
     )
+    # An upstream MCP tool's result: where its content came from is recorded with it.
+    s = Story("upstream", "echo", RESEARCHER, T0 + timedelta(seconds=25))
+    upstream = msgspec.structs.replace(
+        success(s.call.call_id, ok),
+        provenance=Provenance(source="mcp", server="http://up.example/mcp\x1b[31m", tool="look"),
+    )
+    found.append(s.validated().authorized().executed(ok).attached(upstream))
     # One call_id, two agents: two independent calls, each its own row everywhere.
     s = Story("shared", "echo", RESEARCHER, T0 + timedelta(seconds=30))
     found.append(s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok)))
@@ -429,12 +445,19 @@ def test_trace_tells_the_story_in_order(recorded):
     text = format_trace("wire-approved", steps)
     for phrase in (
         "requested wire_money by agent writer",
-        "approval granted by u-boss",
+        # The approver's own words, their invisible characters shown as escapes.
+        "approval granted by u-boss, quorum reached: Checked the payee by phone.\\u202e",
         "policy decision: allowed (policy pv-1",
         "finished, succeeded, in 5.0 ms",
         "result checked against the output_schema: valid",
         "result attached: ok",
     ):
         assert phrase in text, text
+    upstream = format_trace("upstream", story(read_call_events(recorded, "upstream")))
+    assert (
+        "result attached: ok, content from upstream mcp server "
+        "http://up.example/mcp\\u001b[31m tool look (untrusted)"
+    ) in upstream, upstream
+    assert "\x1b" not in upstream
     broken = format_trace("broken", story(read_call_events(recorded, "broken")))
     assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in broken
