@@ -116,7 +116,7 @@ class Story:
     def attached(self, result: ToolResult) -> Story:
         return self.add(ResultAttached, result=result)
 
-    def approval(self, approver: str, granted: bool) -> Story:
+    def approval(self, approver: str, granted: bool, reason: str = "") -> Story:
         self.add(
             ApprovalRequested,
             call=self.call,
@@ -131,7 +131,7 @@ class Story:
                 call=self.call,
                 policy_version="pv-1",
                 approver=approver,
-                reason="Checked the payee by phone.\u202e",
+                reason=reason,
                 quorum_reached=True,
             )
         return self.add(
@@ -205,13 +205,6 @@ def stories() -> list[Story]:
             )
         )
     )
-    # An upstream MCP tool's result: where its content came from is recorded with it.
-    s = Story("upstream", "echo", RESEARCHER, T0 + timedelta(seconds=25))
-    upstream = msgspec.structs.replace(
-        success(s.call.call_id, ok),
-        provenance=Provenance(source="mcp", server="http://up.example/mcp\x1b[31m", tool="look"),
-    )
-    found.append(s.validated().authorized().executed(ok).attached(upstream))
     # One call_id, two agents: two independent calls, each its own row everywhere.
     s = Story("shared", "echo", RESEARCHER, T0 + timedelta(seconds=30))
     found.append(s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok)))
@@ -445,19 +438,50 @@ def test_trace_tells_the_story_in_order(recorded):
     text = format_trace("wire-approved", steps)
     for phrase in (
         "requested wire_money by agent writer",
-        # The approver's own words, their invisible characters shown as escapes.
-        "approval granted by u-boss, quorum reached: Checked the payee by phone.\\u202e",
+        "approval granted by u-boss, quorum reached",
         "policy decision: allowed (policy pv-1",
         "finished, succeeded, in 5.0 ms",
         "result checked against the output_schema: valid",
         "result attached: ok",
     ):
         assert phrase in text, text
-    upstream = format_trace("upstream", story(read_call_events(recorded, "upstream")))
+    broken = format_trace("broken", story(read_call_events(recorded, "broken")))
+    assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in broken
+
+
+def test_trace_shows_each_approvers_reason_and_the_upstream_provenance(clickhouse_server, tmp_path):
+    """Both are in the recorded events; the trace shows them, escaped (they came from
+    outside), and an approver's reason stays redacted for a tool whose audit keeps no
+    arguments (a reason may quote them)."""
+    import asyncio
+
+    url = clickhouse_server.url_for("admin", "traced")
+    ok = {"payload": "fine"}
+    s = Story("upstream", "fetch_document", RESEARCHER, T0)
+    upstream = msgspec.structs.replace(
+        success(s.call.call_id, ok),
+        provenance=Provenance(source="mcp", server="http://up.example/mcp\x1b[31m", tool="look"),
+    )
+    traced = (
+        s.validated()
+        .approval("u-boss", True, reason="Checked the source by hand.\u202e")
+        .authorized()
+        .executed(ok)
+        .attached(upstream)
+    )
+    s = Story("wire-reasoned", "wire_money", WRITER, T0)
+    wire = s.validated().approval("u-boss", True, reason="payee IBAN DE00 checked")
+    asyncio.run(record(url, tmp_path / "keys", [traced, wire]))
+    client = ClickHouseTarget.from_url(url).client()
+    text = format_trace("upstream", story(read_call_events(client, "upstream")))
+    assert (
+        "approval granted by u-boss, quorum reached: Checked the source by hand.\\u202e"
+    ) in text, text
     assert (
         "result attached: ok, content from upstream mcp server "
         "http://up.example/mcp\\u001b[31m tool look (untrusted)"
-    ) in upstream, upstream
-    assert "\x1b" not in upstream
-    broken = format_trace("broken", story(read_call_events(recorded, "broken")))
-    assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in broken
+    ) in text, text
+    assert "\x1b" not in text and "\u202e" not in text
+    text = format_trace("wire-reasoned", story(read_call_events(client, "wire-reasoned")))
+    assert "approval granted by u-boss, quorum reached: [redacted]" in text, text
+    assert "IBAN" not in text
