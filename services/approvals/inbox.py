@@ -362,6 +362,11 @@ class Inbox:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down: live streams end (within a poll) so it can."""
+        return self._server is not None and bool(self._server.should_exit)
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True
@@ -933,7 +938,7 @@ async def _stream_changes(
     ends_at = loop.time() + limits.stream_s
     shown: dict[str, str] = {}
     quiet_since = loop.time()
-    while not gone.is_set() and loop.time() < ends_at:
+    while not gone.is_set() and not owner.stopping and loop.time() < ends_at:
         if session is not None and not owner.session_alive(sid):
             await send({"type": "http.response.body", "body": _event("end", {}), "more_body": True})
             return

@@ -299,17 +299,22 @@ async def test_inbox_fits_a_phone_updates_live_and_shows_the_approvers_time(
             expected_conditions.presence_of_element_located((By.CSS_SELECTOR, css))
         )
 
+    metrics = PHONE
+
     def fits() -> None:
-        width = driver.execute_script("return window.innerWidth")
-        scroll = driver.execute_script(
-            "return Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)"
+        # Against the device's width, not innerWidth: a mobile browser widens its layout
+        # viewport (and zooms out) to fit a page that overflows.
+        width = metrics["width"]
+        scroll, inner = driver.execute_script(
+            "return [Math.max(document.documentElement.scrollWidth, "
+            "document.body.scrollWidth), window.innerWidth]"
         )
-        assert scroll <= width, (scroll, width)
+        assert scroll <= width and inner == width, (scroll, inner, width)
 
     def visible_inside(element: Any) -> None:
         assert element.is_displayed()
         right = driver.execute_script("return arguments[0].getBoundingClientRect().right", element)
-        assert right <= driver.execute_script("return window.innerWidth") + 0.5
+        assert right <= metrics["width"] + 0.5
 
     def screenshot(name: str) -> Path:
         path = tmp_path / f"{name}.png"
@@ -374,10 +379,10 @@ async def test_inbox_fits_a_phone_updates_live_and_shows_the_approvers_time(
     fits()
     history_shot = screenshot("history-360")
 
+    metrics = DESKTOP
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", DESKTOP)
     driver.get(url + "/")
     wait_for(f"article[data-call-id='{second}']")
-    assert driver.execute_script("return window.innerWidth") == DESKTOP["width"]
     fits()
     desktop = screenshot("inbox-1280")
     for shot in (phone, call_shot, history_shot, desktop):
