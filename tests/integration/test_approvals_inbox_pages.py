@@ -10,6 +10,7 @@ import json
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,23 @@ async def test_live_events_bring_new_calls_and_decisions_to_their_approvers_only
     assert outcome.accepted
     decided = await bob.until("decided", live)
     assert decided["status"] == "denied" and "a retry, drop it" in decided["html"]
+    # A vote that does not decide changes the card; an expiry ends it.
+    other = {**ARGS, "claim": "two people"}
+    await publish_event(setup.url, approval_requested("call_two", other, n=2, tool="up_wire"))
+    await publish_event(
+        setup.url,
+        approval_requested("call_soon", other, ttl=timedelta(seconds=3), tool="up_wire"),
+    )
+    two, soon = "acme.researcher.call_two", "acme.researcher.call_soon"
+    assert "0 of 2" in (await bob.until("card", two))["html"]
+    async with await ApprovalsClient.connect(setup.url, token=setup.tokens["bob"]) as client:
+        outcome = await client.vote(
+            two, "approve", arguments_sha256=arguments_sha256(other), reason="fine by me"
+        )
+    assert outcome.accepted and outcome.status == "pending"
+    assert "1 of 2 (bob)" in (await bob.until("card", two))["html"]
+    expired = await bob.until("decided", soon)
+    assert expired["status"] == "expired" and "nobody decided" in expired["html"]
     # A held-open stream, quiet for 2.5 s between heartbeats, outlives the door's head
     # and idle timeouts (1 s here): the heartbeats keep coming.
     seen = bob.heartbeats
