@@ -519,13 +519,16 @@ def page(title: str, body: str, live: str = "") -> bytes:
     ).encode()
 
 
-def login_page(message: str = "") -> bytes:
+def login_page(message: str = "", back: str = "/") -> bytes:
+    """The login form; `back`: the call page a link (a notification's) asked for, where
+    the login then leads."""
     note = f"<p class='flash refused' id=flash>{h(message)}</p>" if message else ""
+    then = f"<input type=hidden name=back value='{h(back)}'>" if _is_call_page(back) else ""
     return page(
         "toolgate approvals: log in",
         f"""
 <h1>toolgate approvals</h1>{note}
-<form method=post action=/login>
+<form method=post action=/login>{then}
 <label for=token>Approver token</label>
 <input id=token name=token type=password autocomplete=off required size=60>
 <button id=login type=submit>Log in</button>
@@ -1156,7 +1159,7 @@ class _Handler:
                 if self._bearer() is not None:
                     self._send(401, login_page("unknown or invalid token"))
                 else:
-                    self._send(200, login_page())
+                    self._send(200, login_page(back=path))
                 return
             approver, token, session = identity
             reply: Any
@@ -1212,12 +1215,14 @@ class _Handler:
                 log.warning("login failed: %r", exc)
                 self._send(503, login_page("the approvals service is unavailable; retry shortly"))
                 return
+            back = form.get("back", "/")
             if found is None:
-                self._send(401, login_page("unknown or invalid token"))
+                self._send(401, login_page("unknown or invalid token", back))
                 return
             sid, _ = found
             self._redirect(
-                "/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
+                back if _is_call_page(back) else "/",
+                {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"},
             )
             return
         try:

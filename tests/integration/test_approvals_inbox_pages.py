@@ -142,9 +142,19 @@ async def test_the_page_of_a_call_shows_its_tool_and_hides_other_tenants_calls(
     for odd in ("call_up", "acme.researcher", "..%2f..%2fetc", "acme.x.call_up%00"):
         status, body = await get(setup, f"/calls/{odd}", bearer(setup, "bob"))
         assert status == 404 and body == missing, odd
-    # Without a login: the login form, nothing of the call.
+    # Without a login (a notification's link): the login form, nothing of the call, and
+    # the login leads to the call's page (never to another site).
     status, body = await get(setup, f"/calls/{KEY}", {})
     assert status == 200 and "id=token" in body and "wire it" not in body
+    assert f"name=back value='/calls/{KEY}'" in body
+    for back, lands in ((f"/calls/{KEY}", f"/calls/{KEY}"), ("https://evil.example/", "/")):
+        status, headers, _ = await asyncio.to_thread(
+            http,
+            "POST",
+            setup.inbox.url + "/login",
+            {"token": setup.tokens["bob"], "back": back},
+        )
+        assert status == 303 and headers["Location"] == lands
 
 
 async def test_a_vote_on_the_call_page_then_history_tells_who_when_why(
