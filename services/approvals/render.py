@@ -70,6 +70,21 @@ def votes_line(state: ApprovalView) -> str:
     return text
 
 
+def _tool_lines(state: ApprovalView) -> list[str]:
+    """The registry's word on the tool: what it does; for an upstream MCP tool, its server
+    and pinned definition."""
+    info = state.tool_info
+    if info is None:
+        return []
+    lines = [f"  tool:       {visible(' '.join(info.description.split()))}"]
+    if info.server:
+        lines.append(
+            f"  upstream:   {visible(info.server)} (tool {visible(info.upstream_tool)}, "
+            f"pinned sha256 {visible(info.pin)})"
+        )
+    return lines
+
+
 def as_text(state: ApprovalView, now: datetime) -> str:
     """The block `toolgate approvals list/show` prints for one call (headed by its call
     key, TENANT.AGENT.CALL_ID, which `approve` and `deny` take)."""
@@ -81,6 +96,7 @@ def as_text(state: ApprovalView, now: datetime) -> str:
         f"agent {visible(p.agent)}, session {visible(p.session)}"
         + (f", task {visible(state.call.task_id)}" if state.call.task_id else "")
         + ")",
+        *_tool_lines(state),
         f"  policy:     {visible(state.policy_version)}"
         + (f" ({', '.join(visible(i) for i in state.policy_ids)})" if state.policy_ids else ""),
     ]

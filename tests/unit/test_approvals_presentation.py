@@ -239,4 +239,7 @@ def test_a_card_names_an_upstream_tools_server_and_pin_escaped() -> None:
     assert "Does &lt;b&gt;x&lt;/b&gt; folded." in html
     assert "<code class=server>http://u/mcp?&lt;i&gt;</code>" in html
     assert f"<code class=pin>{'d' * 64}</code>" in html
+    text = as_text(view, datetime.now(UTC))
+    assert "  tool:       Does <b>x</b> folded." in text
+    assert f"  upstream:   http://u/mcp?<i> (tool x, pinned sha256 {'d' * 64})" in text
     assert tool_info_of(None) is None
