@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 
 import msgspec
 from faststream import FastStream
@@ -37,6 +37,7 @@ from nats.aio.msg import Msg
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
+from toolgate.contracts.registry import Registry, ToolSpec
 from toolgate.runtime import bus
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.approvals import protocol
@@ -83,6 +84,8 @@ def _refusal_for(subject: str) -> Callable[[str, str], msgspec.Struct]:
         return lambda code, message: protocol.ListReply(ok=False, code=code, message=message)
     if subject == protocol.SHOW_SUBJECT:
         return lambda code, message: protocol.ShowReply(ok=False, code=code, message=message)
+    if subject == protocol.HISTORY_SUBJECT:
+        return lambda code, message: protocol.HistoryReply(ok=False, code=code, message=message)
     return lambda code, message: protocol.WhoamiReply(ok=False, code=code, message=message)
 
 
@@ -91,15 +94,63 @@ def unknown_call(text: str) -> str:
     return f"no approval was requested for call {text!r} that you may see"
 
 
+def tool_info_of(spec: ToolSpec | None) -> protocol.ToolInfo | None:
+    """What an approver is shown of a tool from the registry (None: not registered)."""
+    if spec is None:
+        return None
+    if spec.mcp is None:
+        return protocol.ToolInfo(description=spec.description, risk=spec.risk)
+    # A stdio upstream (once the registry has them) is named by its command line.
+    command = getattr(spec.mcp, "command", None)
+    server = getattr(spec.mcp, "url", None) or " ".join(
+        [str(command), *map(str, getattr(spec.mcp, "args", None) or ())] if command else []
+    )
+    return protocol.ToolInfo(
+        description=spec.description,
+        risk=spec.risk,
+        server=server,
+        upstream_tool=spec.mcp.tool,
+        pin=spec.mcp.definition_sha256,
+    )
+
+
+def in_history(state: ApprovalState, request: protocol.HistoryRequest) -> bool:
+    """Whether a decided call matches the history filters."""
+    if state.is_open or state.decided_at is None:
+        return False
+    if request.tool and state.call.tool != request.tool.strip():
+        return False
+    if request.decision and state.status != request.decision:
+        return False
+    if request.approver and not any(same_person(v.approver, request.approver) for v in state.votes):
+        return False
+    since, until = _aware(request.since), _aware(request.until)
+    if since is not None and state.decided_at < since:
+        return False
+    return not (until is not None and state.decided_at >= until)
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """A time without a zone is UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
 class ApprovalsService:
     """The service's behaviour, independent of how messages reach it."""
 
     def __init__(
-        self, publisher: bus.Publisher, book: ApproverBook, clock: Clock = utc_now
+        self,
+        publisher: bus.Publisher,
+        book: ApproverBook,
+        clock: Clock = utc_now,
+        registry: Registry | None = None,
     ) -> None:
         self.publisher = publisher
         self.book = book
         self.clock = clock
+        self.registry = registry
         self.store: ApprovalStore | None = None  # bound once the broker is connected
         self.max_reply_bytes = DEFAULT_MAX_PAYLOAD - protocol.REPLY_HEADROOM_BYTES
 
@@ -204,6 +255,8 @@ class ApprovalsService:
             return await self.show(approver, request.call)
         if isinstance(request, protocol.ListRequest):
             return await self.list_pending(approver)
+        if isinstance(request, protocol.HistoryRequest):
+            return await self.history(approver, request)
         return protocol.WhoamiReply(ok=True, approver=protocol.Identity.of(approver))
 
     async def resolve(self, approver: Approver, text: str) -> tuple[str | None, str, str]:
@@ -242,7 +295,7 @@ class ApprovalsService:
         for state in states:
             if not approver.may_vote_for(state.tenant):
                 continue
-            view = protocol.view_of(state)
+            view = self.view(state)
             size += len(protocol.encode(view)) + 1
             if size > self.max_reply_bytes:
                 break
@@ -265,7 +318,32 @@ class ApprovalsService:
             return protocol.ShowReply(
                 ok=False, code=Refusal.UNKNOWN_CALL, message=unknown_call(text)
             )
-        return protocol.ShowReply(ok=True, approval=protocol.view_of(found[0]))
+        return protocol.ShowReply(ok=True, approval=self.view(found[0]))
+
+    def view(self, state: ApprovalState) -> protocol.ApprovalView:
+        spec = self.registry.get(state.call.tool) if self.registry is not None else None
+        return protocol.view_of(state, tool_info_of(spec))
+
+    async def history(
+        self, approver: Approver, request: protocol.HistoryRequest
+    ) -> protocol.HistoryReply:
+        """Decided calls of the approver's tenants, latest decision first. They come from
+        the KV bucket (file storage, kept RETENTION_S): a restart loses none; older ones
+        are in the audit."""
+        found = [s for s in await self._store().visible_to(approver) if in_history(s, request)]
+        found.sort(key=lambda s: (s.decided_at, s.key), reverse=True)
+        limit = max(1, min(request.limit, protocol.HISTORY_LIMIT))
+        views: list[protocol.ApprovalView] = []
+        size = 512
+        for state in found[:limit]:
+            if not approver.may_vote_for(state.tenant):
+                continue
+            view = self.view(state)
+            size += len(protocol.encode(view)) + 1
+            if size > self.max_reply_bytes:
+                break
+            views.append(view)
+        return protocol.HistoryReply(ok=True, calls=views, omitted=len(found) - len(views))
 
     async def vote(self, approver: Approver, request: protocol.VoteRequest) -> VoteOutcome:
         if request.approver and not same_person(request.approver, approver.name):
@@ -345,7 +423,9 @@ def build_app(
 ) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
-    service = ApprovalsService(publisher, ApproverBook(settings.data_dir), clock)
+    service = ApprovalsService(
+        publisher, ApproverBook(settings.data_dir), clock, registry=settings.load_registry()
+    )
     source = subjects.event_filter(ApprovalRequested)
 
     @bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, SERVICE)

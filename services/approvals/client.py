@@ -139,6 +139,18 @@ class ApprovalsClient:
             **kw,
         )
 
+    async def history(self, token: str | None = None, **filters: Any) -> protocol.HistoryReply:
+        """Decided calls this approver may see, latest first (`filters`: HistoryRequest's
+        tool, decision, approver, since, until, limit)."""
+        reply: protocol.HistoryReply = await self.request(
+            protocol.HISTORY_SUBJECT,
+            protocol.HistoryRequest(token=self._token(token), **filters),
+            protocol.history_reply_decoder,
+        )
+        if not reply.ok:
+            raise Refused(reply.code, reply.message)
+        return reply
+
     async def get(
         self, call: str, token: str | None = None, **kw: Any
     ) -> protocol.ApprovalView | None:

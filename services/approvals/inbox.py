@@ -28,6 +28,7 @@ browser and is judged by its token alone.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
@@ -37,10 +38,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from html import escape
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
@@ -53,8 +55,21 @@ from toolgate.services.approvals.logic import (
     Refusal,
     same_person,
 )
-from toolgate.services.approvals.protocol import ApprovalView, ListReply
-from toolgate.services.approvals.render import pretty_arguments, time_left, visible, votes_line
+from toolgate.services.approvals.protocol import (
+    ApprovalView,
+    HistoryReply,
+    ListReply,
+    parse_call_ref,
+)
+from toolgate.services.approvals.render import (
+    duplicates,
+    pretty_arguments,
+    time_left,
+    utc_text,
+    visible,
+    votes_line,
+)
+from toolgate.services.approvals.store import RETENTION_S
 
 log = logging.getLogger("toolgate.approvals.inbox")
 
@@ -65,8 +80,10 @@ MAX_FORM_BYTES = 16 * 1024
 # at once and keeps a slow-client flood to 128 sockets (each closed after 10 s).
 INBOX_LIMITS = SlowClientLimits(max_connections=128)
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    # Scripts only from the inbox's own files (no inline script, no eval); the live
+    # updates' EventSource connects to the inbox only.
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
+    "style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
     # Not no-referrer: under it a browser sends `Origin: null` with the inbox's own
@@ -76,16 +93,112 @@ SECURITY_HEADERS = {
 }
 
 STYLE = """
-body{font-family:system-ui,sans-serif;margin:2rem auto;max-width:60rem;padding:0 1rem;color:#222}
-header{display:flex;justify-content:space-between;align-items:center}
-article{border:1px solid #ccc;border-radius:6px;padding:1rem;margin:1rem 0}
-pre{background:#f6f6f6;padding:.75rem;overflow:auto;white-space:pre-wrap;word-break:break-all}
-dl{display:grid;grid-template-columns:10rem 1fr;gap:.25rem .75rem}dt{color:#666}dd{margin:0}
-.risk{padding:.1rem .5rem;border-radius:4px;background:#eee;font-size:.9rem}
-.risk-high,.risk-critical{background:#fdd}
+*{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:1rem auto;max-width:60rem;padding:0 .75rem;color:#222;
+overflow-wrap:anywhere}
+header{display:flex;flex-wrap:wrap;justify-content:space-between;align-items:center;gap:.5rem}
+h1{font-size:1.5rem;margin:.5rem 0}h2{font-size:1.2rem;display:flex;flex-wrap:wrap;gap:.5rem}
+nav{display:flex;flex-wrap:wrap;gap:1rem;align-items:baseline}
+article{border:1px solid #ccc;border-radius:6px;padding:.75rem;margin:1rem 0;min-width:0}
+article.fresh{border-color:#68c}article.duplicate-card{border-style:dashed}
+pre{background:#f6f6f6;padding:.75rem;max-width:100%;max-height:24rem;overflow:auto;
+white-space:pre-wrap;overflow-wrap:anywhere;word-break:break-all}
+dl{display:grid;grid-template-columns:minmax(5rem,10rem) minmax(0,1fr);gap:.25rem .75rem}
+dt{color:#666}dd{margin:0;min-width:0}
+@media (max-width:40rem){dl{grid-template-columns:minmax(0,1fr)}dt{margin-top:.4rem}}
+.risk,.status{padding:.1rem .5rem;border-radius:4px;background:#eee;font-size:.9rem}
+.risk-high,.risk-critical,.status-denied .status{background:#fdd}
+.status-granted .status{background:#dfd}
 .flash{padding:.75rem;border-radius:6px;background:#eef}.flash.refused{background:#fee}
+.duplicate{padding:.5rem;border-radius:6px;background:#ffd}
+input,select,textarea,button{max-width:100%;font:inherit}
 textarea{width:100%;min-height:3rem}code{word-break:break-all}
+.filters{display:flex;flex-wrap:wrap;gap:.5rem;align-items:end}
+.filters label{display:flex;flex-direction:column}
+time+.local{color:#555}
 """
+
+# The small script of every page (served from the inbox itself: the CSP allows no inline
+# script): live updates over server-sent events, and times in the approver's own zone.
+SCRIPT_PATH = "/static/inbox.js"
+SCRIPT = rb"""(function () {
+  "use strict";
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function localize(root) {
+    var zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
+    root.querySelectorAll("time[datetime]").forEach(function (t) {
+      if (t.dataset.localized) { return; }
+      var d = new Date(t.getAttribute("datetime"));
+      if (isNaN(d.getTime())) { return; }
+      var s = document.createElement("span");
+      s.className = "local";
+      s.textContent = " (" + d.getFullYear() + "-" + two(d.getMonth() + 1) + "-" +
+        two(d.getDate()) + " " + two(d.getHours()) + ":" + two(d.getMinutes()) + ":" +
+        two(d.getSeconds()) + " " + zone + ")";
+      t.after(s);
+      t.dataset.localized = "1";
+    });
+  }
+  function place(data, insert) {
+    var template = document.createElement("template");
+    template.innerHTML = data.html;
+    var fresh = template.content.firstElementChild;
+    if (!fresh) { return; }
+    var old = document.getElementById("call-" + data.key);
+    if (old && old.dataset.mark === data.mark) { return; }
+    if (old) {
+      var typed = old.querySelector("textarea[name=reason]");
+      var now = fresh.querySelector("textarea[name=reason]");
+      if (typed && now) { now.value = typed.value; }
+      old.replaceWith(fresh);
+    } else if (insert) {
+      var empty = document.getElementById("empty");
+      if (empty) { empty.remove(); }
+      document.getElementById("calls").appendChild(fresh);
+    } else {
+      return;
+    }
+    fresh.classList.add("fresh");
+    localize(fresh);
+  }
+  function start() {
+    localize(document);
+    var live = document.body.dataset.live;
+    var shown = document.getElementById("live");
+    if (!live || !window.EventSource || !shown) { return; }
+    var source = new EventSource("/events");
+    source.addEventListener("open", function () { shown.textContent = "live"; });
+    source.addEventListener("error", function () {
+      shown.textContent = source.readyState === 2 ? "not live: reload" : "reconnecting";
+    });
+    source.addEventListener("card", function (e) { place(JSON.parse(e.data), live === "list"); });
+    source.addEventListener("decided", function (e) { place(JSON.parse(e.data), false); });
+    source.addEventListener("end", function () {
+      source.close();
+      shown.textContent = "session ended: reload";
+    });
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();
+"""
+CALLS_PATH = "/calls/"
+RETENTION_DAYS = int(RETENTION_S // 86400)
+
+# Live updates: each stream asks the approvals service for the approver's calls every
+# LIVE_POLL_S (with the approver's token: the service's own answer, so the stream sees
+# what the page sees and nothing of another tenant). Streams are held open, so they are
+# capped well below the connection cap (they never take the whole door) and per approver
+# (one person's tabs cannot take them all); a stream ends after LIVE_STREAM_S and the
+# browser reconnects, which checks the session again.
+LIVE_POLL_S = 2.0
+LIVE_HEARTBEAT_S = 15.0
+LIVE_STREAM_S = 600.0
+MAX_LIVE_STREAMS = 32
+MAX_LIVE_STREAMS_PER_APPROVER = 4
 
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -156,6 +269,17 @@ def h(value: object) -> str:
     return escape(visible(str(value)), quote=True)
 
 
+@dataclass(frozen=True)
+class LiveLimits:
+    """How the live streams behave (tests shorten the times)."""
+
+    poll_s: float = LIVE_POLL_S
+    heartbeat_s: float = LIVE_HEARTBEAT_S
+    stream_s: float = LIVE_STREAM_S
+    max_streams: int = MAX_LIVE_STREAMS
+    max_per_approver: int = MAX_LIVE_STREAMS_PER_APPROVER
+
+
 @dataclass
 class Session:
     approver: Approver
@@ -176,8 +300,13 @@ class Inbox:
         connect_options: dict[str, Any] | None = None,
         allowed_hosts: tuple[str, ...] = (),
         allowed_origins: tuple[str, ...] = (),
+        limits: SlowClientLimits = INBOX_LIMITS,
+        live: LiveLimits | None = None,
     ) -> None:
         self.nats_url = nats_url
+        self.limits = limits
+        self.live = live or LiveLimits()
+        self.streams: dict[str, int] = {}  # open live streams, by approver (loop thread only)
         self.host = host
         self.port = port
         self.origins = Origins(host, allowed_hosts, allowed_origins)
@@ -208,7 +337,7 @@ class Inbox:
             self.asgi,
             self.host,
             self.port,
-            INBOX_LIMITS,
+            self.limits,
             interface="asgi3",
             lifespan="off",
             proxy_headers=False,
@@ -232,6 +361,11 @@ class Inbox:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down: live streams end (within a poll) so it can."""
+        return self._server is not None and bool(self._server.should_exit)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -293,6 +427,29 @@ class Inbox:
             session.seen = time.monotonic()
             return session
 
+    def session_alive(self, sid: str | None) -> bool:
+        """Whether a session still stands (without counting this as its use)."""
+        with self._sessions_lock:
+            return bool(sid) and sid in self.sessions
+
+    def open_stream(self, approver: str) -> bool:
+        """Count a live stream for `approver`; False if a cap is reached."""
+        key = approver.strip().casefold()
+        if sum(self.streams.values()) >= self.live.max_streams:
+            return False
+        if self.streams.get(key, 0) >= self.live.max_per_approver:
+            return False
+        self.streams[key] = self.streams.get(key, 0) + 1
+        return True
+
+    def close_stream(self, approver: str) -> None:
+        key = approver.strip().casefold()
+        left = self.streams.get(key, 0) - 1
+        if left > 0:
+            self.streams[key] = left
+        else:
+            self.streams.pop(key, None)
+
     def logout(self, sid: str | None) -> None:
         with self._sessions_lock:
             self.sessions.pop(sid or "", None)
@@ -321,23 +478,57 @@ class Inbox:
             raise
         return reply
 
+    async def history_for(self, token: str, filters: dict[str, Any]) -> HistoryReply | None:
+        """Decided calls this token may see, filtered; None if the token is no longer valid."""
+        try:
+            reply: HistoryReply = await self.client.history(token, **filters)
+        except Refused as exc:
+            if exc.code == Refusal.INVALID_TOKEN:
+                self.forget_token(token)
+                return None
+            raise
+        return reply
 
-def page(title: str, body: str) -> bytes:
+    async def call_for(self, token: str, key: str) -> ApprovalView | object | None:
+        """One call by its key, if this token may see it (else UNKNOWN: the same for a call
+        that does not exist and one of another tenant); None if the token is no longer valid."""
+        ref = parse_call_ref(key)
+        if ref is None or ref.key != key:
+            return UNKNOWN
+        try:
+            found = await self.client.get(key, token)
+        except Refused as exc:
+            if exc.code == Refusal.INVALID_TOKEN:
+                self.forget_token(token)
+                return None
+            raise
+        return UNKNOWN if found is None else found
+
+
+UNKNOWN = object()  # a call this approver may not see, or that does not exist
+
+
+def page(title: str, body: str, live: str = "") -> bytes:
+    """A whole page. `live` ("list" or "call"): the script keeps it up to date."""
     return (
         f"<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<meta name=viewport content='width=device-width,initial-scale=1'>"
-        f"<title>{h(title)}</title><style>{STYLE}</style></head>"
-        f"<body>{body}</body></html>"
+        f"<title>{h(title)}</title><style>{STYLE}</style>"
+        f"<script src='{SCRIPT_PATH}' defer></script></head>"
+        f"<body{f' data-live={live}' if live else ''}>{body}</body></html>"
     ).encode()
 
 
-def login_page(message: str = "") -> bytes:
+def login_page(message: str = "", back: str = "/") -> bytes:
+    """The login form; `back`: the call page a link (a notification's) asked for, where
+    the login then leads."""
     note = f"<p class='flash refused' id=flash>{h(message)}</p>" if message else ""
+    then = f"<input type=hidden name=back value='{h(back)}'>" if _is_call_page(back) else ""
     return page(
         "toolgate approvals: log in",
         f"""
 <h1>toolgate approvals</h1>{note}
-<form method=post action=/login>
+<form method=post action=/login>{then}
 <label for=token>Approver token</label>
 <input id=token name=token type=password autocomplete=off required size=60>
 <button id=login type=submit>Log in</button>
@@ -345,13 +536,74 @@ def login_page(message: str = "") -> bytes:
     )
 
 
-def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
+def moment_html(moment: datetime) -> str:
+    """A time: UTC as text (readable without a script), its ISO form for the script,
+    which adds the approver's own zone beside it."""
+    return f"<time datetime='{h(moment.isoformat())}'>{h(utc_text(moment))}</time>"
+
+
+def call_link(key: str) -> str:
+    return f"<a class=call-link href='{CALLS_PATH}{h(key)}'><code class=key>{h(key)}</code></a>"
+
+
+def _tool_rows(state: ApprovalView) -> list[tuple[str, str]]:
+    info = state.tool_info
+    if info is None:
+        return [("tool", "<em>not in the registry any more</em>")]
+    # A registry's description is often folded YAML: its line breaks are layout, not data.
+    description = " ".join(info.description.split())
+    rows = [("tool", f"<span class=description>{h(description)}</span>")]
+    if info.risk and info.risk != state.risk:
+        rows.append(("registry risk", f"<span class=registry-risk>{h(info.risk)}</span>"))
+    if info.server:
+        rows.append(
+            (
+                "upstream",
+                f"<code class=server>{h(info.server)}</code> "
+                f"<small>(tool <code class=upstream-tool>{h(info.upstream_tool)}</code>)</small>",
+            )
+        )
+        rows.append(("pinned sha256", f"<code class=pin>{h(info.pin)}</code>"))
+    return rows
+
+
+def _decision_html(state: ApprovalView) -> str:
+    """Who decided, when, why (a decided call)."""
+    when = moment_html(state.decided_at) if state.decided_at else "?"
+    if state.status == "expired":
+        head = f"Expired {when}: {h(votes_line(state))} approvals given, nobody decided."
+    else:
+        head = f"{h(state.status.capitalize())} {when}."
+    return f"<p class='decision decision-{h(state.status)}'>{head}</p>"
+
+
+def _votes_html(state: ApprovalView) -> str:
+    if not state.votes:
+        return ""
+    items = "".join(
+        f"<li class='vote vote-{h(v.decision)}'><b class=voter>{h(v.approver)}</b> "
+        f"{'approved' if v.decision == 'approve' else 'denied'} {moment_html(v.at)}: "
+        f"<q class=reason>{h(v.reason)}</q></li>"
+        for v in state.votes
+    )
+    return f"<h3>Votes</h3><ul class=votes-list>{items}</ul>"
+
+
+def call_html(
+    state: ApprovalView,
+    approver: Approver,
+    csrf: str,
+    twins: list[str] | None = None,
+    back: str = "/",
+) -> str:
+    """One call's card: pending (with the vote form) or decided (who, when, why)."""
     p = state.call.principal
     now = utc_now()
     own = same_person(approver.name, state.requester)
     voted = next((v for v in state.votes if same_person(v.approver, approver.name)), None)
     rows = [
-        ("call", f"<code class=key>{h(state.key)}</code>"),
+        ("call", call_link(state.key)),
+        *_tool_rows(state),
         (
             "requester",
             f"{h(state.requester)} <small>(tenant {h(p.tenant)}, agent {h(p.agent)}, "
@@ -366,19 +618,30 @@ def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
         ),
     ]
     if state.request_reason:
-        rows.append(("why", h(state.request_reason)))
+        rows.append(("why", f"<span class=why>{h(state.request_reason)}</span>"))
+    rows.append(("requested", moment_html(state.requested_at)))
+    if state.status == "pending":
+        rows.append(
+            (
+                "expires",
+                f"{moment_html(state.expires_at)} "
+                f"<small>({h(time_left(state.expires_at, now))})</small>",
+            )
+        )
     rows += [
-        (
-            "expires",
-            f"<time datetime='{h(state.expires_at.isoformat())}'>"
-            f"{h(state.expires_at.isoformat())}</time> "
-            f"({h(time_left(state.expires_at, now))})",
-        ),
         ("approvals", f"<span class=votes>{h(votes_line(state))}</span>"),
         ("arguments sha256", f"<code class=sha>{h(state.arguments_sha256)}</code>"),
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
-    if voted is not None:
+    twin_note = ""
+    if twins:
+        twin_note = (
+            "<p class=duplicate>Likely a duplicate (a client's retry: same tenant, agent, "
+            "tool and arguments) of " + ", ".join(call_link(k) for k in twins) + ".</p>"
+        )
+    if state.status != "pending":
+        action = _decision_html(state)
+    elif voted is not None:
         action = f"<p class=voted>You voted {h(voted.decision)}: {h(voted.reason)}</p>"
     else:
         approve = (
@@ -391,19 +654,41 @@ def call_html(state: ApprovalView, approver: Approver, csrf: str) -> str:
 <input type=hidden name=csrf value="{h(csrf)}">
 <input type=hidden name=call value="{h(state.key)}">
 <input type=hidden name=arguments_sha256 value="{h(state.arguments_sha256)}">
+<input type=hidden name=back value="{h(back)}">
 <label>Reason <textarea name=reason required maxlength={MAX_REASON_CHARS}></textarea></label>
 {approve}<button type=submit name=decision value=deny class=deny>Deny</button>
 </form>"""
+    status = f"call status-{h(state.status)}" + (" duplicate-card" if twins else "")
     return f"""
-<article class=call id="call-{h(state.key)}" data-call-key="{h(state.key)}"
- data-call-id="{h(state.call_id)}">
+<article class="{status}" id="call-{h(state.key)}" data-call-key="{h(state.key)}"
+ data-call-id="{h(state.call_id)}" data-status="{h(state.status)}"
+ data-mark="{card_mark(state, twins)}">
 <h2><span class=tool>{h(state.call.tool)}</span>
-<span class="risk risk-{h(state.risk)}">{h(state.risk)}</span></h2>
-<dl>{dl}</dl>
+<span class="risk risk-{h(state.risk)}">{h(state.risk)}</span>
+{"" if state.status == "pending" else f"<span class=status>{h(state.status)}</span>"}</h2>
+{twin_note}<dl>{dl}</dl>
 <h3>Arguments</h3>
 <pre class=arguments>{escape(pretty_arguments(state.call.arguments), quote=True)}</pre>
-{action}
+{_votes_html(state) if state.status != "pending" else ""}{action}
 </article>"""
+
+
+def _header(approver: Approver, csrf: str, title: str) -> str:
+    scope = "every tenant" if approver.all_tenants else "tenant " + ", ".join(approver.tenants)
+    return f"""
+<header><h1>{h(title)}</h1>
+<form method=post action=/logout><input type=hidden name=csrf value="{h(csrf)}">
+<span id=who>{h(approver.name)}</span> <small id=scope>({h(scope)})</small>
+<button type=submit>Log out</button></form></header>
+<nav><a href="/">Pending</a> <a href="/history">History</a>
+<small id=live class=live></small></nav>"""
+
+
+def _flash_html(flash: tuple[str, bool] | None) -> str:
+    if not flash:
+        return ""
+    message, refused = flash
+    return f"<p class='flash{' refused' if refused else ''}' id=flash>{h(message)}</p>"
 
 
 def inbox_page(
@@ -413,29 +698,109 @@ def inbox_page(
     flash: tuple[str, bool] | None,
     omitted: int = 0,
 ) -> bytes:
-    note = ""
-    if flash:
-        message, refused = flash
-        note = f"<p class='flash{' refused' if refused else ''}' id=flash>{h(message)}</p>"
-    calls = "".join(call_html(s, approver, session_csrf) for s in states)
+    twins = duplicates(states)
+    calls = "".join(call_html(s, approver, session_csrf, twins.get(s.key)) for s in states)
     if not calls:
         calls = "<p id=empty>No calls are waiting for approval.</p>"
+    more = ""
     if omitted:
-        calls += (
+        more = (
             f"<p id=omitted>{omitted} more calls are waiting: decide these first, "
             "or use <code>toolgate approvals list</code>.</p>"
         )
-    scope = "every tenant" if approver.all_tenants else "tenant " + ", ".join(approver.tenants)
     return page(
         "toolgate approvals",
-        f"""
-<header><h1>Pending approvals</h1>
-<form method=post action=/logout><input type=hidden name=csrf value="{h(session_csrf)}">
-<span id=who>{h(approver.name)}</span> <small id=scope>({h(scope)})</small>
-<button type=submit>Log out</button></form></header>
-{note}
+        f"""{_header(approver, session_csrf, "Pending approvals")}
+{_flash_html(flash)}
 <p><a href="/">Refresh</a></p>
-{calls}""",
+<main id=calls>{calls}</main>{more}""",
+        live="list",
+    )
+
+
+def call_page(
+    approver: Approver, csrf: str, state: ApprovalView, flash: tuple[str, bool] | None
+) -> bytes:
+    return page(
+        f"toolgate approvals: {state.key}",
+        f"""{_header(approver, csrf, "Call")}
+{_flash_html(flash)}
+<main id=call>{call_html(state, approver, csrf, back=CALLS_PATH + state.key)}</main>""",
+        live="call",
+    )
+
+
+def not_found_page() -> bytes:
+    # The same bytes whether the call does not exist or is another tenant's.
+    return page("not found", "<p id=not-found>No such call that you may see.</p>")
+
+
+HISTORY_DECISIONS = ("", "granted", "denied", "expired")
+
+
+def history_filters(query: str) -> dict[str, Any] | None:
+    """The history filters of a query string (HistoryRequest's fields); None if one is
+    not valid. Times are UTC: `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS]`."""
+    raw = {k: v[0].strip() for k, v in parse_qs(query, keep_blank_values=True).items()}
+    found: dict[str, Any] = {}
+    for name in ("tool", "approver"):
+        value = raw.get(name, "")
+        if len(value) > 200:
+            return None
+        found[name] = value
+    decision = raw.get("decision", "")
+    if decision not in HISTORY_DECISIONS:
+        return None
+    found["decision"] = decision
+    for name in ("since", "until"):
+        value = raw.get(name, "")
+        if not value:
+            found[name] = None
+            continue
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        found[name] = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return found
+
+
+def history_page(
+    approver: Approver, csrf: str, filters: dict[str, Any], reply: HistoryReply
+) -> bytes:
+    def value(name: str) -> str:
+        v = filters.get(name)
+        if isinstance(v, datetime):
+            return h(v.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+        return h(v or "")
+
+    options = "".join(
+        f"<option value='{d}'{' selected' if filters.get('decision') == d else ''}>"
+        f"{d or 'any'}</option>"
+        for d in HISTORY_DECISIONS
+    )
+    form = f"""
+<form method=get action=/history id=filters class=filters>
+<label>Tool <input name=tool value="{value("tool")}" size=16></label>
+<label>Decision <select name=decision>{options}</select></label>
+<label>Approver <input name=approver value="{value("approver")}" size=12></label>
+<label>From (UTC) <input name=since value="{value("since")}" placeholder=2026-12-01 size=19></label>
+<label>Before (UTC) <input name=until value="{value("until")}" size=19></label>
+<button type=submit>Filter</button>
+</form>"""
+    cards = "".join(call_html(s, approver, csrf) for s in reply.calls)
+    if not cards:
+        cards = "<p id=empty>No decided calls match.</p>"
+    more = (
+        f"<p id=omitted>{reply.omitted} more match: narrow the filters.</p>"
+        if reply.omitted
+        else ""
+    )
+    return page(
+        "toolgate approvals: history",
+        f"""{_header(approver, csrf, "Decided calls")}
+<p><small>Kept {RETENTION_DAYS} days in the approvals bucket (older: `toolgate audit`).</small></p>
+{form}<main id=history>{cards}</main>{more}""",
     )
 
 
@@ -468,10 +833,186 @@ async def asgi_app(owner: Inbox, scope: dict[str, Any], receive: Any, send: Any)
     if scope["type"] != "http":
         return
     handler = _Handler(owner, scope)
+    if handler.command == "GET" and scope["path"] == EVENTS_PATH:
+        await live_stream(handler, receive, send)
+        return
     if handler.command == "POST":
         handler.body = await _read_body(receive, MAX_FORM_BYTES)
     await handler.handle()
-    status, headers, body = handler.response
+    await _respond(send, handler.response)
+
+
+EVENTS_PATH = "/events"
+HISTORY_PATH = "/history"
+
+
+def _is_call_page(path: str) -> bool:
+    """A path of the inbox's own per-call pages (where a vote may send the browser back)."""
+    if not path.startswith(CALLS_PATH):
+        return False
+    ref = parse_call_ref(path[len(CALLS_PATH) :])
+    return ref is not None and ref.key == path[len(CALLS_PATH) :]
+
+
+def _event(name: str, data: Any) -> bytes:
+    """One server-sent event (JSON data: one line, whatever it holds)."""
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def card_mark(view: ApprovalView, twins: list[str] | None) -> str:
+    """Changes when what a card shows does (not with the seconds left): the page's cards
+    carry it, so the script leaves a card the stream sends again as it is."""
+    return hashlib.sha256(msgspec.json.encode((view, twins or []))).hexdigest()[:20]
+
+
+async def live_stream(handler: _Handler, receive: Any, send: Any) -> None:
+    """`GET /events`: the approver's pending calls as server-sent events, while the
+    session stands. `card`: a call new or changed (its card's HTML); `decided`: a call
+    no longer pending (its decided card); `end`: the session is over. Only what the
+    service answers for this approver's token is sent."""
+    owner = handler.owner
+    if handler._misdirected():
+        await _respond(send, handler.response)
+        return
+    try:
+        identity = await handler._identity()
+    except Exception as exc:
+        log.warning("authenticating a live stream failed: %r", exc)
+        identity, handler.response = None, _unavailable(handler)
+        await _respond(send, handler.response)
+        return
+    if identity is None:
+        handler._send(401, login_page("log in first"))
+        await _respond(send, handler.response)
+        return
+    approver, token, session = identity
+    if not owner.open_stream(approver.name):
+        handler._send(
+            429,
+            page("too many", "<p>Too many live pages open: close some, or reload.</p>"),
+            headers={"Retry-After": "30"},
+        )
+        await _respond(send, handler.response)
+        return
+    sid = handler._sid() if session is not None else None
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
+    headers = {**SECURITY_HEADERS, "Server": "toolgate-inbox"}
+    headers["Content-Type"] = "text/event-stream; charset=utf-8"
+    headers["X-Accel-Buffering"] = "no"  # a proxy must pass each event at once
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"retry: 5000\n\n", "more_body": True})
+        await _stream_changes(owner, approver, token, session, sid, send, gone)
+    except OSError:  # the client went away mid-send
+        pass
+    finally:
+        owner.close_stream(approver.name)
+        watcher.cancel()
+        try:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # already closed: nothing to finish
+            pass
+
+
+async def _stream_changes(
+    owner: Inbox,
+    approver: Approver,
+    token: str,
+    session: Session | None,
+    sid: str | None,
+    send: Any,
+    gone: asyncio.Event,
+) -> None:
+    loop = asyncio.get_running_loop()
+    limits = owner.live
+    ends_at = loop.time() + limits.stream_s
+    shown: dict[str, str] = {}
+    quiet_since = loop.time()
+    while not gone.is_set() and not owner.stopping and loop.time() < ends_at:
+        if session is not None and not owner.session_alive(sid):
+            await send({"type": "http.response.body", "body": _event("end", {}), "more_body": True})
+            return
+        try:
+            reply = await owner.pending_for(token)
+        except Exception as exc:  # the service is away for a moment: try next round
+            log.warning("a live stream could not list approvals: %r", exc)
+            reply = ListReply(ok=False)
+        if reply is None:  # the token is no longer valid
+            await send({"type": "http.response.body", "body": _event("end", {}), "more_body": True})
+            return
+        chunks: list[bytes] = []
+        if reply.ok:
+            if reply.approver is not None:
+                approver = reply.approver.approver()
+            chunks = await _changes(owner, approver, token, session, reply, shown)
+        if chunks:
+            quiet_since = loop.time()
+        elif loop.time() - quiet_since >= limits.heartbeat_s:
+            chunks = [b": keep-alive\n\n"]
+            quiet_since = loop.time()
+        if chunks:
+            await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": True})
+        try:
+            await asyncio.wait_for(gone.wait(), limits.poll_s)
+        except TimeoutError:
+            pass
+
+
+async def _changes(
+    owner: Inbox,
+    approver: Approver,
+    token: str,
+    session: Session | None,
+    reply: ListReply,
+    shown: dict[str, str],
+) -> list[bytes]:
+    """The events that bring a page from `shown` to `reply` (and update `shown`). The
+    stream cannot know how old the page is, so its first round sends every card once
+    (the script keeps a reason being typed)."""
+    csrf = session.csrf if session is not None else ""
+    twins = duplicates(reply.calls)
+    chunks: list[bytes] = []
+    now_keys = set()
+    for view in reply.calls:
+        now_keys.add(view.key)
+        mark = card_mark(view, twins.get(view.key))
+        if shown.get(view.key) != mark:
+            shown[view.key] = mark
+            html = call_html(view, approver, csrf, twins.get(view.key))
+            chunks.append(_event("card", {"key": view.key, "mark": mark, "html": html}))
+    for key in [k for k in shown if k not in now_keys]:
+        del shown[key]
+        try:
+            found = await owner.client.get(key, token)
+        except Exception as exc:
+            log.warning("a live stream could not show %s: %r", key, exc)
+            continue
+        if found is not None and found.status == "pending":
+            shown[key] = ""  # past its expiry, not yet swept: look again next round
+        elif found is not None:
+            html = call_html(found, approver, csrf)
+            mark = card_mark(found, None)
+            chunks.append(
+                _event("decided", {"key": key, "mark": mark, "status": found.status, "html": html})
+            )
+    return chunks
+
+
+async def _respond(send: Any, response: tuple[int, list[tuple[str, str]], bytes]) -> None:
+    status, headers, body = response
     await send(
         {
             "type": "http.response.start",
@@ -480,6 +1021,13 @@ async def asgi_app(owner: Inbox, scope: dict[str, Any], receive: Any, send: Any)
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def _unavailable(handler: _Handler) -> tuple[int, list[tuple[str, str]], bytes]:
+    handler._send(
+        503, page("unavailable", "<p>The approvals service is unavailable; retry shortly.</p>")
+    )
+    return handler.response
 
 
 class _Handler:
@@ -587,14 +1135,23 @@ class _Handler:
     # -------------------------------------------------------- routes
 
     async def do_GET(self) -> None:  # noqa: N802
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
         if path == "/healthz":  # probes name the pod's address: no Host check, no data
             self._send(200, b"ok", "text/plain")
             return
         if self._misdirected():
             return
-        if path != "/":
+        if path == SCRIPT_PATH:
+            self._send(200, SCRIPT, "text/javascript; charset=utf-8")
+            return
+        if path not in ("/", HISTORY_PATH) and not path.startswith(CALLS_PATH):
             self._send(404, page("not found", "<p>Not found.</p>"))
+            return
+        filters = history_filters(query) if path == HISTORY_PATH else {}
+        if filters is None:
+            self._send(
+                400, page("bad request", "<p>Bad filters: times are YYYY-MM-DD[THH:MM].</p>")
+            )
             return
         try:
             identity = await self._identity()
@@ -602,12 +1159,18 @@ class _Handler:
                 if self._bearer() is not None:
                     self._send(401, login_page("unknown or invalid token"))
                 else:
-                    self._send(200, login_page())
+                    self._send(200, login_page(back=path))
                 return
             approver, token, session = identity
-            reply = await self.owner.pending_for(token)
+            reply: Any
+            if path == "/":
+                reply = await self.owner.pending_for(token)
+            elif path == HISTORY_PATH:
+                reply = await self.owner.history_for(token, filters)
+            else:
+                reply = await self.owner.call_for(token, unquote(path[len(CALLS_PATH) :]))
         except Exception as exc:
-            log.warning("listing pending approvals failed: %r", exc)
+            log.warning("reading approvals failed: %r", exc)
             self._send(
                 503,
                 page("unavailable", "<p>The approvals service is unavailable; retry shortly.</p>"),
@@ -616,13 +1179,25 @@ class _Handler:
         if reply is None:  # the token was rotated or removed meanwhile
             self._send(401, login_page("your token is no longer valid: log in again"))
             return
-        if reply.approver is not None:
-            approver = reply.approver.approver()
         flash = None
         csrf = ""
         if session is not None:
-            flash, session.flash = session.flash, None
             csrf = session.csrf
+        if path == HISTORY_PATH:
+            self._send(200, history_page(approver, csrf, filters, reply))
+            return
+        if path != "/":
+            if reply is UNKNOWN:
+                self._send(404, not_found_page())
+                return
+            if session is not None:
+                flash, session.flash = session.flash, None
+            self._send(200, call_page(approver, csrf, reply, flash))
+            return
+        if reply.approver is not None:
+            approver = reply.approver.approver()
+        if session is not None:
+            flash, session.flash = session.flash, None
         self._send(200, inbox_page(approver, csrf, list(reply.calls), flash, reply.omitted))
 
     async def do_POST(self) -> None:  # noqa: N802
@@ -640,12 +1215,14 @@ class _Handler:
                 log.warning("login failed: %r", exc)
                 self._send(503, login_page("the approvals service is unavailable; retry shortly"))
                 return
+            back = form.get("back", "/")
             if found is None:
-                self._send(401, login_page("unknown or invalid token"))
+                self._send(401, login_page("unknown or invalid token", back))
                 return
             sid, _ = found
             self._redirect(
-                "/", {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"}
+                back if _is_call_page(back) else "/",
+                {"Set-Cookie": f"{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/"},
             )
             return
         try:
@@ -706,7 +1283,8 @@ class _Handler:
             )
             return
         session.flash = (message, refused)
-        self._redirect("/")
+        back = form.get("back", "/")
+        self._redirect(back if back == "/" or _is_call_page(back) else "/")
 
 
 def serve_inbox(

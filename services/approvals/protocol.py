@@ -20,6 +20,7 @@ there.
     toolgate.approvals.list     ListRequest     ListReply (open calls, soonest expiry first)
     toolgate.approvals.show     ShowRequest     ShowReply (one call, any state)
     toolgate.approvals.vote     VoteRequest     VoteOutcome
+    toolgate.approvals.history  HistoryRequest  HistoryReply (decided calls, latest first)
 
 A call is addressed as its call key `TENANT.AGENT.CALL_ID` (call_ids are
 unique only per agent); a bare `CALL_ID` is accepted when exactly one call
@@ -42,7 +43,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -62,6 +63,8 @@ WHOAMI_SUBJECT: Final = f"{PREFIX}.whoami"
 LIST_SUBJECT: Final = f"{PREFIX}.list"
 SHOW_SUBJECT: Final = f"{PREFIX}.show"
 VOTE_SUBJECT: Final = f"{PREFIX}.vote"
+HISTORY_SUBJECT: Final = f"{PREFIX}.history"
+HISTORY_LIMIT: Final = 200
 # What the service subscribes to (an unknown operation is answered BAD_REQUEST).
 SERVICE_SUBJECTS: Final = f"{PREFIX}.>"
 QUEUE_GROUP: Final = "approvals"
@@ -140,7 +143,33 @@ class VoteRequest(msgspec.Struct, frozen=True, kw_only=True):
     approver: str | None = None
 
 
+class HistoryRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Decided calls (granted, denied, expired) the approver may see, latest first.
+    Every filter is optional; `approver` matches anyone who voted on the call."""
+
+    token: str
+    tool: str = ""
+    decision: Literal["", "granted", "denied", "expired"] = ""
+    approver: str = ""
+    since: datetime | None = None  # decided at or after
+    until: datetime | None = None  # decided before
+    limit: int = 50
+
+
 # ---------------------------------------------------------------- replies
+
+
+class ToolInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What the registry says of a call's tool, for the approver: what it does, its risk,
+    and for an upstream MCP tool which server it calls and the pinned definition."""
+
+    description: str = ""
+    risk: str = ""
+    # An upstream MCP tool: its server (URL, or the command of a stdio server), the
+    # tool's own name there, and the sha256 of the definition the operator pinned.
+    server: str = ""
+    upstream_tool: str = ""
+    pin: str = ""
 
 
 class Identity(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,13 +210,15 @@ class ApprovalView(msgspec.Struct, frozen=True, kw_only=True):
     status: Status
     votes: list[Vote] = []
     decided_at: datetime | None = None
+    # From the service's registry (None: the tool is not in it any more).
+    tool_info: ToolInfo | None = None
 
     @property
     def approvers(self) -> list[str]:
         return [v.approver for v in self.votes if v.decision == "approve"]
 
 
-def view_of(state: ApprovalState) -> ApprovalView:
+def view_of(state: ApprovalState, tool_info: ToolInfo | None = None) -> ApprovalView:
     return ApprovalView(
         key=state.key,
         call_id=state.call_id,
@@ -206,6 +237,7 @@ def view_of(state: ApprovalState) -> ApprovalView:
         status=state.status,
         votes=list(state.votes),
         decided_at=state.decided_at,
+        tool_info=tool_info,
     )
 
 
@@ -231,6 +263,15 @@ class ShowReply(msgspec.Struct, frozen=True, kw_only=True):
     code: str = ""
     message: str = ""
     approval: ApprovalView | None = None
+
+
+class HistoryReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    code: str = ""
+    message: str = ""
+    calls: list[ApprovalView] = []
+    # Matching decided calls left out (past the limit, or too large for one reply).
+    omitted: int = 0
 
 
 # ---------------------------------------------------------------- call references
@@ -273,11 +314,13 @@ request_decoders: Final = {
     LIST_SUBJECT: msgspec.json.Decoder(ListRequest),
     SHOW_SUBJECT: msgspec.json.Decoder(ShowRequest),
     VOTE_SUBJECT: msgspec.json.Decoder(VoteRequest),
+    HISTORY_SUBJECT: msgspec.json.Decoder(HistoryRequest),
 }
 reply_decoder = msgspec.json.Decoder(VoteOutcome)
 whoami_reply_decoder = msgspec.json.Decoder(WhoamiReply)
 list_reply_decoder = msgspec.json.Decoder(ListReply)
 show_reply_decoder = msgspec.json.Decoder(ShowReply)
+history_reply_decoder = msgspec.json.Decoder(HistoryReply)
 
 
 def encode(message: msgspec.Struct) -> bytes:

@@ -8,13 +8,37 @@ HTML everything is escaped as well.
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from toolgate.runtime.outside_text import visible, visible_json
 from toolgate.services.approvals.protocol import ApprovalView
 
-__all__ = ["as_text", "pretty_arguments", "visible", "votes_line"]
+__all__ = ["as_text", "duplicates", "pretty_arguments", "utc_text", "visible", "votes_line"]
+
+
+def utc_text(moment: datetime) -> str:
+    """A time as the inbox prints it server-side: UTC, to the second (a script adds the
+    approver's own zone beside it)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def duplicates(states: Iterable[ApprovalView]) -> dict[str, list[str]]:
+    """For each pending call, the other pending calls with the same tenant, agent, tool
+    and arguments hash: likely a client's retry of one call (keys absent: none)."""
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for state in states:
+        if state.status != "pending":
+            continue
+        same = (state.tenant, state.agent, state.call.tool, state.arguments_sha256)
+        groups.setdefault(same, []).append(state.key)
+    found: dict[str, list[str]] = {}
+    for keys in groups.values():
+        if len(keys) > 1:
+            for key in keys:
+                found[key] = sorted(k for k in keys if k != key)
+    return found
 
 
 def pretty_arguments(arguments: Any) -> str:
@@ -46,6 +70,21 @@ def votes_line(state: ApprovalView) -> str:
     return text
 
 
+def _tool_lines(state: ApprovalView) -> list[str]:
+    """The registry's word on the tool: what it does; for an upstream MCP tool, its server
+    and pinned definition."""
+    info = state.tool_info
+    if info is None:
+        return []
+    lines = [f"  tool:       {visible(' '.join(info.description.split()))}"]
+    if info.server:
+        lines.append(
+            f"  upstream:   {visible(info.server)} (tool {visible(info.upstream_tool)}, "
+            f"pinned sha256 {visible(info.pin)})"
+        )
+    return lines
+
+
 def as_text(state: ApprovalView, now: datetime) -> str:
     """The block `toolgate approvals list/show` prints for one call (headed by its call
     key, TENANT.AGENT.CALL_ID, which `approve` and `deny` take)."""
@@ -57,6 +96,7 @@ def as_text(state: ApprovalView, now: datetime) -> str:
         f"agent {visible(p.agent)}, session {visible(p.session)}"
         + (f", task {visible(state.call.task_id)}" if state.call.task_id else "")
         + ")",
+        *_tool_lines(state),
         f"  policy:     {visible(state.policy_version)}"
         + (f" ({', '.join(visible(i) for i in state.policy_ids)})" if state.policy_ids else ""),
     ]

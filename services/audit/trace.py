@@ -133,7 +133,10 @@ def describe(row: dict[str, Any]) -> list[str]:
         ]
     if kind == "ApprovalGranted":
         quorum = ", quorum reached" if payload.get("quorum_reached") else ""
-        return [f"approval granted by {row['approver']}{quorum}"]
+        reason = payload.get("reason") or ""
+        return [
+            f"approval granted by {row['approver']}{quorum}" + (f": {reason}" if reason else "")
+        ]
     if kind == "ApprovalDenied":
         return [f"approval denied by {row['approver']}: {payload.get('reason', '')}"]
     if kind == "ApprovalExpired":
@@ -168,6 +171,7 @@ def describe(row: dict[str, Any]) -> list[str]:
         return lines + [
             f"result attached: {row['status']}"
             + (f" {row['error_code']}" if row["error_code"] else "")
+            + _provenance(payload)
         ]
     if kind == "MessageDeadLettered":
         return [f"dead-lettered: {payload.get('reason', '')}"]
@@ -176,6 +180,19 @@ def describe(row: dict[str, Any]) -> list[str]:
     if kind == "CallRetried":
         return ["the agent sent this call_id again: nothing run again, its answer sent again"]
     return [f"{kind}{note}"]
+
+
+def _provenance(payload: dict[str, Any]) -> str:
+    """Where an upstream tool's result came from (its server and tool), as recorded."""
+    result = payload.get("result")
+    provenance = result.get("provenance") if isinstance(result, dict) else None
+    if not isinstance(provenance, dict):
+        return ""
+    return (
+        f", content from upstream {provenance.get('source', '?')} server "
+        f"{provenance.get('server', '?')} tool {provenance.get('tool', '?')} "
+        f"({provenance.get('trust', 'untrusted')})"
+    )
 
 
 def _payload(row: dict[str, Any]) -> dict[str, Any]:

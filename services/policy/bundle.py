@@ -108,6 +108,8 @@ class PolicyInfo:
     file: str
     line: int
     order: int  # position in the bundle: files by name, then statements
+    # Whether `reason` is the policy's own @reason (else a stock sentence).
+    has_reason: bool = False
 
 
 @dataclass(frozen=True)
@@ -271,5 +273,6 @@ def _policy_info(
         file=name,
         line=line,
         order=0,
+        has_reason="reason" in annotations,
     )
     return info, problem

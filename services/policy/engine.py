@@ -202,6 +202,7 @@ class CedarEngine:
             status="denied",
             requires_approval=True,
             required_approvals=required,
+            approval_reason="; ".join(g.reason for g in gates if g.has_reason),
             error=ToolError(
                 code=ErrorCode.APPROVAL_REQUIRED,
                 retryable=False,

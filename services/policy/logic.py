@@ -196,7 +196,8 @@ def after_validation(
             risk=spec.risk,
             required_approvals=decision.required_approvals,
             expires_at=now + timedelta(seconds=approval_ttl_s),
-            reason=decision.error.message if decision.error else "",
+            # The approval rule's own reason when it gives one, else the engine's account.
+            reason=decision.approval_reason or (decision.error.message if decision.error else ""),
             resources=list(resources or ()),
             **carried_fields(event),
         )

@@ -26,6 +26,9 @@ class Decision:
     # `required_approvals` distinct approvers said yes; allowed once they have.
     requires_approval: bool = False
     required_approvals: int = 0
+    # Why a human must approve, in the approval policies' own words (their @reason);
+    # empty when none gives one. What an approver reads as "why".
+    approval_reason: str = ""
 
     @property
     def awaits_approval(self) -> bool:

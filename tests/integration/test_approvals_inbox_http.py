@@ -91,7 +91,10 @@ async def test_bearer_listing_and_voting(inbox: tuple[Inbox, dict]) -> None:
         http, "GET", server.url + "/", None, {"Authorization": f"Bearer {tokens['bob']}"}
     )
     assert status == 200
-    assert "script-src" not in headers["Content-Security-Policy"]
+    # Scripts only from the inbox's own files: nothing inline, nothing of another origin.
+    assert "script-src 'self';" in headers["Content-Security-Policy"]
+    assert "unsafe-inline" not in headers["Content-Security-Policy"].split("style-src")[0]
+    assert "<script>" not in body and "<script src='/static/inbox.js' defer>" in body
     assert headers["Content-Security-Policy"].startswith("default-src 'none'")
     assert headers["X-Frame-Options"] == "DENY"
     assert f'data-call-key="{KEY}"' in body and SHA in body

@@ -76,11 +76,12 @@ def approval_requested(
     n: int = 1,
     ttl: timedelta = timedelta(minutes=15),
     principal: Principal = ALICE,
+    tool: str = "save_evidence",
 ) -> ApprovalRequested:
     """What the policy emits for a call that needs a human (nothing is signed)."""
     call = ToolCall(
         call_id=call_id,
-        tool="save_evidence",
+        tool=tool,
         arguments=arguments,
         principal=principal,
         task_id="task_c04",
@@ -98,7 +99,7 @@ def approval_requested(
         risk="critical",
         required_approvals=n,
         expires_at=now + ttl,
-        reason="save_evidence is critical",
+        reason=f"{tool} is critical",
         arguments_sha256=arguments_sha256(arguments),
         **call_fields(call),
     )
@@ -173,6 +174,7 @@ class ServiceProc:
     data_dir: Path
     log_path: Path
     sweep_interval_s: float = 0.3
+    registry_dirs: tuple[Path, ...] = ()
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     def start(self) -> ServiceProc:
@@ -191,6 +193,7 @@ class ServiceProc:
                     str(self.data_dir),
                     "--sweep-interval",
                     str(self.sweep_interval_s),
+                    *(arg for d in self.registry_dirs for arg in ("--registry", str(d))),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

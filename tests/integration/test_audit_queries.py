@@ -13,7 +13,15 @@ import pytest
 from tests.integration.test_audit_store import StoredJsMessage
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
-from toolgate.contracts.calls import Principal, ToolCall, ToolError, ToolResult, failure, success
+from toolgate.contracts.calls import (
+    Principal,
+    Provenance,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    failure,
+    success,
+)
 from toolgate.contracts.events import (
     ApprovalDenied,
     ApprovalGranted,
@@ -108,7 +116,7 @@ class Story:
     def attached(self, result: ToolResult) -> Story:
         return self.add(ResultAttached, result=result)
 
-    def approval(self, approver: str, granted: bool) -> Story:
+    def approval(self, approver: str, granted: bool, reason: str = "") -> Story:
         self.add(
             ApprovalRequested,
             call=self.call,
@@ -123,6 +131,7 @@ class Story:
                 call=self.call,
                 policy_version="pv-1",
                 approver=approver,
+                reason=reason,
                 quorum_reached=True,
             )
         return self.add(
@@ -429,7 +438,7 @@ def test_trace_tells_the_story_in_order(recorded):
     text = format_trace("wire-approved", steps)
     for phrase in (
         "requested wire_money by agent writer",
-        "approval granted by u-boss",
+        "approval granted by u-boss, quorum reached",
         "policy decision: allowed (policy pv-1",
         "finished, succeeded, in 5.0 ms",
         "result checked against the output_schema: valid",
@@ -438,3 +447,41 @@ def test_trace_tells_the_story_in_order(recorded):
         assert phrase in text, text
     broken = format_trace("broken", story(read_call_events(recorded, "broken")))
     assert "INVALID (OUTPUT_SCHEMA_VIOLATION)" in broken
+
+
+def test_trace_shows_each_approvers_reason_and_the_upstream_provenance(clickhouse_server, tmp_path):
+    """Both are in the recorded events; the trace shows them, escaped (they came from
+    outside), and an approver's reason stays redacted for a tool whose audit keeps no
+    arguments (a reason may quote them)."""
+    import asyncio
+
+    url = clickhouse_server.url_for("admin", "traced")
+    ok = {"payload": "fine"}
+    s = Story("upstream", "fetch_document", RESEARCHER, T0)
+    upstream = msgspec.structs.replace(
+        success(s.call.call_id, ok),
+        provenance=Provenance(source="mcp", server="http://up.example/mcp\x1b[31m", tool="look"),
+    )
+    traced = (
+        s.validated()
+        .approval("u-boss", True, reason="Checked the source by hand.\u202e")
+        .authorized()
+        .executed(ok)
+        .attached(upstream)
+    )
+    s = Story("wire-reasoned", "wire_money", WRITER, T0)
+    wire = s.validated().approval("u-boss", True, reason="payee IBAN DE00 checked")
+    asyncio.run(record(url, tmp_path / "keys", [traced, wire]))
+    client = ClickHouseTarget.from_url(url).client()
+    text = format_trace("upstream", story(read_call_events(client, "upstream")))
+    assert (
+        "approval granted by u-boss, quorum reached: Checked the source by hand.\\u202e"
+    ) in text, text
+    assert (
+        "result attached: ok, content from upstream mcp server "
+        "http://up.example/mcp\\u001b[31m tool look (untrusted)"
+    ) in text, text
+    assert "\x1b" not in text and "\u202e" not in text
+    text = format_trace("wire-reasoned", story(read_call_events(client, "wire-reasoned")))
+    assert "approval granted by u-boss, quorum reached: [redacted]" in text, text
+    assert "IBAN" not in text

@@ -6,6 +6,7 @@ import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 import yaml
 
@@ -18,10 +19,10 @@ from toolgate.services.approvals.approvers import (
     add_approver,
     approvers_path,
 )
-from toolgate.services.approvals.inbox import call_html
+from toolgate.services.approvals.inbox import call_html, history_filters
 from toolgate.services.approvals.logic import Approver, new_state
 from toolgate.services.approvals.protocol import ApprovalView, parse_call_ref, view_of
-from toolgate.services.approvals.render import as_text, pretty_arguments, visible
+from toolgate.services.approvals.render import as_text, duplicates, pretty_arguments, visible
 
 NASTY = {
     "claim": "<script>alert(1)</script>",
@@ -154,3 +155,91 @@ def test_html_offers_no_approve_button_to_the_caller() -> None:
     assert 'name=call value="acme.a.call_x"' in html  # votes address the call key
     own = call_html(state, Approver("u-alice", ("acme",)), "c")
     assert "value=approve" not in own and "value=deny" in own
+
+
+def test_duplicates_pair_pending_calls_of_one_sender_tool_and_arguments() -> None:
+    one = state_with({"claim": "a"})
+    twin = msgspec.structs.replace(one, key="acme.a.call_y", call_id="call_y")
+    other = msgspec.structs.replace(
+        state_with({"claim": "b"}), key="acme.a.call_z", call_id="call_z"
+    )
+    elsewhere = msgspec.structs.replace(twin, key="acme.b.call_w", agent="b")
+    decided = msgspec.structs.replace(twin, key="acme.a.call_v", status="denied")
+    found = duplicates([one, twin, other, elsewhere, decided])
+    assert found == {one.key: ["acme.a.call_y"], "acme.a.call_y": [one.key]}
+
+
+def test_history_filters_from_a_query_string() -> None:
+    found = history_filters("tool=up_wire&decision=denied&approver=bob&since=2026-12-01")
+    assert found is not None and found["tool"] == "up_wire" and found["approver"] == "bob"
+    assert found["since"] == datetime(2026, 12, 1, tzinfo=UTC) and found["until"] is None
+    assert history_filters("") == {
+        "tool": "",
+        "approver": "",
+        "decision": "",
+        "since": None,
+        "until": None,
+    }
+    for bad in ("decision=maybe", "since=yesterday", "until=2026-13-01", "tool=" + "x" * 300):
+        assert history_filters(bad) is None, bad
+
+
+def test_in_history_takes_decided_calls_that_match_every_filter() -> None:
+    from toolgate.services.approvals.app import in_history
+    from toolgate.services.approvals.logic import Vote
+    from toolgate.services.approvals.protocol import HistoryRequest
+
+    view = state_with({"claim": "a"})
+    at = view.requested_at + timedelta(minutes=1)
+    vote = Vote(approver="Bob", decision="deny", reason="no", at=at)
+    state = new_state(
+        ApprovalRequested(
+            event_id="r",
+            occurred_at=view.requested_at,
+            service="policy",
+            call=view.call,
+            policy_version="p",
+            risk="critical",
+            expires_at=view.expires_at,
+            **call_fields(view.call),
+        )
+    )
+    assert not in_history(state, HistoryRequest(token="t"))  # still pending
+    state = msgspec.structs.replace(state, status="denied", decided_at=at, votes=[vote])
+    assert in_history(state, HistoryRequest(token="t"))
+    assert in_history(state, HistoryRequest(token="t", approver="bob", decision="denied"))
+    assert in_history(state, HistoryRequest(token="t", since=at.replace(tzinfo=None)))
+    assert not in_history(state, HistoryRequest(token="t", until=at))
+    assert not in_history(state, HistoryRequest(token="t", tool="echo"))
+    assert not in_history(state, HistoryRequest(token="t", decision="granted"))
+    assert not in_history(state, HistoryRequest(token="t", approver="carol"))
+
+
+def test_a_card_names_an_upstream_tools_server_and_pin_escaped() -> None:
+    from toolgate.contracts.registry import ToolSpec
+    from toolgate.services.approvals.app import tool_info_of
+
+    spec = ToolSpec.model_validate(
+        {
+            "name": "up_x",
+            "description": "Does <b>x</b>\nfolded.",
+            "input_schema": {"type": "object"},
+            "output_schema": {"type": "object"},
+            "mcp": {"url": "http://u/mcp?<i>", "tool": "x", "definition_sha256": "d" * 64},
+            "read_only": True,
+            "timeout_s": 5,
+            "risk": "critical",
+            "allowed_agents": ["*"],
+        }
+    )
+    info = tool_info_of(spec)
+    assert info is not None and info.server == "http://u/mcp?<i>" and info.pin == "d" * 64
+    view = msgspec.structs.replace(state_with({"claim": "a"}), tool_info=info)
+    html = call_html(view, Approver("bob", ("acme",)), "csrf")
+    assert "Does &lt;b&gt;x&lt;/b&gt; folded." in html
+    assert "<code class=server>http://u/mcp?&lt;i&gt;</code>" in html
+    assert f"<code class=pin>{'d' * 64}</code>" in html
+    text = as_text(view, datetime.now(UTC))
+    assert "  tool:       Does <b>x</b> folded." in text
+    assert f"  upstream:   http://u/mcp?<i> (tool x, pinned sha256 {'d' * 64})" in text
+    assert tool_info_of(None) is None

@@ -172,6 +172,28 @@ class TestApproval:
         assert not decision.awaits_approval
         assert decision.error is not None and decision.error.code == "TOOL_NOT_ALLOWED"
 
+    def test_why_is_the_approval_rules_own_reason_when_it_gives_one(
+        self, registry: Registry
+    ) -> None:
+        gated = engine_with(
+            '@id("all") permit (principal, action, resource);\n'
+            '@id("gate") @approvers("1") @reason("echoes at high risk are read by a human")\n'
+            'forbid (principal, action, resource) when { context.risk == "high" }\n'
+            'unless { context.approval.state == "granted" };'
+        )
+        decision = gated.decide(call("echo", {}), spec(registry, "echo", risk="high"))
+        assert decision.awaits_approval
+        assert decision.approval_reason == "echoes at high risk are read by a human"
+        silent = engine_with(
+            '@id("all") permit (principal, action, resource);\n'
+            '@id("gate") @approvers("1")\n'
+            'forbid (principal, action, resource) when { context.risk == "high" }\n'
+            'unless { context.approval.state == "granted" };'
+        )
+        decision = silent.decide(call("echo", {}), spec(registry, "echo", risk="high"))
+        assert decision.awaits_approval and decision.approval_reason == ""
+        assert decision.error is not None and "needs 1 distinct" in decision.error.message
+
     def test_approval_policy_that_ignores_the_grant_keeps_denying(self, registry: Registry) -> None:
         stubborn = engine_with(
             '@id("all") permit (principal, action, resource);\n'

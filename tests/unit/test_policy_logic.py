@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -92,6 +93,11 @@ class TestAfterValidation:
         assert isinstance(event, ApprovalRequested)
         assert event.required_approvals == 2
         assert event.expires_at == NOW + timedelta(seconds=900)
+        assert event.reason == "two approvers"  # no rule's own reason: the engine's account
+        ruled = replace(ASK_TWO, approval_reason="refunds over 500 need two people")
+        event = logic.after_validation(validated(), "seq:1", ruled, ECHO, None, SIGNER, 900, NOW)
+        assert isinstance(event, ApprovalRequested)
+        assert event.reason == "refunds over 500 need two people"
 
     @pytest.mark.parametrize("decision", [ALLOW, ASK_TWO])
     def test_a_full_rate_limit_denies_before_anything_runs_or_a_human_is_asked(
