@@ -83,7 +83,7 @@ class OpenIdProvider:
     def claims(
         self,
         sub: str,
-        aud: str,
+        aud: str | list[str],
         tenant: str | None,
         expires_in: float = 300,
         **extra: Any,
@@ -165,9 +165,10 @@ class OpenIdProvider:
                     if k not in ("grant_type", "client_id", "client_secret", "sub", "aud")
                     and k not in ("tenant", "expires_in")
                 }
+                audiences = form.get("aud", "toolgate").split()  # several: space-separated
                 claims = provider.claims(
                     form.get("sub", "u-alice"),
-                    form.get("aud", "toolgate"),
+                    audiences[0] if len(audiences) == 1 else audiences,
                     form.get("tenant"),
                     float(form.get("expires_in", "300")),
                     **extra,

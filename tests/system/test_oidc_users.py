@@ -20,11 +20,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import httpx2
 import nats
 import pytest
 from authlib.jose import JsonWebKey
 
 from tests.harness import Gateway, make_test_registry
+from tests.mcp_support import agent_token, mcp_client, structured, wait_for_front_door
 from tests.oidc_provider import OpenIdProvider
 from tests.system.test_audit_redaction import audited_everything
 from toolgate.client.gateway_client import new_call_id
@@ -195,6 +197,57 @@ def test_a_token_that_expires_while_a_human_decides_ends_the_call(
     result = asyncio.run(scenario())
     assert result.status == "denied" and result.error is not None
     assert result.error.code == ErrorCode.USER_TOKEN_EXPIRED and result.error.retryable
+
+
+async def test_the_front_door_is_an_oauth_resource_server(
+    oidc_gateway: Gateway, provider: OpenIdProvider
+) -> None:
+    url = await wait_for_front_door(oidc_gateway)
+    answer = await post_initialize(url, {})
+    assert answer.status_code == 401
+    challenge = answer.headers["www-authenticate"]
+    assert challenge.startswith("Bearer ") and "resource_metadata=" in challenge
+    metadata_url = challenge.split('resource_metadata="', 1)[1].split('"', 1)[0]
+    async with httpx2.AsyncClient() as http:
+        metadata = (await http.get(metadata_url)).json()
+    assert metadata["resource"] == url
+    assert metadata["authorization_servers"] == [provider.issuer]
+    await agent_token(oidc_gateway, "acme", "researcher")  # the door acts for this agent
+    # issued for the door (and the gateway: the door passes it on as the user's token)
+    both = token(provider, sub="u-erin", aud=f"{url} {AUD}", agent="researcher")
+    async with mcp_client(url, both) as client:
+        result = structured(await client.call_tool("whoami", {}))
+    assert result == {"user": "u-erin", "token_sha256": sha(both)}
+    refused = {
+        "gateway audience only": token(provider, sub="u-erin", agent="researcher"),
+        "another audience": token(provider, aud="elsewhere", agent="researcher"),
+        "an agent the door does not act for": token(provider, aud=url, agent="ghost"),
+        "another tenant": token(provider, aud=url, tenant="globex", agent="researcher"),
+        "expired": token(provider, aud=url, agent="researcher", expires_in=-600),
+    }
+    for name, bad in refused.items():
+        answer = await post_initialize(url, {"Authorization": f"Bearer {bad}"})
+        assert answer.status_code == 401, name
+        assert "resource_metadata=" in answer.headers["www-authenticate"], name
+    # the operator's static token still works beside OAuth
+    static = await agent_token(oidc_gateway, "acme", "researcher")
+    assert (await post_initialize(url, {"Authorization": f"Bearer {static}"})).status_code == 200
+
+
+async def post_initialize(url: str, headers: dict[str, str]) -> httpx2.Response:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    async with httpx2.AsyncClient() as http:
+        return await http.post(url, json=body, headers={**accept, **headers})
 
 
 def test_a_rotated_key_is_fetched_and_a_provider_down_fails_closed(
