@@ -652,6 +652,20 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise Failed("toolgate call: arguments must be a JSON object", 2)
     if args.call_id is not None:
         check_call_id(args.call_id, "toolgate call", "--call-id")
+    user_token = None
+    if args.user_token_file is not None:
+        try:
+            user_token = args.user_token_file.read_text().strip()
+        except OSError as exc:
+            raise Failed(
+                f"toolgate call: cannot read {args.user_token_file}: {exc.strerror or exc} "
+                "(--user-token-file)",
+                2,
+            ) from None
+        if not user_token:
+            raise Failed(f"toolgate call: {args.user_token_file} is empty (--user-token-file)", 2)
+    if args.user is None:  # with a user token, the gateway takes the user from its sub
+        args.user = "" if user_token else "u-cli"
     connect = _connect_client(args, "call")
     # On a locked bus the creds say which tenant and agent this is; --tenant and
     # --agent only matter on an unlocked one.
@@ -689,6 +703,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                     msgspec.structs.replace(call, principal=principal),
                     timeout=args.timeout,
                     on_pending=waiting,
+                    user_token=user_token,
                 )
             except ResultTimeout:
                 raise Failed(
@@ -1132,7 +1147,19 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
     call.add_argument("tool", help="a tool name from the registry")
     call.add_argument("arguments", help="the arguments as a JSON object")
-    call.add_argument("--user", default="u-cli", help="the end user (default %(default)s)")
+    call.add_argument(
+        "--user",
+        default=None,
+        help="the end user (default: u-cli; with --user-token-file, the token's sub)",
+    )
+    call.add_argument(
+        "--user-token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the end user's access token, sent as `Authorization: Bearer` "
+        "(a gateway with --oidc-issuer needs it; a file, so it is not on the command line)",
+    )
     call.add_argument("--session", default="s-cli", help="the session (default %(default)s)")
     call.add_argument(
         "--agent",

@@ -19,6 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import nats
@@ -26,7 +27,13 @@ import pytest
 from authlib.jose import JsonWebKey
 
 from tests.harness import Gateway, make_test_registry
-from tests.mcp_support import agent_token, mcp_client, structured, wait_for_front_door
+from tests.mcp_support import (
+    agent_token,
+    mcp_client,
+    structured,
+    toolgate,
+    wait_for_front_door,
+)
 from tests.oidc_provider import OpenIdProvider
 from tests.system.test_audit_redaction import audited_everything
 from toolgate.client.gateway_client import new_call_id
@@ -125,6 +132,22 @@ def test_a_valid_token_makes_its_sub_the_user_and_reaches_the_tool(
     assert named.ok and named.data["user"] == "u-alice"
     # the sealed copy is gone once the tool has run
     assert asyncio.run(sealed_entries(oidc_gateway)) == []
+
+
+def test_the_cli_sends_a_token_from_a_file(
+    oidc_gateway: Gateway, provider: OpenIdProvider, tmp_path: Path
+) -> None:
+    alice = token(provider)
+    (tmp_path / "alice.token").write_text(alice + "\n")
+    creds = asyncio.run(oidc_gateway.agent_creds())
+    common = ["--data-dir", str(oidc_gateway.data_dir), "--creds", str(creds)]
+    done = toolgate(
+        "call", "whoami", "{}", "--user-token-file", str(tmp_path / "alice.token"), *common
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["data"] == {"user": "u-alice", "token_sha256": sha(alice)}
+    without = toolgate("call", "whoami", "{}", *common)
+    assert without.returncode == 1 and "USER_TOKEN_REQUIRED" in without.stdout
 
 
 def test_bad_tokens_are_denied_with_their_codes(

@@ -106,3 +106,38 @@ class TestExecutorCheck:
         missing = user_token_problem(None, None, 0, 0)
         assert missing is not None and missing.outcome.error is not None
         assert missing.outcome.error.code == ErrorCode.USER_TOKEN_REQUIRED
+
+
+class TestCommandLine:
+    def test_up_refuses_a_bad_issuer_or_skew_in_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        from toolgate.cli.main import main
+
+        data = str(tmp_path / "data")
+        assert main(["up", "--data-dir", data, "--oidc-issuer", "id.example.com"]) == 2
+        assert "--oidc-issuer" in capsys.readouterr().err
+        issuer = ["--oidc-issuer", "https://id.example.com", "--oidc-clock-skew", "3600"]
+        assert main(["up", "--data-dir", data, *issuer]) == 2
+        assert "--oidc-clock-skew" in capsys.readouterr().err
+        assert not (tmp_path / "data").exists()  # nothing was started
+
+    def test_up_gives_every_service_the_oidc_flags_and_records_them(self) -> None:
+        from toolgate.cli.main import _oidc_args, build_parser
+        from toolgate.stack.supervisor import Stack
+
+        args = build_parser().parse_args(
+            ["up", "--oidc-issuer", "https://id.example.com", "--oidc-audience", "tg"]
+        )
+        flags = _oidc_args(args)
+        assert flags[:4] == ["--oidc-issuer", "https://id.example.com", "--oidc-audience", "tg"]
+        stack = Stack(data_dir=Path("unused"), oidc_args=flags)
+        assert stack.oidc_settings() == {
+            "issuer": "https://id.example.com",
+            "audience": "tg",
+            "tenant_claim": "tenant",
+            "agent_claim": "agent",
+            "clock_skew": "60",
+        }
+        served = build_parser().parse_args(["serve", "validator", *flags])
+        assert (served.oidc_issuer, served.oidc_audience) == ("https://id.example.com", "tg")
