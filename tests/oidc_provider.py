@@ -21,7 +21,9 @@ from typing import Any
 from urllib.parse import parse_qs
 from urllib.request import Request, urlopen
 
-from authlib.jose import JsonWebKey, jwt
+from authlib.jose import JsonWebKey, jwt  # (authlib 1.6+ warns it prefers joserfc: it works)
+
+__all__ = ["JsonWebKey", "OpenIdProvider"]
 
 CLIENT_ID = "test-platform"
 CLIENT_SECRET = "test-platform-secret"

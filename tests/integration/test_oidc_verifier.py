@@ -9,9 +9,8 @@ from collections.abc import Iterator
 
 import jwt as pyjwt
 import pytest
-from authlib.jose import JsonWebKey
 
-from tests.oidc_provider import OpenIdProvider
+from tests.oidc_provider import JsonWebKey, OpenIdProvider
 from toolgate.contracts.calls import ErrorCode
 from toolgate.runtime.oidc import (
     KeySet,

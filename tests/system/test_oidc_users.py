@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx2
 import nats
 import pytest
-from authlib.jose import JsonWebKey
 
 from tests.harness import Gateway, make_test_registry
 from tests.mcp_support import (
@@ -34,7 +33,7 @@ from tests.mcp_support import (
     toolgate,
     wait_for_front_door,
 )
-from tests.oidc_provider import OpenIdProvider
+from tests.oidc_provider import JsonWebKey, OpenIdProvider
 from tests.system.test_audit_redaction import audited_everything
 from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
