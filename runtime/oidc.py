@@ -25,6 +25,8 @@ Nothing here logs or raises with the token's text: messages name the problem onl
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -69,6 +71,7 @@ REFETCH_BURST: Final = 3
 REFETCH_EVERY_S: Final = 60.0
 MAX_KEYS_AGE_S: Final = 3600.0
 HTTP_TIMEOUT_S: Final = 5.0
+VERIFIED_CACHE_SIZE: Final = 4096
 BEARER: Final = "bearer "
 
 
@@ -227,12 +230,44 @@ class TokenVerifier:
         self.keys = keys or KeySet(config.issuer)
         # The front door checks its own resource URL instead of the gateway's audience.
         self.audience = audience if audience is not None else config.audience
+        self._key_objects: dict[tuple[str, str, int], Any] = {}
+        # Tokens verified before, until their expiry: a user's token comes with many
+        # calls, and a full check costs about a millisecond (PyJWT's segment decoding).
+        self._verified: dict[str, tuple[float, VerifiedToken]] = {}
+
+    def _key_object(self, kid: str, algorithm: str, jwk: dict[str, Any]) -> Any:
+        """The JWK as a key object, made once per key and algorithm (parsing a JWK
+        costs more than the signature check itself)."""
+        cache_key = (kid, algorithm, id(jwk))
+        found = self._key_objects.get(cache_key)
+        if found is None:
+            try:
+                found = jwt.PyJWK(jwk, algorithm).key
+            except (PyJWKError, InvalidTokenError, ValueError, TypeError):
+                raise TokenRejected(
+                    ErrorCode.USER_TOKEN_INVALID, "the issuer's key is unusable"
+                ) from None
+            if len(self._key_objects) >= 64:  # keys rotate: the oldest go
+                self._key_objects.pop(next(iter(self._key_objects)))
+            self._key_objects[cache_key] = found
+        return found
 
     async def verify(self, token: str) -> VerifiedToken:
-        try:
-            header = jwt.get_unverified_header(token)
-        except InvalidTokenError:
-            raise TokenRejected(ErrorCode.USER_TOKEN_INVALID, "not a signed JWT") from None
+        known = self._verified.get(token)
+        if known is not None:
+            if time.time() < known[0] + self.config.leeway_s:
+                return known[1]
+            del self._verified[token]  # expired: the full check says so
+        verified = await self._verify(token)
+        exp = verified.claims.get("exp")
+        if isinstance(exp, int | float):
+            if len(self._verified) >= VERIFIED_CACHE_SIZE:
+                self._verified.pop(next(iter(self._verified)))
+            self._verified[token] = (float(exp), verified)
+        return verified
+
+    async def _verify(self, token: str) -> VerifiedToken:
+        header = unverified_header(token)
         algorithm = header.get("alg")
         if algorithm not in ALLOWED_ALGORITHMS:
             raise TokenRejected(
@@ -252,12 +287,7 @@ class TokenVerifier:
             raise TokenRejected(
                 ErrorCode.USER_TOKEN_INVALID, "the algorithm does not fit the issuer's key"
             )
-        try:
-            key = jwt.PyJWK(jwk, algorithm).key
-        except (PyJWKError, InvalidTokenError, ValueError, TypeError):
-            raise TokenRejected(
-                ErrorCode.USER_TOKEN_INVALID, "the issuer's key is unusable"
-            ) from None
+        key = self._key_object(kid, algorithm, jwk)
         required = ["exp", "iss", "sub"] + (["aud"] if self.audience else [])
         try:
             claims = jwt.decode(
@@ -296,6 +326,19 @@ class TokenVerifier:
         if not isinstance(subject, str) or not subject:
             raise TokenRejected(ErrorCode.USER_TOKEN_INVALID, "the token's sub is empty")
         return VerifiedToken(subject, claims)
+
+
+def unverified_header(token: str) -> dict[str, Any]:
+    """The JWS header, read only to choose the key and algorithm (PyJWT's decode reads
+    it again, covered by the signature): the stdlib decoder, not PyJWT's slower one."""
+    head = token.split(".", 1)[0]
+    try:
+        header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict) or token.count(".") != 2:
+        raise TokenRejected(ErrorCode.USER_TOKEN_INVALID, "not a signed JWT")
+    return header
 
 
 def unverified_expiry(token: str) -> float | None:

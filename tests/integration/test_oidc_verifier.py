@@ -3,8 +3,10 @@ discovery, JWKS and token issuance over HTTP on a loopback port)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import time
 from collections.abc import Iterator
 
 import jwt as pyjwt
@@ -134,3 +136,15 @@ def test_the_bearer_header_is_read() -> None:
     assert bearer_token("Basic abc") is None
     assert bearer_token("Bearer ") is None
     assert bearer_token(None) is None
+
+
+async def test_a_token_verified_before_is_refused_once_it_expires(
+    provider: OpenIdProvider,
+) -> None:
+    verifier = TokenVerifier(OidcConfig(provider.issuer, AUD, leeway_s=0))
+    short = provider.token(sub="u-alice", aud=AUD, tenant="acme", expires_in=2)
+    assert (await verifier.verify(short)).subject == "u-alice"
+    assert (await verifier.verify(short)).subject == "u-alice"  # remembered
+    exp = pyjwt.decode(short, options={"verify_signature": False})["exp"]
+    await asyncio.sleep(max(0.0, exp - time.time()) + 0.5)
+    assert await rejected(verifier, short) == ErrorCode.USER_TOKEN_EXPIRED
