@@ -2,8 +2,10 @@
 wire contract. It decides nothing.
 
 Each HTTP request carries a bearer token (`toolgate agents token TENANT
-AGENT`); the token names one agent of one tenant, or the request gets 401 with
-the `WWW-Authenticate` header of the MCP authorization spec. Then:
+AGENT`, or, with `--oidc-issuer`, an OAuth access token of that issuer issued
+for this door: tokens.py `OAuthAgents`, the user then its `sub`); the token names
+one agent of one tenant, or the request gets 401 with the `WWW-Authenticate`
+header of the MCP authorization spec. Then:
 
 - `tools/list` shows exactly the tools this agent may call (`Registry.visible_to`),
   with the registry's description, schemas and annotations;
