@@ -72,6 +72,8 @@ REFETCH_EVERY_S: Final = 60.0
 MAX_KEYS_AGE_S: Final = 3600.0
 HTTP_TIMEOUT_S: Final = 5.0
 VERIFIED_CACHE_SIZE: Final = 4096
+# After a failed fetch, this long without trying again (calls meanwhile: unverifiable).
+QUIET_AFTER_FAILURE_S: Final = 2.0
 BEARER: Final = "bearer "
 
 
@@ -148,6 +150,7 @@ class KeySet:
         self._jwks_uri: str | None = None
         self._keys: dict[str, dict[str, Any]] = {}
         self._fetched_at: float | None = None
+        self._failed_at: float | None = None
         self._lock = asyncio.Lock()
 
     async def _get_json(self, url: str) -> Any:
@@ -164,6 +167,20 @@ class KeySet:
             raise ProviderUnreachable(f"{url}: not JSON") from None
 
     async def _fetch(self) -> None:
+        now = self.clock()
+        if self._failed_at is not None and now - self._failed_at < QUIET_AFTER_FAILURE_S:
+            # Down a moment ago: calls fail fast, not each after an HTTP timeout.
+            raise ProviderUnreachable(
+                f"{self.issuer}: unreachable {now - self._failed_at:.1f} s ago"
+            )
+        try:
+            await self._fetch_now()
+        except ProviderUnreachable:
+            self._failed_at = self.clock()
+            raise
+        self._failed_at = None
+
+    async def _fetch_now(self) -> None:
         if self._jwks_uri is None:
             discovery = await self._get_json(f"{self.issuer}/.well-known/openid-configuration")
             if not isinstance(discovery, dict) or discovery.get("issuer", "").rstrip(

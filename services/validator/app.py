@@ -19,6 +19,7 @@ attacher sends the first call's stored result (or pending notice) again.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from faststream import FastStream
@@ -216,8 +217,14 @@ async def check_token(verifier: TokenVerifier, token: str | None) -> TokenCheck:
     except TokenRejected as exc:
         return exc
     except ProviderUnreachable as exc:
-        log.warning("the OIDC provider could not be reached (calls are refused): %s", exc)
+        now = time.monotonic()
+        if now - _provider_warned[0] >= 10:  # one line per 10 s in an outage, not per call
+            _provider_warned[0] = now
+            log.warning("the OIDC provider could not be reached (calls are refused): %s", exc)
         return exc
+
+
+_provider_warned = [-1e9]
 
 
 def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict[str, Any]:

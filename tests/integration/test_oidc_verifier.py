@@ -148,3 +148,23 @@ async def test_a_token_verified_before_is_refused_once_it_expires(
     exp = pyjwt.decode(short, options={"verify_signature": False})["exp"]
     await asyncio.sleep(max(0.0, exp - time.time()) + 0.5)
     assert await rejected(verifier, short) == ErrorCode.USER_TOKEN_EXPIRED
+
+
+async def test_a_provider_down_is_not_asked_again_at_once() -> None:
+    provider = OpenIdProvider()  # not started yet: down
+    clock = [0.0]
+    verifier = TokenVerifier(
+        OidcConfig(provider.issuer, AUD), KeySet(provider.issuer, clock=lambda: clock[0])
+    )
+    token = provider.sign(provider.claims("u-alice", AUD, "acme"))
+    with pytest.raises(ProviderUnreachable):
+        await verifier.verify(token)
+    provider.start()
+    try:
+        with pytest.raises(ProviderUnreachable):  # within the quiet time: not asked
+            await verifier.verify(token)
+        assert provider.jwks_requests == 0
+        clock[0] += 2.0
+        assert (await verifier.verify(token)).subject == "u-alice"
+    finally:
+        provider.stop()
