@@ -125,6 +125,73 @@ def _add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None
     parser.set_defaults(registry_default=registry, builtin_default=builtin)
 
 
+def _add_oidc(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
+    """End users verified by OIDC (README "End users verified (OIDC)"): `up` and `serve`."""
+    known = (env.read_context().get("oidc") or {}) if recorded else {}
+    given = {
+        "issuer": os.environ.get("TOOLGATE_OIDC_ISSUER") or known.get("issuer"),
+        "audience": os.environ.get("TOOLGATE_OIDC_AUDIENCE") or known.get("audience"),
+        "tenant_claim": known.get("tenant_claim") or "tenant",
+        "agent_claim": known.get("agent_claim") or "agent",
+        "clock_skew": known.get("clock_skew") or "60",
+    }
+    parser.add_argument(
+        "--oidc-issuer",
+        default=given["issuer"],
+        metavar="URL",
+        help="verify end users: a call to a tool that acts for a user must carry the "
+        "user's access token from this OpenID provider (NATS header `Authorization: "
+        "Bearer <JWT>`); the MCP front door accepts its access tokens too (default: "
+        "$TOOLGATE_OIDC_ISSUER"
+        + (", else what `toolgate up` recorded" if recorded else "")
+        + "; now %(default)s)",
+    )
+    parser.add_argument(
+        "--oidc-audience",
+        default=given["audience"],
+        metavar="AUD",
+        help="the audience a user's token must name (default: $TOOLGATE_OIDC_AUDIENCE; "
+        "now %(default)s: not checked)",
+    )
+    parser.add_argument(
+        "--oidc-tenant-claim",
+        default=given["tenant_claim"],
+        metavar="NAME",
+        help="the token claim naming the user's tenant; it must be the agent's tenant "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--oidc-agent-claim",
+        default=given["agent_claim"],
+        metavar="NAME",
+        help="MCP front door: the access-token claim naming the agent (default %(default)s)",
+    )
+    parser.add_argument(
+        "--oidc-clock-skew",
+        type=float,
+        default=float(given["clock_skew"] or 60),
+        metavar="S",
+        help="seconds of clock skew allowed on a token's expiry, 0 to 300 (default %(default)s)",
+    )
+
+
+def _oidc_args(args: argparse.Namespace) -> list[str]:
+    """The --oidc-* flags a service is started with (none without an issuer)."""
+    if not args.oidc_issuer:
+        return []
+    found = ["--oidc-issuer", args.oidc_issuer]
+    if args.oidc_audience:
+        found += ["--oidc-audience", args.oidc_audience]
+    return found + [
+        "--oidc-tenant-claim",
+        args.oidc_tenant_claim,
+        "--oidc-agent-claim",
+        args.oidc_agent_claim,
+        "--oidc-clock-skew",
+        f"{args.oidc_clock_skew:g}",
+    ]
+
+
 def _settings(args: argparse.Namespace) -> env.GatewaySettings:
     return env.GatewaySettings(
         nats_url=args.nats_url,
@@ -132,6 +199,11 @@ def _settings(args: argparse.Namespace) -> env.GatewaySettings:
         data_dir=args.data_dir,
         registry_dirs=tuple(args.registry or args.registry_default),
         builtin_tools=_builtin_tools(args),
+        oidc_issuer=getattr(args, "oidc_issuer", None) or None,
+        oidc_audience=getattr(args, "oidc_audience", None) or None,
+        oidc_tenant_claim=getattr(args, "oidc_tenant_claim", None) or "tenant",
+        oidc_agent_claim=getattr(args, "oidc_agent_claim", None) or "agent",
+        oidc_clock_skew_s=getattr(args, "oidc_clock_skew", 60.0),
     )
 
 
@@ -334,6 +406,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     for directory in args.registry or []:
         if not directory.is_dir():
             raise Failed(f"toolgate up: no registry directory at {directory} (--registry)", 2)
+    if args.oidc_issuer and not args.oidc_issuer.startswith(("https://", "http://")):
+        raise Failed(f"toolgate up: {args.oidc_issuer!r} is not an http(s) URL (--oidc-issuer)", 2)
+    if not 0 <= args.oidc_clock_skew <= 300:
+        raise Failed("toolgate up: --oidc-clock-skew must be 0 to 300 seconds", 2)
     executor_args = ["--concurrency", str(args.concurrency)]
     stack = Stack(
         data_dir=args.data_dir,
@@ -350,6 +426,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         topology=Topology(max_calls_per_agent=args.max_calls_per_agent),
         example=args.example,
         mcp_port=args.mcp_port,
+        oidc_args=_oidc_args(args),
     )
     try:
         return run_until_signalled(stack)
@@ -575,6 +652,20 @@ def cmd_call(args: argparse.Namespace) -> int:
         raise Failed("toolgate call: arguments must be a JSON object", 2)
     if args.call_id is not None:
         check_call_id(args.call_id, "toolgate call", "--call-id")
+    user_token = None
+    if args.user_token_file is not None:
+        try:
+            user_token = args.user_token_file.read_text().strip()
+        except OSError as exc:
+            raise Failed(
+                f"toolgate call: cannot read {args.user_token_file}: {exc.strerror or exc} "
+                "(--user-token-file)",
+                2,
+            ) from None
+        if not user_token:
+            raise Failed(f"toolgate call: {args.user_token_file} is empty (--user-token-file)", 2)
+    if args.user is None:  # with a user token, the gateway takes the user from its sub
+        args.user = "" if user_token else "u-cli"
     connect = _connect_client(args, "call")
     # On a locked bus the creds say which tenant and agent this is; --tenant and
     # --agent only matter on an unlocked one.
@@ -612,6 +703,7 @@ def cmd_call(args: argparse.Namespace) -> int:
                     msgspec.structs.replace(call, principal=principal),
                     timeout=args.timeout,
                     on_pending=waiting,
+                    user_token=user_token,
                 )
             except ResultTimeout:
                 raise Failed(
@@ -934,6 +1026,7 @@ def build_parser() -> argparse.ArgumentParser:
         "orders: 'Worked example 3'; default %(default)s)",
     )
     _add_runtime(up, recorded=False)
+    _add_oidc(up, recorded=False)
     up.set_defaults(func=cmd_up)
 
     serve = commands.add_parser("serve", help="run one service")
@@ -996,6 +1089,7 @@ def build_parser() -> argparse.ArgumentParser:
         "for this many seconds (default %(default)s)",
     )
     _add_runtime(serve)
+    _add_oidc(serve)
     serve.set_defaults(func=cmd_serve)
 
     from toolgate.cli.audit import add_clickhouse_url
@@ -1053,7 +1147,19 @@ def build_parser() -> argparse.ArgumentParser:
     call = commands.add_parser("call", help="publish one call and print its ToolResult")
     call.add_argument("tool", help="a tool name from the registry")
     call.add_argument("arguments", help="the arguments as a JSON object")
-    call.add_argument("--user", default="u-cli", help="the end user (default %(default)s)")
+    call.add_argument(
+        "--user",
+        default=None,
+        help="the end user (default: u-cli; with --user-token-file, the token's sub)",
+    )
+    call.add_argument(
+        "--user-token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the end user's access token, sent as `Authorization: Bearer` "
+        "(a gateway with --oidc-issuer needs it; a file, so it is not on the command line)",
+    )
     call.add_argument("--session", default="s-cli", help="the session (default %(default)s)")
     call.add_argument(
         "--agent",

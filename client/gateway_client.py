@@ -222,10 +222,14 @@ class GatewayClient:
             return call.principal.tenant, call.principal.agent
         raise IdentityUnknown("connect with an agent's creds file to know which agent you are")
 
-    async def publish(self, call: ToolCall) -> ToolResult | None:
+    async def publish(self, call: ToolCall, *, user_token: str | None = None) -> ToolResult | None:
         """Store `call` (with a publish ack). Returns a result at once only if it is refused
         before storage (too large: not even sent); else None, and the result arrives on the
         results subject.
+
+        `user_token`: the end user's access token (a gateway started with
+        `--oidc-issuer` requires it for tools that act for a user). It travels in the
+        NATS header `Authorization: Bearer <token>`, never in the payload.
         """
         tenant, agent = self._identity(call)
         body = _encoder.encode(call)
@@ -233,7 +237,10 @@ class GatewayClient:
             return too_large(call.call_id, len(body))
         try:
             await self._js.publish(
-                subjects.calls_subject(tenant, agent), body, stream=subjects.CALLS_STREAM
+                subjects.calls_subject(tenant, agent),
+                body,
+                stream=subjects.CALLS_STREAM,
+                headers={"Authorization": f"Bearer {user_token}"} if user_token else None,
             )
         except APIError as exc:
             if exc.err_code == MESSAGE_TOO_LARGE_ERR_CODE:  # a stream with a smaller limit
@@ -259,6 +266,7 @@ class GatewayClient:
         *,
         on_pending: OnPending | None = None,
         fresh: bool = False,
+        user_token: str | None = None,
     ) -> ToolResult:
         """Publish `call` and wait for its one ToolResult.
 
@@ -269,10 +277,16 @@ class GatewayClient:
         call_id just now (`new_call_id()`), so no result can be stored for it:
         the read of the store (a request to the server per call) is skipped.
         """
-        return await self._submit(call, timeout, on_pending, fresh=fresh)
+        return await self._submit(call, timeout, on_pending, fresh=fresh, user_token=user_token)
 
     async def _submit(
-        self, call: ToolCall, timeout: float, on_pending: OnPending | None, *, fresh: bool
+        self,
+        call: ToolCall,
+        timeout: float,
+        on_pending: OnPending | None,
+        *,
+        fresh: bool,
+        user_token: str | None = None,
     ) -> ToolResult:
         """`fresh`: this client minted the call_id just now, so nothing can be stored for it."""
         tenant, agent = self._identity(call)
@@ -288,7 +302,7 @@ class GatewayClient:
         try:
             # The subscription was sent before this publish on the same connection,
             # so the server has it before the call exists: no live result is missed.
-            refused = await self.publish(call)
+            refused = await self.publish(call, user_token=user_token)
             if refused is not None:
                 return refused
             if not fresh:  # a retry's result, or its notice, may be stored already
@@ -380,10 +394,13 @@ class GatewayClient:
         call_id: str | None = None,
         timeout: float = 30.0,
         on_pending: OnPending | None = None,
+        user_token: str | None = None,
     ) -> ToolResult:
         """One call. Give `user` and `session` (this agent's tenant and name are added),
         or a whole `principal` (whose tenant and agent must be this agent's). Give
-        `call_id` to retry a call: its stored result is the answer if it has one."""
+        `call_id` to retry a call: its stored result is the answer if it has one.
+        `user_token`: the end user's access token (see `publish`); `user` may then be
+        left empty: the gateway takes it from the token's `sub`."""
         return await self._submit(
             ToolCall(
                 call_id=call_id or new_call_id(),
@@ -397,6 +414,7 @@ class GatewayClient:
             on_pending,
             # A call_id minted here is new: no earlier try can have stored a result.
             fresh=call_id is None,
+            user_token=user_token,
         )
 
     async def call_many(self, calls: Sequence[ToolCall], timeout: float = 30.0) -> list[ToolResult]:

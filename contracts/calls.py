@@ -66,6 +66,25 @@ class ErrorCode:
     GATEWAY_GAVE_UP: Final = "GATEWAY_GAVE_UP"
     # The tool's output is larger than a result may be (MAX_OUTPUT_BYTES).
     OUTPUT_TOO_LARGE: Final = "OUTPUT_TOO_LARGE"
+    # End users verified by OIDC (`toolgate up --oidc-issuer URL`): the call carries the
+    # user's access token in the NATS header `Authorization: Bearer <JWT>`.
+    # No token (or no Bearer header) on a call to a tool that acts for a user.
+    USER_TOKEN_REQUIRED: Final = "USER_TOKEN_REQUIRED"
+    # Not a token of the issuer: bad signature, unknown key, wrong issuer, an algorithm
+    # off the allow-list (none, HS*), missing claims, not a JWT.
+    USER_TOKEN_INVALID: Final = "USER_TOKEN_INVALID"
+    # Past its `exp` (beyond the allowed clock skew): at validation, or when the tool is
+    # about to run (after an approval that took longer than the token lives).
+    USER_TOKEN_EXPIRED: Final = "USER_TOKEN_EXPIRED"
+    # Issued for another audience than the gateway's (`--oidc-audience`).
+    USER_TOKEN_WRONG_AUDIENCE: Final = "USER_TOKEN_WRONG_AUDIENCE"
+    # Its tenant claim (`--oidc-tenant-claim`) is not the calling agent's tenant.
+    USER_TOKEN_WRONG_TENANT: Final = "USER_TOKEN_WRONG_TENANT"
+    # The payload's `principal.user` names someone else than the token's `sub`.
+    USER_MISMATCH: Final = "USER_MISMATCH"
+    # The identity provider (discovery, JWKS) could not be reached: fails closed;
+    # retryable under a new call_id.
+    USER_TOKEN_UNVERIFIABLE: Final = "USER_TOKEN_UNVERIFIABLE"
 
 
 class Principal(msgspec.Struct, frozen=True):

@@ -201,6 +201,10 @@ class ToolSpec(BaseModel):
     action: ActionClass | None = None
     # The resources it acts on, each looked up before the decision (see ResourceSpec).
     resources: list[ResourceSpec] = []
+    # Whether the tool acts for the call's end user. With an OIDC issuer configured, a
+    # call to such a tool needs the user's verified token (and the tool gets it in
+    # `ToolContext.subject_token`); false: the tool needs no user token.
+    acts_for_user: bool = True
 
     @field_validator("name")
     @classmethod

@@ -46,6 +46,9 @@ POLICIES_BUCKET: Final = "toolgate_policies"
 # role (and the operator) may write it, so a bucket writer cannot lower it.
 POLICY_ACCEPTED_BUCKET: Final = "toolgate_policy_accepted"
 RATE_LIMITS_BUCKET: Final = "toolgate_rate_limits"
+# (tenant, agent, call_id) -> the end user's access token, sealed (AES-GCM) by the
+# validator for the executor alone (runtime/user_tokens.py); never the token in clear.
+USER_TOKENS_BUCKET: Final = "toolgate_user_tokens"
 
 # Every call of every agent (what the validator and the audit consume).
 CALLS_FILTER: Final = f"{CALLS_PREFIX}.*.*"

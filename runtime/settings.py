@@ -150,6 +150,19 @@ class GatewaySettings(BaseModel):
     max_call_bytes: int = MAX_CALL_BYTES
     # How long a signed authorization stays valid for the executor.
     authorization_ttl_s: float = 3600.0
+    # End users verified by OIDC (`--oidc-issuer`): a call to a tool that acts for a user
+    # must carry the user's access token (runtime/oidc.py). None: `user` is the platform's
+    # word, as before.
+    oidc_issuer: str | None = None
+    # The `aud` the user's token must name (None: not checked; a warning at start).
+    oidc_audience: str | None = None
+    # The claim that names the user's tenant; it must be the calling agent's tenant.
+    oidc_tenant_claim: str = "tenant"
+    # The MCP front door as an OAuth resource server: the claim of an access token from
+    # the issuer that names the agent (the tenant: oidc_tenant_claim).
+    oidc_agent_claim: str = "agent"
+    # The clock skew allowed on a token's exp / nbf / iat (bounded: runtime/oidc.py).
+    oidc_clock_skew_s: float = 60.0
 
     @property
     def keys_dir(self) -> Path:

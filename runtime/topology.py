@@ -62,6 +62,9 @@ NO_DEDUPE_SUBJECT = "toolgate.internal.no-dedupe"
 # The largest message a stream keeps: the embedded server's max_payload
 # (stack/nats_server.py), so whatever the server accepts is stored and answered.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# How long a sealed user token is kept for the executor at most (an approval may take
+# hours; the token's own expiry usually ends its use sooner).
+USER_TOKENS_TTL_S = 2 * DAY_S
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,16 @@ class Topology:
             policies_bucket_config(self.replicas),
             policy_accepted_bucket_config(self.replicas),
             rate_limits_bucket_config(self.replicas),
+            # End users' access tokens, sealed for the executor (runtime/user_tokens.py):
+            # kept while a call may wait for a human, deleted when the tool has run.
+            KeyValueConfig(
+                bucket=subjects.USER_TOKENS_BUCKET,
+                history=1,
+                ttl=USER_TOKENS_TTL_S,
+                storage=StorageType.FILE,
+                replicas=self.replicas,
+                max_value_size=64 * 1024,
+            ),
         ]
 
 

@@ -198,6 +198,8 @@ class Stack:
     health_grace_s: float | None = None
     # Each service serves /healthz and /metrics (`toolgate up --no-metrics`: none).
     with_http: bool = True
+    # `--oidc-issuer URL ...` (end users verified): given to every service it starts.
+    oidc_args: list[str] = field(default_factory=list)
     # DATA_DIR/gateway.lock, held while this stack runs (one gateway per data dir).
     _claim: int | None = None
 
@@ -311,7 +313,7 @@ class Stack:
                     self.url,
                     self.data_dir,
                     self.registry_dirs,
-                    [*extra, *self.http_args(port)],
+                    [*extra, *self.http_args(port), *self.oidc_args],
                     creds=self.creds_of(name),
                     builtin_tools=self.builtin_tools,
                 ),
@@ -486,8 +488,19 @@ class Stack:
                 "policy_dir": str(Path(self.policy_dir).resolve()) if self.policy_dir else None,
                 # What `toolgate status` calls the bundle used while nothing is pushed.
                 "policy_source": self.local_policy_source,
+                # End users verified (`--oidc-issuer`): a service started by hand here too.
+                "oidc": self.oidc_settings(),
             },
         )
+
+    def oidc_settings(self) -> dict[str, str] | None:
+        """The --oidc-* flags as recorded in the context (None: no issuer)."""
+        flags = self.oidc_args
+        found = {
+            flags[i][len("--oidc-") :].replace("-", "_"): flags[i + 1]
+            for i in range(0, len(flags) - 1, 2)
+        }
+        return found or None
 
     def start_mcp_front(self) -> None:
         """The MCP front door, logged in as its role (account MCP_FRONT), on loopback."""
@@ -502,7 +515,7 @@ class Stack:
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
-                ["--port", str(port)],
+                ["--port", str(port), *self.oidc_args],
                 creds=self.creds_of("mcp_front"),
                 builtin_tools=self.builtin_tools,
             ),

@@ -11,12 +11,20 @@ is recorded under (tenant, agent, call_id) (see outcomes.py) before it is publis
 call found `started` but never finished (the executor died mid-run) is run
 again only if its tool is declared idempotent, else it fails with
 OUTCOME_UNKNOWN.
+
+With an OIDC issuer configured, a tool that acts for the user gets the user's
+token (`ToolContext.subject_token`), opened from the sealed copy the validator
+stored (runtime/user_tokens.py); a token missing or expired by then ends the call
+(USER_TOKEN_REQUIRED / USER_TOKEN_EXPIRED) without running the tool. The sealed
+copy is deleted once the call has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -42,8 +50,10 @@ from toolgate.contracts.events import (
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
 from toolgate.runtime import bus, telemetry
+from toolgate.runtime.oidc import unverified_expiry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
+from toolgate.runtime.user_tokens import SealBroken, SealedTokens, ensure_seal_key
 from toolgate.services.executor.logic import (
     Conclude,
     Refuse,
@@ -55,10 +65,12 @@ from toolgate.services.executor.logic import (
     run_tool,
     step_for_recorded,
     step_once_claimed,
+    user_token_problem,
 )
 from toolgate.services.executor.outcomes import OutcomeRecord, OutcomeStore
 
 SERVICE = "executor"
+log = logging.getLogger("toolgate.executor")
 
 
 def durable_for(tool: str) -> str:
@@ -93,6 +105,8 @@ class ToolRunner:
         # This tool's durable holds a delivery this long (runtime/topology.py).
         self.ack_wait_s = executor_ack_wait(spec.timeout_s)
         self.outcomes: OutcomeStore | None = None  # bound once the broker is connected
+        # The sealed user tokens (an OIDC issuer is configured and the tool acts for users).
+        self.user_tokens: SealedTokens | None = None
 
     async def handle(self, msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
@@ -162,6 +176,19 @@ class ToolRunner:
         if isinstance(claimed_step, Conclude):
             await self._finish(event, delivery, claimed_step.outcome, claimed_step.attempt)
             return
+        subject_token: str | None = None
+        if self.user_tokens is not None:
+            try:
+                subject_token = await self.user_tokens.take(key)
+            except SealBroken as exc:  # not ours to open: as good as no token
+                log.warning("call %s (%s): %s", event.call_id, key, exc)
+            expiry = unverified_expiry(subject_token) if subject_token else None
+            problem = user_token_problem(
+                subject_token, expiry, time.time(), self.settings.oidc_clock_skew_s
+            )
+            if problem is not None:
+                await self._finish(event, delivery, problem.outcome, attempt)
+                return
         await self.publisher.emit(
             ExecutionStarted(
                 event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
@@ -173,7 +200,7 @@ class ToolRunner:
             )
         )
         with telemetry.tool_span(self.spec.name, event.call_id) as run:  # GenAI execute_tool
-            outcome = await self._run_with_heartbeat(msg, event)
+            outcome = await self._run_with_heartbeat(msg, event, subject_token)
             run.finished(outcome.status, outcome.error.code if outcome.error else None)
         await self._finish(event, delivery, outcome, attempt)
 
@@ -182,7 +209,9 @@ class ToolRunner:
             state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
         )
 
-    async def _run_with_heartbeat(self, msg: Msg, event: CallAuthorized) -> ToolOutcome:
+    async def _run_with_heartbeat(
+        self, msg: Msg, event: CallAuthorized, subject_token: str | None = None
+    ) -> ToolOutcome:
         ctx = ToolContext(
             call_id=event.call_id,
             tool=self.spec.name,
@@ -190,6 +219,7 @@ class ToolRunner:
             task_id=event.call.task_id,
             data_dir=self.settings.tools_data_dir / self.spec.name,
             settings=self.spec.settings,
+            subject_token=subject_token,
         )
 
         if is_inline(self.function):  # returns at once: nothing to keep alive
@@ -237,6 +267,8 @@ class ToolRunner:
             ),
         )
         await self.publisher.emit(terminal)
+        if self.user_tokens is not None:  # the tool has run (or never will): not kept
+            await self.user_tokens.forget(outcome_key(event))
 
     async def _replay(self, stored: bytes, event: CallAuthorized, delivery: bus.Delivery) -> None:
         recorded = decode_event(stored)
@@ -306,8 +338,14 @@ def build_app(
         # Connect before the subscribers start, so no message meets an unbound store.
         await broker.connect()
         kv = await bus.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
+        tokens = None
+        if settings.oidc_issuer:
+            sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
+            tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
         for runner in runners:
             runner.outcomes = OutcomeStore(kv)
+            if runner.spec.acts_for_user:
+                runner.user_tokens = tokens
 
     bus.run_consumers(app, broker)
     return app

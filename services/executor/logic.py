@@ -119,6 +119,29 @@ def step_once_claimed(event: CallAuthorized, attempt: int, now: datetime) -> Con
     return Run(attempt)
 
 
+def user_token_problem(
+    token: str | None, expires_at: float | None, now_s: float, leeway_s: float
+) -> Conclude | None:
+    """A tool that acts for the user, with an OIDC issuer configured: the sealed token of
+    the call must be there and not have expired (an approval may outlast it). None: run.
+    `expires_at`: the token's `exp` (it was verified by the validator)."""
+    if token is None:
+        code, message = (
+            ErrorCode.USER_TOKEN_REQUIRED,
+            "no user token is held for this call (it was never sent, or was kept longer "
+            "than the gateway keeps one): send the call again with the user's token",
+        )
+    elif expires_at is None or expires_at + leeway_s <= now_s:
+        code, message = (
+            ErrorCode.USER_TOKEN_EXPIRED,
+            "the user's token expired before the tool could run (an approval took longer "
+            "than the token lives): send the call again, under a new call_id, with a fresh token",
+        )
+    else:
+        return None
+    return Conclude(ToolOutcome("denied", 0.0, error=ToolError(code, message, True)), 0)
+
+
 def refusal_reason(event: CallAuthorized, public_key: Ed25519PublicKey, tool: str) -> str | None:
     """Why this message must not run, or None. Checked before anything runs."""
     auth = event.authorization

@@ -2,8 +2,10 @@
 wire contract. It decides nothing.
 
 Each HTTP request carries a bearer token (`toolgate agents token TENANT
-AGENT`); the token names one agent of one tenant, or the request gets 401 with
-the `WWW-Authenticate` header of the MCP authorization spec. Then:
+AGENT`, or, with `--oidc-issuer`, an OAuth access token of that issuer issued
+for this door: tokens.py `OAuthAgents`, the user then its `sub`); the token names
+one agent of one tenant, or the request gets 401 with the `WWW-Authenticate`
+header of the MCP authorization spec. Then:
 
 - `tools/list` shows exactly the tools this agent may call (`Registry.visible_to`),
   with the registry's description, schemas and annotations;
@@ -74,9 +76,10 @@ from toolgate.contracts.registry import Registry
 from toolgate.runtime import telemetry
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.http_server import SlowClientLimits, uvicorn_config
+from toolgate.runtime.oidc import OidcConfig, TokenVerifier
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.mcp_front import logic
-from toolgate.services.mcp_front.tokens import TokenStore
+from toolgate.services.mcp_front.tokens import OAuthAgents, TokenStore
 
 SERVICE = "mcp_front"
 MCP_PATH = "/mcp"
@@ -112,13 +115,29 @@ class FrontDoorOptions:
 
 
 class AgentTokens:
-    """The SDK's TokenVerifier: a bearer token is one agent of one tenant."""
+    """The SDK's TokenVerifier: a bearer token is one agent of one tenant (an operator's
+    static token, or an OAuth access token of the configured issuer: `oauth`)."""
 
-    def __init__(self, store: TokenStore) -> None:
+    def __init__(self, store: TokenStore, oauth: OAuthAgents | None = None) -> None:
         self.store = store
+        self.oauth = oauth
 
     async def verify_token(self, token: str) -> AccessToken | None:
         identity = self.store.identify(token)
+        if identity is None and self.oauth is not None and token.count(".") == 2:
+            found = await self.oauth.identify(token)
+            if found is None:
+                return None
+            # resource set: an OAuth token (oauth_user below); sessions bind to (client, iss, sub)
+            return AccessToken(
+                token=token,
+                client_id=f"{found.tenant}.{found.agent}",
+                scopes=[],
+                expires_at=found.expires_at,
+                resource=self.oauth.verifier.audience,
+                subject=found.user,
+                claims={"iss": found.issuer},
+            )
         if identity is None:
             return None
         tenant, agent = identity
@@ -157,6 +176,19 @@ def identity_of(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str]:
     return tenant, agent
 
 
+def oauth_user(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str] | None:
+    """(user, access token) when this request came with an OAuth access token: the call's
+    user is its `sub`, and the token goes with the call as the user's (validator: OIDC)."""
+    request = ctx.request
+    user = request.scope.get("user") if isinstance(request, Request) else None
+    if not isinstance(user, AuthenticatedUser):
+        return None
+    access = user.access_token
+    if access.resource is None or not access.subject:
+        return None
+    return access.subject, access.token
+
+
 def build_server(door: FrontDoor) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -176,7 +208,8 @@ def build_server(door: FrontDoor) -> Server[Any]:
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
         try:
             requested = logic.requested_call_id(meta)
-            user = logic.meta_text(meta, logic.USER_META_KEY, f"mcp:{agent}")
+            oauth = oauth_user(ctx)  # an OAuth token's sub is the user; else the client's word
+            user = oauth[0] if oauth else logic.meta_text(meta, logic.USER_META_KEY, f"mcp:{agent}")
             session = logic.meta_text(meta, logic.SESSION_META_KEY, f"mcp:{tenant}.{agent}")
             task_id = logic.meta_text(meta, logic.TASK_META_KEY, None)
         except logic.BadMeta as exc:
@@ -214,6 +247,7 @@ def build_server(door: FrontDoor) -> Server[Any]:
                         # A call_id minted here has no stored result to look for; a
                         # client's own (a retry) may have one.
                         fresh=requested is None,
+                        user_token=oauth[1] if oauth else None,
                     )
                 finally:
                     waiting.stop()
@@ -425,17 +459,21 @@ def build_app(settings: GatewaySettings, options: FrontDoorOptions, public_url: 
     resource = AnyHttpUrl(public_url)
     metadata_url = build_resource_metadata_url(resource)
 
+    store = TokenStore(settings.data_dir)
+    oauth = oauth_agents(settings, public_url, store)
+
     async def resource_metadata(_: Request) -> JSONResponse:
-        # RFC 9728. No authorization server: tokens are issued out of band by the
-        # operator (`toolgate agents token TENANT AGENT`).
-        return JSONResponse(
-            {
-                "resource": public_url,
-                "bearer_methods_supported": ["header"],
-                "resource_name": "toolgate MCP front door",
-                "resource_documentation": "toolgate agents token TENANT AGENT prints a token",
-            }
-        )
+        # RFC 9728. The configured authorization server (OIDC issuer), if any; the
+        # operator's tokens (`toolgate agents token TENANT AGENT`) work beside it.
+        document: dict[str, Any] = {
+            "resource": public_url,
+            "bearer_methods_supported": ["header"],
+            "resource_name": "toolgate MCP front door",
+            "resource_documentation": "toolgate agents token TENANT AGENT prints a token",
+        }
+        if oauth is not None:
+            document["authorization_servers"] = [oauth.verifier.config.issuer]
+        return JSONResponse(document)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -466,11 +504,25 @@ def build_app(settings: GatewaySettings, options: FrontDoorOptions, public_url: 
         middleware=[
             Middleware(
                 AuthenticationMiddleware,
-                backend=BearerAuthBackend(AgentTokens(TokenStore(settings.data_dir))),
+                backend=BearerAuthBackend(AgentTokens(store, oauth)),
             ),
             Middleware(AuthContextMiddleware),
         ],
         lifespan=lifespan,
+    )
+
+
+def oauth_agents(settings: GatewaySettings, resource: str, store: TokenStore) -> OAuthAgents | None:
+    """The door as an OAuth resource server of the OIDC issuer (None: static tokens only):
+    access tokens must be issued for its resource URL."""
+    if not settings.oidc_issuer:
+        return None
+    config = OidcConfig(settings.oidc_issuer, resource, leeway_s=settings.oidc_clock_skew_s)
+    return OAuthAgents(
+        TokenVerifier(config),
+        store,
+        settings.oidc_tenant_claim,
+        settings.oidc_agent_claim,
     )
 
 

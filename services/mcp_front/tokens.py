@@ -14,6 +14,10 @@ re-reads a file when it changes, so minting and revoking take effect at once.
 
 Token format: `tgmcp.<tenant>.<agent>.<secret>` (RFC 6750 token characters;
 the identity in clear only tells the front door which file to read).
+
+With an OIDC issuer configured, the door also accepts that issuer's JWT access
+tokens issued for its resource URL (`OAuthAgents`): tenant and agent from two
+configurable claims, the user from `sub`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import time
@@ -29,6 +34,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from toolgate.contracts import subjects
+from toolgate.runtime.oidc import ProviderUnreachable, TokenRejected, TokenVerifier, claim_text
+
+log = logging.getLogger("toolgate.mcp_front")
 
 TOKEN_PREFIX: Final = "tgmcp"
 TOKEN_SUFFIX: Final = ".mcp-token"
@@ -219,3 +227,80 @@ class TokenStore:
         ):
             return None
         return tenant, agent
+
+    def may_act_for(self, tenant: str, agent: str) -> bool:
+        """Is (tenant, agent) an active agent the front door acts for (one holding a
+        current front-door token: the door's NATS account imports exactly those)?"""
+        if not (subjects.is_identity_token(tenant) and subjects.is_identity_token(agent)):
+            return False
+        stored = self._read(token_path(self.data_dir, tenant, agent))
+        record = self._read(agent_record_path(self.data_dir, tenant, agent))
+        return (
+            stored is not None
+            and record is not None
+            and not record.get("revoked_at")
+            and record.get("user") == stored.get("agent_user")
+        )
+
+
+@dataclass(frozen=True)
+class OAuthIdentity:
+    """Who an OAuth access token of the configured authorization server speaks for."""
+
+    tenant: str
+    agent: str
+    user: str  # the token's `sub`
+    expires_at: int | None
+    issuer: str
+
+
+class OAuthAgents:
+    """The front door as an OAuth resource server (MCP authorization, RFC 9728).
+
+    A JWT access token of the configured issuer (runtime/oidc.py checks signature,
+    issuer, expiry, and that its audience is this door's resource URL) names a tenant
+    and an agent by two configurable claims, and the user by `sub`. The agent must be
+    one the door acts for (`toolgate agents token TENANT AGENT` enabled it: the door's
+    NATS account imports only those agents' subjects); the operator's static tokens
+    keep working beside OAuth.
+    """
+
+    def __init__(
+        self,
+        verifier: TokenVerifier,
+        store: TokenStore,
+        tenant_claim: str,
+        agent_claim: str,
+    ) -> None:
+        self.verifier = verifier
+        self.store = store
+        self.tenant_claim = tenant_claim
+        self.agent_claim = agent_claim
+
+    async def identify(self, token: str) -> OAuthIdentity | None:
+        try:
+            verified = await self.verifier.verify(token)
+        except TokenRejected as exc:
+            log.info("OAuth access token refused: %s (%s)", exc.message, exc.code)
+            return None
+        except ProviderUnreachable as exc:
+            log.warning("OAuth access token not checked, the issuer is unreachable: %s", exc)
+            return None
+        tenant = claim_text(verified.claims, self.tenant_claim)
+        agent = claim_text(verified.claims, self.agent_claim)
+        if tenant is None or agent is None or not self.store.may_act_for(tenant, agent):
+            log.info(
+                "OAuth access token of %r names no agent the front door acts for (claims %r, %r)",
+                verified.subject[:128],
+                self.tenant_claim,
+                self.agent_claim,
+            )
+            return None
+        exp = verified.claims.get("exp")
+        return OAuthIdentity(
+            tenant,
+            agent,
+            verified.subject,
+            int(exp) if isinstance(exp, int | float) else None,
+            self.verifier.config.issuer,
+        )

@@ -7,6 +7,10 @@ Emits: `ArgumentsValidated` (to policy), `ArgumentsRejected` (to the attacher:
 unknown tool, malformed call, bad arguments, oversized call, a payload naming
 another principal), `MessageDeadLettered` for a message with no usable
 call_id, and `CallRetried` for a call_id its agent used before.
+With an OIDC issuer (`--oidc-issuer`): the call's `Authorization: Bearer <JWT>`
+header is verified (runtime/oidc.py, users.py), the principal's user becomes the
+token's `sub`, and for a tool that acts for the user the token is sealed into the
+KV bucket `toolgate_user_tokens` for the executor (runtime/user_tokens.py).
 A call_id this agent used before is a duplicate: it claims nothing and
 nothing runs or is decided again; it emits `CallRetried`, on which the
 attacher sends the first call's stored result (or pending notice) again.
@@ -15,6 +19,7 @@ attacher sends the first call's stored result (or pending notice) again.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from faststream import FastStream
@@ -34,7 +39,15 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.runtime import bus
+from toolgate.runtime.oidc import (
+    OidcConfig,
+    ProviderUnreachable,
+    TokenRejected,
+    TokenVerifier,
+    bearer_token,
+)
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.user_tokens import SealedTokens, ensure_seal_key
 from toolgate.services.validator.call_ids import CallIdClaims
 from toolgate.services.validator.logic import (
     CallChecker,
@@ -44,6 +57,7 @@ from toolgate.services.validator.logic import (
     Undeliverable,
     Validated,
 )
+from toolgate.services.validator.users import TokenCheck, user_verdict
 
 SERVICE = "validator"
 log = logging.getLogger("toolgate.validator")
@@ -111,6 +125,8 @@ def build_app(settings: GatewaySettings) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     claims: list[CallIdClaims] = []  # bound once the broker is connected
+    verifier = oidc_verifier(settings)
+    sealed: list[SealedTokens] = []  # bound once the broker is connected (with an issuer)
 
     @bus.durable_subscriber(broker, subjects.CALLS_FILTER, subjects.CALLS_STREAM, SERVICE)
     async def on_call(msg: Msg) -> None:
@@ -124,6 +140,15 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 if identity is not None
                 else Undeliverable(f"{delivery.subject!r} is not a calls subject")
             )
+            token: str | None = None
+            if verifier is not None and isinstance(outcome, Validated):
+                token = bearer_token((msg.headers or {}).get("Authorization"))
+                check = await check_token(verifier, token)
+                spec = checker.registry.get(outcome.call.tool)
+                verdict = user_verdict(outcome, spec, check, settings.oidc_tenant_claim)
+                outcome = verdict.outcome
+                if not verdict.token_for_tool:
+                    token = None
             if isinstance(outcome, Validated | Rejected) and identity is not None:
                 key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
                 if not await claims[0].claim(key, delivery.message_id):
@@ -136,6 +161,8 @@ def build_app(settings: GatewaySettings) -> FastStream:
                     )
                     await publisher.emit(retried(outcome, delivery))
                     return
+                if token is not None and isinstance(outcome, Validated):
+                    await sealed[0].put(key, token)  # before the call goes on: never after
             for event in events_for(outcome, raw, delivery):
                 await publisher.emit(event)
 
@@ -153,9 +180,51 @@ def build_app(settings: GatewaySettings) -> FastStream:
     async def bind_claims() -> None:
         await broker.connect()
         claims.append(CallIdClaims(await bus.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET)))
+        if verifier is not None:
+            kv = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
+            sealed.append(SealedTokens(kv, ensure_seal_key(settings.keys_dir)))
 
     bus.run_consumers(app, broker)
     return app
+
+
+def oidc_verifier(settings: GatewaySettings) -> TokenVerifier | None:
+    """The end-user token verifier, when an issuer is configured."""
+    if not settings.oidc_issuer:
+        return None
+    if not settings.oidc_audience:
+        log.warning(
+            "OIDC issuer %s without an audience (--oidc-audience): a token the issuer "
+            "made for any other service is accepted too",
+            settings.oidc_issuer,
+        )
+    return TokenVerifier(
+        OidcConfig(
+            settings.oidc_issuer,
+            settings.oidc_audience,
+            settings.oidc_tenant_claim,
+            settings.oidc_clock_skew_s,
+        )
+    )
+
+
+async def check_token(verifier: TokenVerifier, token: str | None) -> TokenCheck:
+    """The verifier's answer as a value (its refusals are expected, not errors)."""
+    if token is None:
+        return None
+    try:
+        return await verifier.verify(token)
+    except TokenRejected as exc:
+        return exc
+    except ProviderUnreachable as exc:
+        now = time.monotonic()
+        if now - _provider_warned[0] >= 10:  # one line per 10 s in an outage, not per call
+            _provider_warned[0] = now
+            log.warning("the OIDC provider could not be reached (calls are refused): %s", exc)
+        return exc
+
+
+_provider_warned = [-1e9]
 
 
 def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict[str, Any]:
