@@ -327,14 +327,14 @@ def text_of(n: Notification) -> str:
     e = slack_escaped
     what = f"*{e(n.tool)}* call `{e(n.call)}` by {e(n.user)}"
     link = f"<{n.url}|Open it in the inbox>"
-    rule = f"rule {e(n.rule)}: {e(n.why)}" if n.rule or n.why else ""
+    rule = f"Rule {e(n.rule)}: {e(n.why)}" if n.rule or n.why else ""
     if n.event in ("waiting", "reminder"):
         lead = "Still waiting for approval" if n.event == "reminder" else "Approval needed"
-        need = f"{n.required_approvals} approval(s)" if n.required_approvals > 1 else "1 approval"
+        need = f"{n.required_approvals} approvals" if n.required_approvals > 1 else "1 approval"
         parts = [f"{lead}: {what} ({e(n.risk)} risk, {need})"]
         if rule:
             parts.append(rule)
-        parts.append(f"expires {_when(n.expires_at)}")
+        parts.append(f"Expires {_when(n.expires_at)}")
         return ". ".join(parts) + f". {link}"
     if n.event == "expired":
         return f"Expired: {what} was not decided by {_when(n.expires_at)}; it did not run. {link}"
