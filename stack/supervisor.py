@@ -537,8 +537,11 @@ class Stack:
             ):
                 secret = webhooks.ensure_default_secret(self.data_dir)
             resolved = webhooks.merged(self.approval_webhooks, secret, entries)
-            for number, entry in enumerate(resolved):
-                webhooks.check_secret_file(entry.secret_file, f"approval webhook {number + 1}")
+            if secret is not None and resolved:
+                webhooks.check_secret_file(secret, "--approval-webhook-secret-file")
+            for number, entry in enumerate(entries):
+                if entry.secret_file is not None:
+                    webhooks.check_secret_file(entry.secret_file, f"{config}: webhook {number + 1}")
         except webhooks.WebhookConfigError as exc:
             raise StackError(str(exc)) from None
         self.webhooks_path.unlink(missing_ok=True)
@@ -696,7 +699,11 @@ def run_until_signalled(stack: Stack) -> int:
         audit += f"  MCP: {stack.mcp_url}\n" if stack.mcp_url else ""
         audit += (
             f"  approval webhooks: {stack.webhook_count}"
-            + (f", signed with {stack.webhook_secret_file}" if stack.webhook_secret_file else "")
+            + (
+                f", signed with {stack.webhook_secret_file.resolve()}"
+                if stack.webhook_secret_file
+                else ""
+            )
             + f"; calls link to {stack.notifier_inbox_url}/calls/TENANT.AGENT.CALL_ID\n"
             if stack.webhook_count
             else ""

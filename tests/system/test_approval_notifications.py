@@ -17,7 +17,12 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
+import signal
 import socket
+import stat
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -26,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -506,3 +512,83 @@ def test_each_webhook_heard_only_its_tenants_and_no_secret_was_logged(setup: Set
     for receiver in [*setup.receivers.values(), setup.everyone]:
         assert receiver.secret.decode() not in log
         assert receiver.path not in log
+
+
+# ---------------------------------------------------------------- `toolgate up` itself
+
+
+def toolgate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "toolgate.cli", *args],
+        cwd=cwd,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_up_refuses_webhooks_it_cannot_use_in_one_line(tmp_path: Path) -> None:
+    bad_tenant = tmp_path / "hooks.yaml"
+    bad_tenant.write_text("webhooks:\n  - {url: 'https://h.test/x', tenants: ['a.b']}\n")
+    hook = "http://127.0.0.1:9/hook"
+    cases = [
+        (["--approval-webhook", "ftp://h.test/x"], "--approval-webhook: "),
+        (
+            ["--approval-webhook", hook, "--approval-webhook-secret-file", "no.secret"],
+            "--approval-webhook-secret-file: cannot read ",
+        ),
+        (["--approval-webhooks", str(bad_tenant)], "not a tenant name: 'a.b'"),
+        (["--approval-webhook", hook, "--approval-reminder-at", "1.5"], "--approval-reminder-at"),
+        (["--inbox-url", "ftp://inbox"], "--inbox-url"),
+    ]
+    for args, says in cases:
+        done = toolgate(["up", "--nats-port", "0", "--no-audit", *args], tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, (args, done.stderr)
+        assert lines[0].startswith("toolgate up: ") and says in lines[0], (args, lines[0])
+    done = toolgate(["serve", "notifier", "--webhooks", str(tmp_path / "none.yaml")], tmp_path)
+    assert done.returncode == 2 and "cannot read" in done.stderr and "--webhooks" in done.stderr
+
+
+def test_up_with_a_webhook_makes_a_secret_and_says_so(tmp_path: Path) -> None:
+    receiver = Receiver()
+    data = tmp_path / ".toolgate"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOOLGATE_")}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "toolgate.cli", "up", "--nats-port", "0", "--no-audit"]
+        + ["--approval-webhook", receiver.url, "--inbox-url", INBOX],
+        cwd=tmp_path,
+        env=clean,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert up.stdout is not None
+        said = []
+        for line in up.stdout:
+            said.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        text = "".join(said)
+        secret = data / "approval-webhook.secret"
+        assert f"approval webhooks: 1, signed with {secret}" in text, text
+        assert f"calls link to {INBOX}/calls/TENANT.AGENT.CALL_ID" in text
+        assert receiver.path not in text
+        assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+        resolved = data / "notifier" / "webhooks.yaml"
+        assert stat.S_IMODE(resolved.stat().st_mode) == 0o600
+        assert yaml.safe_load(resolved.read_text())["webhooks"][0]["url"] == receiver.url
+        log = data / "logs" / "notifier.log"
+        deadline = time.monotonic() + 60
+        while "1 webhook(s)" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.2)
+        assert webhook_id(receiver.url) in log.read_text()
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(90)
+        receiver.stop()
+    assert up.returncode == 0
