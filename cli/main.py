@@ -1053,8 +1053,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--inbox-url",
         default=None,
-        help="the inbox's base URL that notifications link to (default: the inbox "
-        "`toolgate up` prints, else http://127.0.0.1:8090)",
+        help="the inbox's base URL that notifications link to, as its approvers reach it "
+        "(default: http://127.0.0.1:8090, `toolgate approvals inbox`'s own)",
     )
     up.add_argument(
         "--approval-reminder-at",
