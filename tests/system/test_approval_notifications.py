@@ -61,6 +61,7 @@ class Received:
     headers: dict[str, str]
     body: bytes
     answered: int | None = None
+    at: float = field(default_factory=time.time)  # when it came (for figures, not tests)
 
     @property
     def json(self) -> dict[str, Any]:
