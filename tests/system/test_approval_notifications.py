@@ -52,7 +52,6 @@ from toolgate.services.notifier.logic import webhook_id
 pytestmark = pytest.mark.system
 
 INBOX = "https://inbox.example.test:8443"
-TENANTS = ("acme", "globex", "initech", "umbrella", "hooli", "refusing")
 DESCRIPTION = "A side effect that needs one human approval. Test only."
 
 
@@ -186,6 +185,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         "umbrella": Receiver(answers=[500, 500, 503]),
         "hooli": Receiver(hanging=True),
         "refusing": Receiver(answers=[410] * 50),
+        "stark": Receiver(listening=False),
     }
     everyone = Receiver()
     (base / "everyone.secret").write_bytes(everyone.secret + b"\n")
@@ -502,6 +502,37 @@ async def test_a_receiver_that_refuses_a_notification_gets_a_dead_letter(setup: 
             break
         await asyncio.sleep(0.2)
     assert rows[0][0] == 1
+
+
+async def test_a_notification_not_yet_delivered_survives_the_notifier_being_killed(
+    setup: Setup,
+) -> None:
+    """At least once: the delivery stays un-acked in its stream while the receiver is
+    down, so a notifier killed meanwhile (SIGKILL: nothing said, nothing flushed) and
+    started again still delivers it."""
+    gateway, down = setup.gateway, setup.receivers["stark"]
+    call = action(principal("stark"))
+    key = key_of(call)
+    async with await gateway.client("stark") as client:
+        submitted = asyncio.create_task(client.submit(call, timeout=120))
+        failing = webhook_id(down.url)
+        await until(
+            lambda: metric(
+                notifier_metrics(gateway),
+                "toolgate_notification_failures_total",
+                webhook=failing,
+                reason="connect",
+            ),  # fmt: skip
+            "no failed attempt counted",
+        )
+        notifier = gateway.service("notifier")
+        notifier.kill()
+        down.listen()
+        notifier.start()
+        got = await until(lambda: down.delivered(key, "waiting"), "lost with the notifier", 120)
+        submitted.cancel()
+    body = verified(got[0], down.secret)
+    assert body["call"] == key and body["tenant"] == "stark"
 
 
 def test_each_webhook_heard_only_its_tenants_and_no_secret_was_logged(setup: Setup) -> None:
