@@ -248,8 +248,11 @@ class Notifier:
 
     async def on_requested(self, event: ApprovalRequested, key: str) -> int:
         now = self.clock()
-        if event.expires_at <= now or self._stale(event.occurred_at, key):
-            return 0  # nobody can act on it any more: the expiry notification says so
+        if event.expires_at <= now:
+            # Nobody can act on it any more (the expiry notification says so). One still
+            # open is told however old: it still waits for someone.
+            log.info("%s: expired at %s before it was told; not sent", key, event.expires_at)
+            return 0
         notification = logic.waiting(event, self._description(event.call.tool), self._inbox)
         queued = await self._queue(notification, "waiting")
         due = logic.reminder_at(event.occurred_at, event.expires_at, self.options.reminder_share)

@@ -304,8 +304,8 @@ def still_waiting(record: ApprovalRecord | None, notification: Notification) -> 
 
 
 def is_stale(occurred_at: datetime, now: datetime, max_age_s: float) -> bool:
-    """An event older than a notification may take to deliver: a notifier started on an
-    old stream (or after a long outage) does not page people about the past."""
+    """A decision or expiry older than a notification may take to deliver: a notifier
+    started on an old stream (or after a long outage) does not page people about the past."""
     return now - occurred_at > timedelta(seconds=max_age_s)
 
 

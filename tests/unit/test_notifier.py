@@ -337,3 +337,32 @@ def test_a_bad_webhook_entry_is_refused_with_where(tmp_path: Path, entry: str) -
     config.write_text(f"webhooks:\n  - {entry}\n")
     with pytest.raises(WebhookConfigError, match=str(tmp_path)):
         load_webhooks(config)
+
+
+def test_an_old_request_still_open_is_told_but_an_old_decision_is_not() -> None:
+    clock = Clock()
+    service, _ = notifier(Sender(), clock)
+    queued: list[tuple[logic.Job, str]] = []
+
+    async def queue(job: logic.Job, subject: str) -> None:
+        queued.append((job, subject))
+
+    service.queue = queue
+    clock.now = T0 + timedelta(hours=5)  # the notifier was away: the request is old
+    assert asyncio.run(service.on_event(requested(expires_in_s=24 * 3600))) == 2
+    assert [j.notification.event for j, _ in queued] == ["waiting", "reminder"]
+    assert {s for _, s in queued} == {f"toolgate.notify.acme.{webhook(['acme']).id}"}
+    assert asyncio.run(service.on_event(requested(expires_in_s=600))) == 0  # expired
+    denied = ApprovalDenied(
+        event_id="e9",
+        call_id=CALL.call_id,
+        occurred_at=T0,
+        service="approvals",
+        tool=CALL.tool,
+        principal=CALL.principal,
+        approver="eve",
+        error=ToolError(code="APPROVAL_DENIED", message="denied"),
+    )
+    assert asyncio.run(service.on_event(denied)) == 0  # 5 h ago: past
+    clock.now = T0 + timedelta(seconds=5)
+    assert asyncio.run(service.on_event(denied)) == 1
