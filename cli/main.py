@@ -2,7 +2,7 @@
 
     toolgate up [--example NAME]       the whole gateway on the embedded default
     toolgate serve NAME                one service (validator|policy|executor|attacher|
-                                       approvals|audit)
+                                       approvals|notifier|audit)
     toolgate agents add|list|revoke    one NATS identity per agent of each tenant
     toolgate call TOOL 'JSON-ARGS'     publish one call, print its ToolResult
     toolgate result CALL_ID            fetch a stored result again
@@ -50,7 +50,16 @@ from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.outside_text import log_visibly, visible, visible_json
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
 
-SERVICE_NAMES = ("validator", "policy", "executor", "attacher", "approvals", "audit", "mcp")
+SERVICE_NAMES = (
+    "validator",
+    "policy",
+    "executor",
+    "attacher",
+    "approvals",
+    "notifier",
+    "audit",
+    "mcp",
+)
 # `toolgate up --example NAME` (toolgate.stack.supervisor.EXAMPLES).
 EXAMPLES = ("orders", "refund")
 NATS_SCHEMES = ("nats", "tls", "ws", "wss")
@@ -427,6 +436,11 @@ def cmd_up(args: argparse.Namespace) -> int:
         example=args.example,
         mcp_port=args.mcp_port,
         oidc_args=_oidc_args(args),
+        approval_webhooks=list(args.approval_webhook),
+        approval_webhook_secret_file=args.approval_webhook_secret_file,
+        approval_webhooks_file=args.approval_webhooks,
+        inbox_url=args.inbox_url,
+        notifier_args=["--reminder-at", str(args.approval_reminder_at)],
     )
     try:
         return run_until_signalled(stack)
@@ -458,6 +472,10 @@ def check_up_servers(args: argparse.Namespace) -> None:
         )
     check_port(args.clickhouse_port, "toolgate up: --clickhouse-port")
     check_port(args.mcp_port, "toolgate up: --mcp-port")
+    if not 0 <= args.approval_reminder_at < 1:
+        raise Failed("toolgate up: --approval-reminder-at is a share: 0 (none) up to 1", 2)
+    if args.inbox_url is not None and not args.inbox_url.startswith(("http://", "https://")):
+        raise Failed(f"toolgate up: --inbox-url {args.inbox_url!r} is not an http(s) URL", 2)
     if args.clickhouse_url_given and not args.no_audit:
         check_clickhouse_answers(args.clickhouse_url_given)
 
@@ -531,6 +549,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
     settings.load_registry()  # a bad registry ends it now, not after NATS is found
+    webhooks = _notifier_webhooks(args) if args.name == "notifier" else []
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s"
     )
@@ -566,6 +585,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from toolgate.services.approvals.app import build_app as build_approvals
 
         app = build_approvals(settings, sweep_interval_s=args.sweep_interval)
+    elif args.name == "notifier":
+        from toolgate.services.notifier.app import build_app as build_notifier
+
+        app = build_notifier(settings, webhooks, _notifier_options(args))
     else:
         from toolgate.services.attacher.app import build_app as build_attacher
 
@@ -587,6 +610,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         run = serving(monitor, run, args.http_port, args.http_host)
     bus.run_service(run)
     return 0
+
+
+def _notifier_webhooks(args: argparse.Namespace) -> list[Any]:
+    """The notifier's webhooks, their secrets read once, now (else Failed, exit 2)."""
+    from toolgate.services.notifier.webhooks import WebhookConfigError, load_webhooks
+
+    try:
+        return load_webhooks(args.webhooks)
+    except WebhookConfigError as exc:
+        raise Failed(f"toolgate serve notifier: {exc} (--webhooks)", 2) from None
+
+
+def _notifier_options(args: argparse.Namespace) -> Any:
+    from toolgate.services.notifier.app import Options
+
+    return Options(
+        inbox_url=args.inbox_url,
+        reminder_share=args.reminder_at,
+        retry_base_s=args.retry_base,
+        give_up_after_s=args.give_up_after,
+        timeout_s=args.webhook_timeout,
+    )
 
 
 def _connect_client(args: argparse.Namespace, command: str) -> Any:
@@ -943,6 +988,53 @@ async def _probe(url: str, creds: Path | None) -> None:
     await nc.close()
 
 
+def add_notifier_flags(serve: argparse.ArgumentParser) -> None:
+    """`toolgate serve notifier`'s own flags (services/notifier)."""
+    from toolgate.services.notifier import logic
+    from toolgate.services.notifier.sender import DEFAULT_TIMEOUT_S
+
+    serve.add_argument(
+        "--webhooks",
+        type=Path,
+        default=None,
+        help="notifier: the webhooks file (`toolgate up` writes DATA_DIR/notifier/"
+        "webhooks.yaml; default %(default)s: no webhooks)",
+    )
+    serve.add_argument(
+        "--inbox-url",
+        default=logic.DEFAULT_INBOX_URL,
+        help="notifier: the inbox's base URL; a notification links to "
+        "URL/calls/TENANT.AGENT.CALL_ID (default %(default)s)",
+    )
+    serve.add_argument(
+        "--reminder-at",
+        type=float,
+        default=logic.DEFAULT_REMINDER_SHARE,
+        metavar="SHARE",
+        help="notifier: remind at this share of a request's time to live, if it still "
+        "waits (0: no reminder; default %(default)s)",
+    )
+    serve.add_argument(
+        "--retry-base",
+        type=float,
+        default=logic.DEFAULT_RETRY_BASE_S,
+        help="notifier: seconds before the first retry of a failed delivery (default %(default)s)",
+    )
+    serve.add_argument(
+        "--give-up-after",
+        type=float,
+        default=logic.DEFAULT_GIVE_UP_AFTER_S,
+        help="notifier: seconds after which an undelivered notification is given up "
+        "(a dead letter; default %(default)s)",
+    )
+    serve.add_argument(
+        "--webhook-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="notifier: seconds one delivery attempt may take (default %(default)s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolgate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1025,6 +1117,45 @@ def build_parser() -> argparse.ArgumentParser:
         "data, policy bundle and agent (refund: README 'Worked example 2'; "
         "orders: 'Worked example 3'; default %(default)s)",
     )
+    up.add_argument(
+        "--approval-webhook",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="POST a signed JSON notification here when a call starts waiting for a "
+        "human, is decided or expires, and a reminder (every tenant's calls; "
+        "repeatable; per tenant: --approval-webhooks)",
+    )
+    up.add_argument(
+        "--approval-webhook-secret-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the secret the notifications are signed with (HMAC-SHA256; default: "
+        "DATA_DIR/approval-webhook.secret, made on first use)",
+    )
+    up.add_argument(
+        "--approval-webhooks",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="webhooks per tenant, a YAML file (README: Approval notifications; "
+        "default: DATA_DIR/approval-webhooks.yaml when it exists)",
+    )
+    up.add_argument(
+        "--inbox-url",
+        default=None,
+        help="the inbox's base URL that notifications link to, as its approvers reach it "
+        "(default: http://127.0.0.1:8090, `toolgate approvals inbox`'s own)",
+    )
+    up.add_argument(
+        "--approval-reminder-at",
+        type=float,
+        default=0.5,
+        metavar="SHARE",
+        help="remind webhooks of a call still waiting at this share of its time to "
+        "live (0: no reminder; default %(default)s)",
+    )
     _add_runtime(up, recorded=False)
     _add_oidc(up, recorded=False)
     up.set_defaults(func=cmd_up)
@@ -1048,6 +1179,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="approvals: seconds between expiry sweeps (default %(default)s)",
     )
+    add_notifier_flags(serve)
     serve.add_argument(
         "--policy",
         type=Path,

@@ -27,12 +27,16 @@ CALLS_PREFIX: Final = "toolgate.calls"
 RESULTS_PREFIX: Final = "toolgate.results"
 EVENTS_PREFIX: Final = "toolgate.evt"
 APPROVALS_PREFIX: Final = "toolgate.approvals"
+# The notifier's own deliveries (one message per notification and webhook); internal.
+NOTIFY_PREFIX: Final = "toolgate.notify"
 UNKNOWN_TOOL_TOKEN: Final = "_unknown"
 PENDING_SUFFIX: Final = "pending"
 
 CALLS_STREAM: Final = "TOOLGATE_CALLS"
 EVENTS_STREAM: Final = "TOOLGATE_EVENTS"
 RESULTS_STREAM: Final = "TOOLGATE_RESULTS"
+# A work queue of webhook deliveries: a message stays until delivered or given up.
+NOTIFICATIONS_STREAM: Final = "TOOLGATE_NOTIFICATIONS"
 # The audit sinks' signed checkpoints, kept where the ClickHouse writer cannot delete
 # them: no message of this stream can be deleted or purged (deny_delete, deny_purge).
 AUDIT_SEALS_STREAM: Final = "TOOLGATE_AUDIT_SEALS"
@@ -85,6 +89,11 @@ def results_subject(tenant: str, agent: str, call_id: str) -> str:
 
 def pending_subject(tenant: str, agent: str, call_id: str) -> str:
     return f"{results_subject(tenant, agent, call_id)}.{PENDING_SUFFIX}"
+
+
+def notification_subject(tenant: str, webhook_id: str) -> str:
+    """Where the notifier queues one delivery of `tenant`'s call to one webhook."""
+    return f"{NOTIFY_PREFIX}.{tenant}.{webhook_id}"
 
 
 def direct_get_prefix(stream: str) -> str:

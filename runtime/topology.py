@@ -129,6 +129,19 @@ class Topology:
                 allow_direct=True,
                 **common,
             ),
+            # The notifier's deliveries: a work queue (a message goes once delivered or
+            # given up), never seen by the audit (it names webhooks, whose URLs are
+            # secrets, only by id; the payload is the audit's events again).
+            StreamConfig(
+                name=subjects.NOTIFICATIONS_STREAM,
+                subjects=[f"{subjects.NOTIFY_PREFIX}.>"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                num_replicas=self.replicas,
+                max_age=self.retention_s,
+                duplicate_window=self.duplicate_window_s,
+                max_msg_size=MAX_MESSAGE_BYTES,
+            ),
             # The audit's checkpoints, for ever: no role but the operator may delete the
             # stream, and no one may delete or purge a message of it (a flag only the
             # operator could change, with STREAM.UPDATE).
@@ -228,6 +241,9 @@ async def apply_topology(
 STAGE_ACK_WAIT_S = 10.0
 EXECUTOR_ACK_MARGIN_S = 5.0
 EXECUTOR_ACK_WAIT_CAP_S = 15.0
+# A notifier delivery holds its message for one webhook attempt (its timeout, 10 s
+# by default) and says in_progress meanwhile; the fan-out durables are quick.
+NOTIFIER_ACK_WAIT_S = 30.0
 # The audit holds messages while a batch fills and is inserted (about 1 s, longer
 # while ClickHouse is slow); the sink sets its own (services/audit).
 DEFAULT_ACK_WAIT_S = 30.0
@@ -239,6 +255,8 @@ def stage_ack_wait(durable: str) -> float:
         return EXECUTOR_ACK_WAIT_CAP_S
     if durable == "audit":
         return DEFAULT_ACK_WAIT_S
+    if durable.startswith("notifier-"):
+        return NOTIFIER_ACK_WAIT_S
     return STAGE_ACK_WAIT_S
 
 
@@ -291,6 +309,10 @@ async def refresh_ack_waits(
 
 
 # ---------------------------------------------------------------- the handler table
+
+
+# The approval events the notifier tells webhooks about (services/notifier).
+NOTIFIED_EVENTS = ("ApprovalRequested", "ApprovalGranted", "ApprovalDenied", "ApprovalExpired")
 
 
 @dataclass(frozen=True)
@@ -364,6 +386,23 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
             "attacher-CallRetried",
             f"{evt}.CallRetried.*",
             ("ToolResult or PendingNotice, again (not stored)",),
+        ),
+        *(
+            Handler(
+                "notifier",
+                subjects.EVENTS_STREAM,
+                f"notifier-{kind}",
+                f"{evt}.{kind}.*",
+                ("a delivery per webhook (TOOLGATE_NOTIFICATIONS)",),
+            )
+            for kind in NOTIFIED_EVENTS
+        ),
+        Handler(
+            "notifier",
+            subjects.NOTIFICATIONS_STREAM,
+            "notifier-deliveries",
+            f"{subjects.NOTIFY_PREFIX}.>",
+            ("a signed webhook POST; MessageDeadLettered when given up",),
         ),
     ]
     if with_audit:

@@ -59,6 +59,8 @@ DEFAULT_TENANT = "default"
 DEFAULT_AGENT = "researcher"
 # The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
 AUDIT_SERVICE = "audit"
+# Nor is the notifier: it tells webhooks about approvals and decides nothing.
+NOTIFIER_SERVICE = "notifier"
 # `toolgate up --example NAME`: a package toolgate.infra.examples.NAME with REGISTRY_DIR,
 # POLICY_DIR (None, or relative: under the data dir), AGENTS ((tenant, agent) to mint),
 # TRY (a command to show) and prepare(data_dir) (its data).
@@ -202,6 +204,19 @@ class Stack:
     oidc_args: list[str] = field(default_factory=list)
     # DATA_DIR/gateway.lock, held while this stack runs (one gateway per data dir).
     _claim: int | None = None
+    # Approval notifications (services/notifier): webhooks for every tenant, the secret
+    # they are signed with (default: DATA_DIR/approval-webhook.secret, made once), the
+    # per-tenant file (default: DATA_DIR/approval-webhooks.yaml if there), the inbox
+    # base URL the notifications link to, and more `serve notifier` flags.
+    approval_webhooks: list[str] = field(default_factory=list)
+    approval_webhook_secret_file: Path | None = None
+    approval_webhooks_file: Path | None = None
+    inbox_url: str | None = None
+    notifier_args: list[str] = field(default_factory=list)
+    with_notifier: bool = True
+    # What prepare_notifier resolved: how many webhooks, signed with which default secret.
+    webhook_count: int = 0
+    webhook_secret_file: Path | None = None
 
     def tool_dirs(self) -> list[Path]:
         """Where the services' tools come from: the built-in ones, then registry_dirs."""
@@ -262,6 +277,8 @@ class Stack:
             raise StackError(
                 f"cannot use {self.data_dir} as the data dir: {exc.strerror or exc} (--data-dir)"
             ) from None
+        if self.with_notifier:
+            self.prepare_notifier()
         if self.example:
             self.add_example()
         if self.locked:
@@ -322,6 +339,8 @@ class Stack:
             )
             service.start()
             self.services.append(service)
+        if self.with_notifier:
+            self.start_notifier()
         if self.with_audit:
             self.start_audit()
         if self.with_mcp:
@@ -501,6 +520,69 @@ class Stack:
             for i in range(0, len(flags) - 1, 2)
         }
         return found or None
+    @property
+    def notifier_inbox_url(self) -> str:
+        """Where notifications link to: --inbox-url, else the inbox's own default."""
+        from toolgate.services.notifier.logic import DEFAULT_INBOX_URL
+
+        return self.inbox_url or DEFAULT_INBOX_URL
+
+    @property
+    def webhooks_path(self) -> Path:
+        from toolgate.services.notifier.webhooks import RESOLVED_FILE
+
+        return self.data_dir / RESOLVED_FILE
+
+    def prepare_notifier(self) -> None:
+        """Merge --approval-webhook URLs and the per-tenant file into the notifier's file
+        (0600), each entry with a secret file that exists; StackError (exit 2) if not."""
+        from toolgate.services.notifier import webhooks
+
+        config = self.approval_webhooks_file
+        if config is None and (self.data_dir / webhooks.CONFIG_FILE).exists():
+            config = self.data_dir / webhooks.CONFIG_FILE
+        try:
+            entries = webhooks.read_config(config) if config is not None else []
+            secret = self.approval_webhook_secret_file
+            if secret is None and (
+                self.approval_webhooks or any(e.secret_file is None for e in entries)
+            ):
+                secret = webhooks.ensure_default_secret(self.data_dir)
+            resolved = webhooks.merged(self.approval_webhooks, secret, entries)
+            if secret is not None and resolved:
+                webhooks.check_secret_file(secret, "--approval-webhook-secret-file")
+            for number, entry in enumerate(entries):
+                if entry.secret_file is not None:
+                    webhooks.check_secret_file(entry.secret_file, f"{config}: webhook {number + 1}")
+        except webhooks.WebhookConfigError as exc:
+            raise StackError(str(exc)) from None
+        self.webhooks_path.unlink(missing_ok=True)
+        if resolved:
+            webhooks.write_resolved(self.webhooks_path, resolved)
+        self.webhook_count = len(resolved)
+        self.webhook_secret_file = secret
+
+    def start_notifier(self) -> None:
+        extra = ["--inbox-url", self.notifier_inbox_url, *self.notifier_args]
+        if self.webhook_count:
+            extra += ["--webhooks", str(self.webhooks_path)]
+        port = free_port()
+        service = ServiceProcess(
+            NOTIFIER_SERVICE,
+            serve_command(
+                NOTIFIER_SERVICE,
+                self.url,
+                self.data_dir,
+                self.registry_dirs,
+                [*extra, *self.http_args(port)],
+                creds=self.creds_of(NOTIFIER_SERVICE),
+                builtin_tools=self.builtin_tools,
+            ),
+            self.data_dir / "logs" / f"{NOTIFIER_SERVICE}.log",
+            http_port=port if self.with_http else None,
+        )
+        service.start()
+        self.services.append(service)
 
     def start_mcp_front(self) -> None:
         """The MCP front door, logged in as its role (account MCP_FRONT), on loopback."""
@@ -627,6 +709,17 @@ def run_until_signalled(stack: Stack) -> int:
     try:
         audit = f"  ClickHouse: {stack.audit_url}\n" if stack.with_audit else ""
         audit += f"  MCP: {stack.mcp_url}\n" if stack.mcp_url else ""
+        audit += (
+            f"  approval webhooks: {stack.webhook_count}"
+            + (
+                f", signed with {stack.webhook_secret_file.resolve()}"
+                if stack.webhook_secret_file
+                else ""
+            )
+            + f"; calls link to {stack.notifier_inbox_url}/calls/TENANT.AGENT.CALL_ID\n"
+            if stack.webhook_count
+            else ""
+        )
         print(
             f"toolgate is up\n  NATS: {stack.url}\n{audit}  data: {stack.data_dir.resolve()}\n"
             f"  logs: {(stack.data_dir / 'logs').resolve()}\n"

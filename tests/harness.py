@@ -70,6 +70,8 @@ class Gateway:
     registry_dir: Path
     # The audit (embedded ClickHouse + audit sink): off unless a test asks for it.
     with_audit: bool = False
+    # More Stack settings: the notifier's webhooks (approval_webhooks, ...), a policy_dir.
+    options: dict[str, Any] = field(default_factory=dict)
     stack: Stack = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +85,7 @@ class Gateway:
             builtin_tools=False,
             executor_args=["--concurrency", "16"],
             with_audit=self.with_audit,
+            **self.options,
         )
 
     @property

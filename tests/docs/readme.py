@@ -12,6 +12,9 @@ page) says how a test treats it:
     <!-- test: output of the block above -->     this JSON is what the block above
     <!-- test: output of the background block --> (or the last background command)
                                                  printed ("..." matches anything)
+    <!-- test: webhook payload -->               this JSON is an approval notification's
+                                                 body: tests/docs/test_readme_notifications.py
+                                                 checks it against the notifier's own
 
 Inside a shell block, a command's trailing comment may say what it does:
 `# prints TEXT` (TEXT is in its stdout), or, for `toolgate call`, a status
@@ -33,6 +36,7 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!--\s*(not-run|test):\s*(.*?)\s*-->\s*$")
 READY = re.compile(r'^background, ready at "([^"]+)"$')
 OUTPUT = re.compile(r"^output of the (block above|background block)$")
+WEBHOOK_PAYLOAD = "webhook payload"
 RUNNABLE = {"sh": "sh", "bash": "sh", "shell": "sh", "python": "python"}
 CHECKED = {"json", "cedar", "yaml"}
 # Results a `toolgate call` may end in, as a README comment names them.
@@ -48,6 +52,7 @@ class Block:
     not_run: str | None = None
     ready_at: str | None = None  # a background block
     output_of: str | None = None  # "block above" | "background block"
+    webhook_payload: bool = False  # an approval notification's body (services/notifier)
 
     @property
     def where(self) -> str:
@@ -84,6 +89,8 @@ def read_blocks(path: Path) -> list[Block]:
                 block.ready_at = ready.group(1)
             elif (output := OUTPUT.match(value)) is not None:
                 block.output_of = output.group(1)
+            elif value == WEBHOOK_PAYLOAD:
+                block.webhook_payload = True
             else:
                 raise ValueError(f"{block.where}: unknown directive {lines[index - 1]!r}")
         blocks.append(block)

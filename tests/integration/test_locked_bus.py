@@ -37,9 +37,11 @@ from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import MAX_CALL_BYTES, Principal, ToolCall
 from toolgate.contracts.events import (
+    ApprovalGranted,
     ArgumentsValidated,
     Authorization,
     CallAuthorized,
+    MessageDeadLettered,
     encode_event,
     utc_now,
 )
@@ -60,7 +62,7 @@ ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-
 VOTE_SUBJECT = "toolgate.approvals.vote"
 # How long a refused request is waited on (no answer comes): never a figure under test.
 REFUSED_S = 1.0
-SERVICE_ROLES = ("validator", "policy", "approvals", "executor", "attacher", "audit")
+SERVICE_ROLES = ("validator", "policy", "approvals", "notifier", "executor", "attacher", "audit")
 
 
 @dataclass
@@ -649,7 +651,7 @@ async def test_only_the_policy_role_writes_its_record_of_the_last_accepted_bundl
     await policy.put("bundle", b"version 7")
     assert (await policy.get("bundle")).value == b"version 7"
     assert locked.errors["policy"] == [] and locked.server_violations() == []
-    for role in ("validator", "approvals", "executor", "attacher", "audit"):
+    for role in ("validator", "approvals", "notifier", "executor", "attacher", "audit"):
         nc = await locked.connect(role)
         await nc.publish(record, b"version 1")
         await locked.refused_publish(role, record)
@@ -689,6 +691,37 @@ async def test_approvals_answers_votes_and_approvers_only_vote(locked: LockedBus
     with pytest.raises(NatsTimeout):
         await approvals.jetstream().publish(result, b"{}", timeout=REFUSED_S)
     await locked.refused_publish("approvals", result)
+
+
+async def test_notifier_reads_approvals_and_queues_deliveries_but_decides_nothing(
+    locked: LockedBus,
+) -> None:
+    admin = (await locked.connect("admin")).jetstream()
+    state = await admin.key_value(subjects.APPROVALS_BUCKET)
+    key = subjects.call_key(*ACME, "call_1")
+    await state.put(key, b"pending")
+    notifier = await locked.connect("notifier")
+    js = notifier.jetstream()
+    approvals = await js.key_value(subjects.APPROVALS_BUCKET)
+    assert (await approvals.get(key)).value == b"pending"
+    await js.publish(
+        subjects.notification_subject("acme", "w1"), b"{}", stream=subjects.NOTIFICATIONS_STREAM
+    )
+    await js.publish(subjects.event_subject(MessageDeadLettered, "echo"), b"{}")
+    assert locked.errors["notifier"] == [] and locked.server_violations() == []
+    limited = notifier.jetstream(timeout=REFUSED_S)
+    with pytest.raises(NatsTimeout):
+        await approvals.put(key, b"granted")
+    await locked.wait_for_error("notifier", f'publish to "$kv.{subjects.APPROVALS_BUCKET}.')
+    for subject in (
+        subjects.event_subject(ApprovalGranted, "echo"),
+        subjects.event_subject(CallAuthorized, "echo"),
+        subjects.results_subject(*ACME, "call_1"),
+        subjects.pending_subject(*ACME, "call_1"),
+    ):
+        with pytest.raises(NatsTimeout):
+            await limited.publish(subject, b"{}")
+        await locked.refused_publish("notifier", subject)
 
 
 async def test_audit_reads_calls_and_events_and_publishes_nothing(locked: LockedBus) -> None:
@@ -737,6 +770,8 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
     for role, stream, durable, filter_subject in consumers:
         if stream == subjects.EVENTS_STREAM:
             await admin.publish(filter_subject.replace("*", "echo").replace(">", "X.echo"), b"{}")
+        if stream == subjects.NOTIFICATIONS_STREAM:
+            await admin.publish(subjects.notification_subject("acme", "w1"), b"{}")
         js = (await locked.connect(role)).jetstream()
         sub = await js.pull_subscribe(
             filter_subject,

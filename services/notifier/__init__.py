@@ -1,0 +1,1 @@
+"""The notifier service: approval notifications to webhooks (see app.py)."""
