@@ -520,6 +520,7 @@ class Stack:
             for i in range(0, len(flags) - 1, 2)
         }
         return found or None
+
     @property
     def notifier_inbox_url(self) -> str:
         """Where notifications link to: --inbox-url, else the inbox's own default."""
