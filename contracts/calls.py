@@ -66,6 +66,17 @@ class ErrorCode:
     GATEWAY_GAVE_UP: Final = "GATEWAY_GAVE_UP"
     # The tool's output is larger than a result may be (MAX_OUTPUT_BYTES).
     OUTPUT_TOO_LARGE: Final = "OUTPUT_TOO_LARGE"
+    # An HTTP tool's upstream answered with a status other than 2xx (retryable for 5xx,
+    # 429 and 408), or with what the tool cannot take (not JSON, too large, a redirect to
+    # another host).
+    UPSTREAM_HTTP_ERROR: Final = "UPSTREAM_HTTP_ERROR"
+    UPSTREAM_BAD_RESPONSE: Final = "UPSTREAM_BAD_RESPONSE"
+    # The credential for an upstream could not be had: its secret is unreadable, or the
+    # token endpoint refused (not retryable) or failed (retryable).
+    UPSTREAM_AUTH_FAILED: Final = "UPSTREAM_AUTH_FAILED"
+    # The tool acts on the user's behalf (token exchange) and the call carries no verified
+    # user token.
+    USER_TOKEN_REQUIRED: Final = "USER_TOKEN_REQUIRED"
 
 
 class Principal(msgspec.Struct, frozen=True):
