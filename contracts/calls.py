@@ -130,12 +130,12 @@ class ToolError(msgspec.Struct, frozen=True):
 
 class Provenance(msgspec.Struct, frozen=True):
     """Where a result's content came from when it is not toolgate's own code: an upstream
-    MCP server's tool. Such content is untrusted: a platform treats it as data, never as
-    instructions to its model."""
+    MCP server's tool, or an HTTP API (an `http:` entry). Such content is untrusted: a
+    platform treats it as data, never as instructions to its model."""
 
-    source: Literal["mcp"]
-    server: str  # the upstream's URL, as the registry names it
-    tool: str  # the upstream tool's own name
+    source: Literal["mcp", "http"]
+    server: str  # the upstream's URL as the registry names it (http: its origin)
+    tool: str  # the upstream tool's own name (http: "METHOD /path/{template}")
     trust: Literal["untrusted"] = "untrusted"
 
 
@@ -148,7 +148,7 @@ class ToolResult(msgspec.Struct, frozen=True):
     status: Status
     data: Any = None
     error: ToolError | None = None
-    # Only on results of an upstream (MCP) tool; absent from the JSON otherwise.
+    # Only on results of an upstream (MCP or HTTP) tool; absent from the JSON otherwise.
     provenance: Provenance | msgspec.UnsetType = msgspec.UNSET
 
 

@@ -261,6 +261,13 @@ class HttpUpstream(BaseModel):
         return URL_PLACEHOLDER.findall(self.url)
 
 
+def http_origin_and_path(url: str) -> tuple[str, str]:
+    """("https://api.example.com:8443", "/v1/orders/{id}") of an http: entry's url."""
+    scheme, _, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.partition('?')[0]}", (slash + path.partition("?")[0]) or "/"
+
+
 class McpUpstream(BaseModel):
     """A tool served by an upstream MCP server (Streamable HTTP), run by the executor.
 

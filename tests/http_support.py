@@ -4,7 +4,7 @@
 by path: `/status/<code>` with that status and a body quoting the request's Authorization
 header (a backend that echoes credentials), `/redirect?to=URL` with a 302, `/big` with
 more than a megabyte of JSON, `/text` with text/plain, `/empty` with 204, anything else
-with 200 and the request as JSON.
+with 200 and the request as JSON; a path in `answers` with its canned answer.
 
 `TokenServer` is a small OAuth 2.0 authorization server and OpenID provider: discovery,
 JWKS, and a token endpoint for the client credentials grant and RFC 8693 token exchange.
@@ -84,6 +84,8 @@ class Backend(_Running):
 
     def __init__(self) -> None:
         self.received: list[Received] = []
+        # Canned answers by path (query left out): (status, JSON body).
+        self.answers: dict[str, tuple[int, Any]] = {}
         backend = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -98,7 +100,10 @@ class Backend(_Running):
                 )
                 backend.received.append(got)
                 path = urlsplit(self.path).path
-                if path.startswith("/status/"):
+                if path in backend.answers:
+                    code, value = backend.answers[path]
+                    self._answer(code, json.dumps(value).encode())
+                elif path.startswith("/status/"):
                     code = int(path.rsplit("/", 1)[1])
                     said = f"no. \x1b[31myou sent {got.headers.get('authorization')}"
                     self._answer(code, json.dumps({"error": said}).encode())

@@ -123,6 +123,14 @@ class TokenCache:
     def __len__(self) -> int:
         return len(self._tokens)
 
+    def clear(self) -> None:
+        self._tokens.clear()
+
+
+# One per executor process: the tools of one client (or one user and audience) share
+# their tokens; the key names the endpoint, client, scope (and user, audience) in full.
+PROCESS_TOKENS = TokenCache()
+
 
 class Authenticator:
     """The `Authorization` value for one entry's `auth`, per call (see the module doc)."""
@@ -134,7 +142,7 @@ class Authenticator:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self.auth = auth
-        self.cache = cache if cache is not None else TokenCache()
+        self.cache = cache if cache is not None else PROCESS_TOKENS
         self._environ = environ
 
     @property

@@ -21,6 +21,7 @@ from tests.http_support import GRANT_TOKEN_EXCHANGE, Backend, TokenServer
 from toolgate.contracts.calls import Principal
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext
+from toolgate.services.executor.http_auth import PROCESS_TOKENS
 from toolgate.services.executor.logic import ToolOutcome, resolve_function, run_tool
 
 CLIENT_ID, CLIENT_SECRET = "toolgate-gw", "gw-secret-8c1d4e2f9a"
@@ -28,6 +29,12 @@ STATIC_TOKEN = "static-bearer-5e7b1c9d3f"
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 BOB = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-2")
 POOL = ThreadPoolExecutor(max_workers=2)
+
+
+@pytest.fixture(autouse=True)
+def no_tokens_kept() -> None:
+    """Each test starts with the executor process's token cache empty."""
+    PROCESS_TOKENS.clear()
 
 
 @pytest.fixture(scope="module")

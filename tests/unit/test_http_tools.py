@@ -181,3 +181,38 @@ def test_quoted_server_text_is_bounded_escaped_and_without_secrets() -> None:
     assert "sk-SECRET-1" not in quoted and "[redacted]" in quoted
     assert "\x1b" not in quoted and "\\u001b" in quoted
     assert len(quoted) < 400
+
+
+def test_an_http_tools_output_is_checked_and_says_where_it_came_from() -> None:
+    from toolgate.contracts.calls import Principal, Provenance
+    from toolgate.contracts.events import ExecutionSucceeded, utc_now
+    from toolgate.contracts.registry import Registry
+    from toolgate.services.attacher.logic import ResultBuilder
+
+    spec = ToolSpec.model_validate(
+        {
+            **entry(url="https://api.example.com:8443/v1/orders/{order_id}?v=2"),
+            "output_schema": {"type": "object", "required": ["id"]},
+        }
+    )
+    builder = ResultBuilder(Registry({spec.name: spec}))
+
+    def result_of(output: Any):  # type: ignore[no-untyped-def]
+        return builder.result_for(
+            ExecutionSucceeded(
+                event_id="e",
+                call_id="c1",
+                occurred_at=utc_now(),
+                service="executor",
+                tool=spec.name,
+                principal=Principal(tenant="acme", user="u", agent="a", session="s"),
+                output=output,
+                duration_ms=1.0,
+            )
+        )
+
+    good, bad = result_of({"id": "o1"}), result_of({"di": "o1"})
+    assert good.ok and good.provenance == Provenance(
+        source="http", server="https://api.example.com:8443", tool="GET /v1/orders/{order_id}"
+    )
+    assert bad.status == "invalid_tool_result" and bad.data is None
