@@ -437,6 +437,8 @@ def _fail(line: str, code: int) -> Any:
 
 
 def cmd_import_openapi(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from toolgate.contracts.registry import UpstreamAuth
     from toolgate.contracts.subjects import TOOL_NAME_PATTERN
     from toolgate.runtime.outside_text import visible
@@ -455,6 +457,12 @@ def cmd_import_openapi(args: argparse.Namespace) -> int:
         try:
             auth = yaml.safe_load(Path(args.auth).read_text(encoding="utf-8"))
             UpstreamAuth.model_validate(auth)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'auth'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise _fail(f"{command}: --auth {args.auth}: {visible(problems)}", 2) from None
         except (OSError, yaml.YAMLError, ValueError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise _fail(f"{command}: --auth {args.auth}: {visible(first)}", 2) from None

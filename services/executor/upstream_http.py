@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -157,6 +158,10 @@ class HttpTool:
                     f"header {header} of {self.name} comes from ${variable}, which is not set "
                     "in the executor's environment"
                 )
+            if any(ch in value for ch in "\r\n\0"):
+                raise ToolRefused(
+                    f"header {header} of {self.name} (${variable}) holds a line break"
+                )
             headers[header] = value
         return headers
 
@@ -275,10 +280,17 @@ class HttpTool:
             ) from None
 
 
+def quiet_httpx() -> None:
+    """httpx logs each request's URL at INFO; an HTTP tool's URL holds its arguments (which
+    an entry may audit as hashes only), so the executor logs none of them."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def http_tool(name: str, http: HttpUpstream):  # type: ignore[no-untyped-def]
     """The executor's function for one `http:` registry entry (a coroutine function: the
     executor awaits it under the entry's timeout_s)."""
     tool = HttpTool(name, http)
+    quiet_httpx()
 
     async def call_http(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         return await tool(arguments, ctx)

@@ -230,6 +230,10 @@ def test_the_readme_example_from_openapi_to_governed_calls(shop: Shop) -> None:
     assert post.bearer == get.bearer  # the gateway's token, fetched once and kept
     assert [g.grant_type for g in idp.grants] == ["client_credentials"]
 
+    # httpx's own INFO line names every URL it requests: the arguments in the path and the
+    # query (which an entry may audit as hashes only) are not logged.
+    executor_log = (shop.gateway.data_dir / "logs" / "executor.log").read_text()
+    assert "expand=lines" not in executor_log and "/v1/orders/o-1" not in executor_log
     asyncio.run(audited_everything(shop.gateway))
     assert_no_secret_anywhere(
         shop,

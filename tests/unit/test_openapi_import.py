@@ -275,3 +275,64 @@ def test_documents_are_read_as_json_or_yaml_and_others_are_refused(tmp_path: Pat
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(NotImportable, match="mapping"):
         load_document(tmp_path / "list.yaml")
+
+
+class TestCommand:
+    """`toolgate tools import-openapi`, in process: files written, one-line failures."""
+
+    def run(self, *args: str) -> int:
+        from toolgate.cli.main import main
+
+        return main(["tools", "import-openapi", *args])
+
+    def test_it_writes_one_loadable_file_per_operation_and_names_the_skipped(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        from toolgate.contracts.registry import load_tool_file
+
+        spec = tmp_path / "shop.json"
+        spec.write_text(json.dumps(SPEC_30))
+        auth = tmp_path / "auth.yaml"
+        auth.write_text("bearer_file: /run/secrets/shop\n")
+        out = tmp_path / "out"
+        code = self.run(str(spec), "--prefix", "shop", "--out", str(out), "--auth", str(auth))
+        said = capsys.readouterr()
+        assert code == 0, said.err
+        assert sorted(Path(line).name for line in said.out.split()) == [
+            "shop_cancel_order.yaml",
+            "shop_get_order.yaml",
+            "shop_head_orders_order_id.yaml",
+            "shop_replace_order.yaml",
+        ]
+        loaded = load_tool_file(out / "shop_get_order.yaml")
+        assert loaded.http is not None and loaded.http.auth is not None
+        assert loaded.http.auth.bearer_file == "/run/secrets/shop"
+        assert "# Left out: optional header parameter 'X-Trace'" in (
+            (out / "shop_get_order.yaml").read_text()
+        )
+        assert "skipped GET /signed (signed): it needs the header parameter 'X-Sig'" in said.err
+        assert "4 operation(s)" in said.err and "4 skipped" in said.err
+
+    def test_bad_input_is_one_line_and_exit_2_and_nothing_importable_exit_1(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        swagger = tmp_path / "swagger.yaml"
+        swagger.write_text("swagger: '2.0'\npaths: {}\n")
+        out = tmp_path / "out"
+        assert self.run(str(swagger), "--prefix", "s", "--out", str(out)) == 2
+        assert self.run(str(tmp_path / "absent.yaml"), "--prefix", "s", "--out", str(out)) == 2
+        assert self.run(str(swagger), "--prefix", "Bad-Prefix", "--out", str(out)) == 2
+        bad_auth = tmp_path / "auth.yaml"
+        bad_auth.write_text("bearer_file: /a\nbearer_env: B\n")
+        spec = tmp_path / "shop.yaml"
+        spec.write_text(yaml.safe_dump(SPEC_30))
+        assert self.run(str(spec), "--prefix", "s", "--out", str(out), "--auth", str(bad_auth)) == 2
+        nothing = copy.deepcopy(SPEC_30)
+        nothing["paths"] = {"/signed": SPEC_30["paths"]["/signed"]}
+        spec.write_text(yaml.safe_dump(nothing))
+        assert self.run(str(spec), "--prefix", "s", "--out", str(out)) == 1
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert "not an OpenAPI 3.0 or 3.1 document (swagger '2.0')" in lines[0]
+        assert "cannot read" in lines[1] and "--prefix 'Bad-Prefix'" in lines[2]
+        assert "exactly one of bearer_file" in lines[3]
+        assert lines[-1].endswith("nothing written") and not out.exists()
