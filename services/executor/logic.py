@@ -161,7 +161,7 @@ def resolve_function(spec: ToolSpec) -> ToolFunction:
     if spec.http is not None:
         from toolgate.services.executor.upstream_http import http_tool
 
-        return http_tool(spec.name, spec.http)
+        return http_tool(spec.name, spec.http, spec.timeout_s)
     assert spec.function is not None  # the registry requires one of the two
     module_name, _, attr = spec.function.partition(":")
     function = getattr(importlib.import_module(module_name), attr, None)

@@ -130,9 +130,16 @@ def is_json_type(content_type: str) -> bool:
 class HttpTool:
     """The executor's function for one `http:` entry (an async callable)."""
 
-    def __init__(self, name: str, http: HttpUpstream, environ: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        http: HttpUpstream,
+        timeout_s: float = 30.0,
+        environ: dict[str, str] | None = None,
+    ):
         self.name = name
         self.http = http
+        self.timeout_s = timeout_s
         self.environ = environ
         self.authenticator = Authenticator(http.auth, environ=environ) if http.auth else None
         self._client: httpx.AsyncClient | None = None
@@ -142,7 +149,7 @@ class HttpTool:
         # Made on first use, on the executor's loop; kept for its connection pool.
         # trust_env=False: no proxy or .netrc credentials from the environment.
         if self._client is None:
-            timeout = self.http.timeout or 30.0
+            timeout = self.http.timeout or self.timeout_s
             self._client = httpx.AsyncClient(
                 follow_redirects=False, trust_env=False, timeout=httpx.Timeout(timeout)
             )
@@ -286,10 +293,12 @@ def quiet_httpx() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def http_tool(name: str, http: HttpUpstream):  # type: ignore[no-untyped-def]
+def http_tool(  # type: ignore[no-untyped-def]
+    name: str, http: HttpUpstream, timeout_s: float = 30.0
+):
     """The executor's function for one `http:` registry entry (a coroutine function: the
     executor awaits it under the entry's timeout_s)."""
-    tool = HttpTool(name, http)
+    tool = HttpTool(name, http, timeout_s)
     quiet_httpx()
 
     async def call_http(arguments: dict[str, Any], ctx: ToolContext) -> Any:
