@@ -3,8 +3,9 @@
 `Backend` records every request it receives (method, raw path, headers, body) and answers
 by path: `/status/<code>` with that status and a body quoting the request's Authorization
 header (a backend that echoes credentials), `/redirect?to=URL` with a 302, `/big` with
-more than a megabyte of JSON, `/text` with text/plain, `/empty` with 204, anything else
-with 200 and the request as JSON; a path in `answers` with its canned answer.
+more than a megabyte of JSON, `/slow` after 5 seconds, `/text` with text/plain, `/empty`
+with 204, a path in `answers` with its canned answer, anything else with 200 and the
+request as JSON.
 
 `TokenServer` is a small OAuth 2.0 authorization server and OpenID provider: discovery,
 JWKS, and a token endpoint for the client credentials grant and RFC 8693 token exchange.
@@ -114,6 +115,9 @@ class Backend(_Running):
                     self.end_headers()
                 elif path == "/big":
                     self._answer(200, json.dumps({"pad": "x" * (2 * 1024 * 1024)}).encode())
+                elif path == "/slow":  # answers after the tests' timeouts
+                    time.sleep(5)
+                    self._answer(200, b"{}")
                 elif path == "/text":
                     self._answer(200, b"plain words", "text/plain")
                 elif path == "/empty":

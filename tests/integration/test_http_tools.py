@@ -241,6 +241,16 @@ class TestAnswers:
         assert outcome.error.code == "UPSTREAM_HTTP_ERROR" and outcome.error.retryable
 
 
+def test_a_backend_slower_than_the_entrys_timeout_is_a_retryable_error(
+    backend: Backend, tmp_path: Path
+) -> None:
+    spec = spec_for(f"{backend.url}/slow", timeout=0.2)
+    outcome = run(spec, {"item_id": "x"}, ctx_for(tmp_path))
+    assert outcome.status == "execution_error" and outcome.error is not None
+    assert outcome.error.code == "UPSTREAM_HTTP_ERROR" and outcome.error.retryable
+    assert "did not answer within 0.2s" in outcome.error.message
+
+
 class TestClientCredentials:
     def test_the_gateway_token_is_fetched_once_and_sent(
         self, backend: Backend, idp: TokenServer, secrets: Path, tmp_path: Path
@@ -342,11 +352,18 @@ class TestTokenExchange:
         assert forged not in outcome.error.message and "[redacted]" in outcome.error.message
 
 
+@pytest.mark.parametrize("kind", ["bearer_file", "oauth_client_credentials"])
 def test_an_mcp_upstream_gets_the_entrys_auth(
-    backend: Backend, secrets: Path, tmp_path: Path
+    backend: Backend, idp: TokenServer, secrets: Path, tmp_path: Path, kind: str
 ) -> None:
     """The `auth` of an `mcp:` entry: the Authorization header of its requests. The
     recording backend is no MCP server, so the call fails after the header is seen."""
+    auth = (
+        {"bearer_file": str(secrets / "bearer")}
+        if kind == "bearer_file"
+        else client_credentials(secrets, idp)
+    )
+    grants = len(idp.grants)
     spec = ToolSpec.model_validate(
         {
             "name": "up_lookup",
@@ -357,7 +374,7 @@ def test_an_mcp_upstream_gets_the_entrys_auth(
                 "url": f"{backend.url}/mcp",
                 "tool": "lookup",
                 "definition_sha256": "0" * 64,
-                "auth": {"bearer_file": str(secrets / "bearer")},
+                "auth": auth,
             },
             "read_only": True,
             "timeout_s": 10,
@@ -369,4 +386,5 @@ def test_an_mcp_upstream_gets_the_entrys_auth(
     outcome = run(spec, {}, ctx_for(tmp_path))
     assert outcome.status == "execution_error"
     sent = backend.received[received:]
-    assert sent and all(r.bearer == STATIC_TOKEN for r in sent)
+    expected = STATIC_TOKEN if kind == "bearer_file" else idp.grants[grants].issued
+    assert sent and all(r.bearer == expected for r in sent)
