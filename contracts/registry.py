@@ -247,8 +247,8 @@ class HttpUpstream(BaseModel):
     @field_validator("url")
     @classmethod
     def _placeholders_in_path_only(cls, value: str) -> str:
-        path_and_query = value.split("://", 1)[1].partition("/")[2]
-        path, _, query = path_and_query.partition("?")
+        before_query, _, query = value.split("://", 1)[1].partition("?")
+        path = before_query.partition("/")[2]
         if "{" in query or "}" in query:
             raise ValueError("{placeholders} may only be in the path, never the query")
         if URL_PLACEHOLDER.sub("", path).count("{") or URL_PLACEHOLDER.sub("", path).count("}"):

@@ -59,6 +59,7 @@ class TestRegistry:
             ("https://api.example.com/orders/{missing}", "placeholder {missing}"),
             ("https://api.example.com/orders/{note}", "placeholder {note}"),  # not required
             ("https://api.example.com/orders?id={order_id}", "only be in the path"),
+            ("https://api.example.com?id={order_id}", "only be in the path"),
             ("https://{order_id}.example.com/orders", "String should match pattern"),
             ("ftp://api.example.com/orders", "String should match pattern"),
         ],
