@@ -297,3 +297,6 @@ def register(commands: Any) -> None:
         help="seconds to wait for the upstream (default %(default)s)",
     )
     importer.set_defaults(func=cmd_import_mcp)
+    from toolgate.cli.openapi import register as register_openapi  # import-openapi
+
+    register_openapi(actions)

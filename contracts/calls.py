@@ -85,6 +85,14 @@ class ErrorCode:
     # The identity provider (discovery, JWKS) could not be reached: fails closed;
     # retryable under a new call_id.
     USER_TOKEN_UNVERIFIABLE: Final = "USER_TOKEN_UNVERIFIABLE"
+    # An HTTP tool's upstream answered with a status other than 2xx (retryable for 5xx,
+    # 429 and 408), or with what the tool cannot take (not JSON, too large, a redirect to
+    # another host).
+    UPSTREAM_HTTP_ERROR: Final = "UPSTREAM_HTTP_ERROR"
+    UPSTREAM_BAD_RESPONSE: Final = "UPSTREAM_BAD_RESPONSE"
+    # The credential for an upstream could not be had: its secret is unreadable, or the
+    # token endpoint refused (not retryable) or failed (retryable).
+    UPSTREAM_AUTH_FAILED: Final = "UPSTREAM_AUTH_FAILED"
 
 
 class Principal(msgspec.Struct, frozen=True):
@@ -138,12 +146,12 @@ class ToolError(msgspec.Struct, frozen=True):
 
 class Provenance(msgspec.Struct, frozen=True):
     """Where a result's content came from when it is not toolgate's own code: an upstream
-    MCP server's tool. Such content is untrusted: a platform treats it as data, never as
-    instructions to its model."""
+    MCP server's tool, or an HTTP API (an `http:` entry). Such content is untrusted: a
+    platform treats it as data, never as instructions to its model."""
 
-    source: Literal["mcp"]
-    server: str  # the upstream's URL, as the registry names it
-    tool: str  # the upstream tool's own name
+    source: Literal["mcp", "http"]
+    server: str  # the upstream's URL as the registry names it (http: its origin)
+    tool: str  # the upstream tool's own name (http: "METHOD /path/{template}")
     trust: Literal["untrusted"] = "untrusted"
 
 
@@ -156,7 +164,7 @@ class ToolResult(msgspec.Struct, frozen=True):
     status: Status
     data: Any = None
     error: ToolError | None = None
-    # Only on results of an upstream (MCP) tool; absent from the JSON otherwise.
+    # Only on results of an upstream (MCP or HTTP) tool; absent from the JSON otherwise.
     provenance: Provenance | msgspec.UnsetType = msgspec.UNSET
 
 

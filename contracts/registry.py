@@ -122,6 +122,152 @@ HEADER_NAME_PATTERN = r"^[A-Za-z0-9-]{1,64}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
+SECRET_REFERENCE_HELP = "exactly one of `{0}_file` (a file only the executor reads) or `{0}_env`"
+
+
+def _one_secret(file: str | None, env: str | None, what: str) -> None:
+    if (file is None) == (env is None):
+        raise ValueError(SECRET_REFERENCE_HELP.format(what))
+
+
+class ClientCredentials(BaseModel):
+    """The gateway's own OAuth client (RFC 6749 client credentials grant): its secret is
+    read by the executor from a file or its environment, never written in the registry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    token_endpoint: str = Field(pattern=r"^https?://[^\s]+$")
+    client_id: str = Field(min_length=1, max_length=256)
+    client_secret_file: str | None = Field(default=None, min_length=1)
+    client_secret_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)
+    scope: str | None = Field(default=None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> ClientCredentials:
+        _one_secret(self.client_secret_file, self.client_secret_env, "client_secret")
+        return self
+
+
+class TokenExchange(ClientCredentials):
+    """RFC 8693: the end user's verified token (ToolContext.subject_token) exchanged at
+    `token_endpoint` for one with audience `audience`, the gateway authenticating as the
+    client; a call without a user token is refused (USER_TOKEN_REQUIRED)."""
+
+    audience: str = Field(min_length=1, max_length=1024)
+
+
+class UpstreamAuth(BaseModel):
+    """How the executor authenticates to an upstream (an `http:` tool or an `mcp:` server):
+    exactly one of a bearer token (from a file or the environment), the client credentials
+    grant, or a token exchange on the user's behalf."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    bearer_file: str | None = Field(default=None, min_length=1)
+    bearer_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)
+    oauth_client_credentials: ClientCredentials | None = None
+    token_exchange: TokenExchange | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> UpstreamAuth:
+        chosen = [
+            name
+            for name in ("bearer_file", "bearer_env", "oauth_client_credentials", "token_exchange")
+            if getattr(self, name) is not None
+        ]
+        if len(chosen) != 1:
+            raise ValueError(
+                "declare exactly one of bearer_file, bearer_env, oauth_client_credentials, "
+                f"token_exchange (got {', '.join(chosen) or 'none'})"
+            )
+        return self
+
+
+HttpMethod = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
+# Methods whose remaining arguments go into the query string (the others: a JSON body).
+QUERY_METHODS = frozenset({"GET", "HEAD", "DELETE"})
+URL_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_.-]{0,127})\}")
+# Headers the transport or the auth sets: a registry file never writes them.
+RESERVED_HEADERS = frozenset(
+    {"authorization", "host", "content-length", "transfer-encoding", "connection", "cookie"}
+)
+# The largest response an HTTP tool reads (a result holds at most 4 MiB of output).
+MAX_HTTP_RESPONSE_BYTES = 4 * 1024 * 1024
+
+
+class HttpUpstream(BaseModel):
+    """A tool that is one HTTP request, run by the executor (services/executor/upstream_http.py).
+
+    `url` is fixed by the operator but for `{name}` placeholders in its path, each filled
+    (percent-encoded, `/` included) from the argument of that name. The other arguments
+    go into the query string for GET, HEAD and DELETE, into a JSON object body otherwise;
+    `query` names arguments sent in the query whatever the method, `body` the one argument
+    whose value is the whole JSON body. `headers` are static (no header comes from the
+    model); `headers_from_env` maps a header to an executor environment variable.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    method: HttpMethod
+    url: str = Field(pattern=r"^https?://[^\s/?#{}]+(/[^\s?#]*)?(\?[^\s#]*)?$")
+    headers: dict[str, str] = {}
+    headers_from_env: dict[str, str] = {}
+    # Seconds for the whole request (None: the entry's timeout_s).
+    timeout: float | None = Field(default=None, gt=0, le=3600)
+    auth: UpstreamAuth | None = None
+    query: list[str] = []
+    body: str | None = None
+    max_response_bytes: int = Field(default=1024 * 1024, gt=0, le=MAX_HTTP_RESPONSE_BYTES)
+
+    @field_validator("headers", "headers_from_env")
+    @classmethod
+    def _headers_are_safe(cls, value: dict[str, str]) -> dict[str, str]:
+        for header in value:
+            if not re.fullmatch(HEADER_NAME_PATTERN, header):
+                raise ValueError(f"{header!r} is not an HTTP header name")
+            if header.lower() in RESERVED_HEADERS:
+                raise ValueError(
+                    f"{header} is set by the transport or by `auth`, never by a registry file"
+                )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _header_values_are_plain(cls, value: dict[str, str]) -> dict[str, str]:
+        for header, text in value.items():
+            if any(ch in text for ch in "\r\n\0"):
+                raise ValueError(f"the value of header {header} holds a line break")
+        return value
+
+    @field_validator("headers_from_env")
+    @classmethod
+    def _variables_are_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for variable in value.values():
+            if not re.fullmatch(ENV_NAME_PATTERN, variable):
+                raise ValueError(f"{variable!r} is not an environment variable name")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _placeholders_in_path_only(cls, value: str) -> str:
+        before_query, _, query = value.split("://", 1)[1].partition("?")
+        path = before_query.partition("/")[2]
+        if "{" in query or "}" in query:
+            raise ValueError("{placeholders} may only be in the path, never the query")
+        if URL_PLACEHOLDER.sub("", path).count("{") or URL_PLACEHOLDER.sub("", path).count("}"):
+            raise ValueError("a `{` or `}` in the path that is not a {name} placeholder")
+        return value
+
+    @property
+    def path_parameters(self) -> list[str]:
+        """The argument names the url's `{name}` placeholders take, in order."""
+        return URL_PLACEHOLDER.findall(self.url)
+
+
+def http_origin_and_path(url: str) -> tuple[str, str]:
+    """("https://api.example.com:8443", "/v1/orders/{id}") of an http: entry's url."""
+    scheme, _, rest = url.partition("://")
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host.partition('?')[0]}", (slash + path.partition("?")[0]) or "/"
+
+
 class McpUpstream(BaseModel):
     """A tool served by an upstream MCP server (Streamable HTTP), run by the executor.
 
@@ -137,6 +283,8 @@ class McpUpstream(BaseModel):
     tool: str = Field(min_length=1, max_length=128)
     definition_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     headers_from_env: dict[str, str] = {}
+    # How the executor authenticates to the server (token_exchange: not for MCP servers yet).
+    auth: UpstreamAuth | None = None
 
     @field_validator("headers_from_env")
     @classmethod
@@ -146,6 +294,24 @@ class McpUpstream(BaseModel):
                 raise ValueError(f"{header!r} is not an HTTP header name")
             if not re.fullmatch(ENV_NAME_PATTERN, variable):
                 raise ValueError(f"{variable!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_authorization(self) -> McpUpstream:
+        if self.auth is not None and any(
+            h.lower() == "authorization" for h in self.headers_from_env
+        ):
+            raise ValueError("Authorization comes from `auth` or from headers_from_env, not both")
+        return self
+
+    @field_validator("auth")
+    @classmethod
+    def _no_token_exchange(cls, value: UpstreamAuth | None) -> UpstreamAuth | None:
+        if value is not None and value.token_exchange is not None:
+            raise ValueError(
+                "token_exchange is for http: tools only (an MCP session to an upstream is "
+                "not per user); use bearer_file, bearer_env or oauth_client_credentials"
+            )
         return value
 
 
@@ -170,6 +336,30 @@ def mcp_definition_sha256(
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def http_arguments_fit(http: HttpUpstream, input_schema: dict[str, Any]) -> None:
+    """An HTTP tool's url placeholders, `query` and `body` name arguments the input_schema
+    declares; a path argument is required and a string, integer or number (ValueError)."""
+    properties = input_schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = input_schema.get("required") or []
+    for name in http.path_parameters:
+        kind = properties.get(name, {}).get("type") if name in properties else None
+        if name not in required or kind not in ("string", "integer", "number"):
+            raise ValueError(
+                f"http.url placeholder {{{name}}} must be a required string, integer or number "
+                "property of the input_schema"
+            )
+    for name in [*http.query, *([http.body] if http.body else [])]:
+        if name not in properties:
+            raise ValueError(f"http: {name!r} is not a property of the input_schema")
+        if name in http.path_parameters:
+            raise ValueError(f"http: {name!r} fills the url path; it cannot be sent again")
+    if http.body is not None and http.body in http.query:
+        raise ValueError(f"http: {http.body!r} cannot be both the body and in the query")
+    if http.body is not None and http.method in ("GET", "HEAD"):
+        raise ValueError(f"http: a {http.method} request carries no body")
+
+
 class ToolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -177,9 +367,11 @@ class ToolSpec(BaseModel):
     description: str = Field(min_length=1)
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
-    # Exactly one of: the Python function behind the tool, or an upstream MCP tool.
+    # Exactly one of: the Python function behind the tool, an upstream MCP tool, or one
+    # HTTP request.
     function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     mcp: McpUpstream | None = None
+    http: HttpUpstream | None = None
     read_only: bool
     timeout_s: float = Field(gt=0, le=3600)
     risk: Risk
@@ -226,11 +418,14 @@ class ToolSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_implementation(self) -> ToolSpec:
-        if (self.function is None) == (self.mcp is None):
+        if [self.function, self.mcp, self.http].count(None) != 2:
             raise ValueError(
-                "declare exactly one of `function` (package.module:attr) or `mcp` "
-                "({url, tool, definition_sha256}: an upstream MCP tool)"
+                "declare exactly one of `function` (package.module:attr), `mcp` "
+                "({url, tool, definition_sha256}: an upstream MCP tool) or `http` "
+                "({method, url, ...}: one HTTP request)"
             )
+        if self.http is not None:
+            http_arguments_fit(self.http, self.input_schema)
         return self
 
     @model_validator(mode="after")

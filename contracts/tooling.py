@@ -65,4 +65,11 @@ def is_inline(function: Callable[..., Any]) -> bool:
 
 
 class ToolUnavailable(Exception):
-    """A backend the tool needs did not answer: retryable."""
+    """A backend the tool needs did not answer: retryable.
+
+    `code` names the cause when it is more precise than TOOL_RAISED (an HTTP upstream
+    that answered 503: UPSTREAM_HTTP_ERROR)."""
+
+    def __init__(self, message: str = "", *, code: str = "TOOL_RAISED") -> None:
+        super().__init__(message)
+        self.code = code

@@ -31,7 +31,7 @@ from toolgate.contracts.events import (
     ExecutionFailed,
     ExecutionSucceeded,
 )
-from toolgate.contracts.registry import Registry
+from toolgate.contracts.registry import Registry, http_origin_and_path
 
 
 class ResultBuilder:
@@ -39,12 +39,18 @@ class ResultBuilder:
         self._validators = {
             spec.name: jsonschema_rs.validator_for(spec.output_schema) for spec in registry
         }
-        # Results of an upstream (MCP) tool say where they came from: untrusted content.
+        # Results of an upstream (MCP or HTTP) tool say where they came from: untrusted.
         self._provenance = {
             spec.name: Provenance(source="mcp", server=spec.mcp.url, tool=spec.mcp.tool)
             for spec in registry
             if spec.mcp is not None
         }
+        for spec in registry:
+            if spec.http is not None:
+                origin, path = http_origin_and_path(spec.http.url)
+                self._provenance[spec.name] = Provenance(
+                    source="http", server=origin, tool=f"{spec.http.method} {path}"
+                )
 
     def result_for(self, event: Event) -> ToolResult:
         if isinstance(event, ExecutionSucceeded | ExecutionFailed):

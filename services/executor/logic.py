@@ -175,11 +175,16 @@ def is_expired(event: CallAuthorized, now: datetime) -> bool:
 def resolve_function(spec: ToolSpec) -> ToolFunction:
     """Import the operator-chosen function named in the registry file (never a model's string).
 
-    A tool declared as an upstream MCP tool (`mcp:`) is a call to that server instead."""
+    A tool declared as an upstream MCP tool (`mcp:`) is a call to that server instead, one
+    declared `http:` one HTTP request."""
     if spec.mcp is not None:
         from toolgate.services.executor.upstream_mcp import upstream_tool
 
         return upstream_tool(spec.mcp)
+    if spec.http is not None:
+        from toolgate.services.executor.upstream_http import http_tool
+
+        return http_tool(spec.name, spec.http, spec.timeout_s)
     assert spec.function is not None  # the registry requires one of the two
     module_name, _, attr = spec.function.partition(":")
     function = getattr(importlib.import_module(module_name), attr, None)
@@ -238,9 +243,7 @@ async def run_tool(
         return ToolOutcome(
             "execution_error",
             elapsed(),
-            error=ToolError(
-                code=ErrorCode.TOOL_RAISED, message=str(exc), retryable=spec.retryable_errors
-            ),
+            error=ToolError(code=exc.code, message=str(exc), retryable=spec.retryable_errors),
         )
     except Exception as exc:  # the tool's own bug: report it, never crash the executor
         return ToolOutcome(

@@ -161,8 +161,14 @@ def upstream_tool(upstream: McpUpstream):  # type: ignore[no-untyped-def]
     """The executor's function for one `mcp:` registry entry."""
     import mcp_types as types
 
+    from toolgate.services.executor.http_auth import Authenticator
+
+    authenticator = Authenticator(upstream.auth) if upstream.auth is not None else None
+
     async def call_upstream(arguments: dict[str, Any], ctx: ToolContext) -> Any:
         headers = upstream_headers(upstream)
+        if authenticator is not None:  # the entry's `auth` (http_auth.py), per call
+            headers.update(await authenticator.header(ctx))
         client, http = open_client(upstream.url, headers)
         try:
             async with http, client:

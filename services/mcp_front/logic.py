@@ -50,7 +50,9 @@ def annotations_of(spec: ToolSpec) -> types.ToolAnnotations:
         # MCP's default assumption for a tool that writes: it may destroy.
         destructive_hint=not spec.read_only,
         idempotent_hint=spec.idempotent or spec.read_only,
-        open_world_hint=spec.mcp is not None or spec.action_class in ("send", "publish"),
+        open_world_hint=spec.mcp is not None
+        or spec.http is not None
+        or spec.action_class in ("send", "publish"),
     )
 
 
