@@ -7,15 +7,13 @@ on the wire contract: the read runs at once, the write waits for an approver; th
 sees the right method, path, query, body and bearer. Then the audit (every column of
 every row) and every log are searched for the client secret and each token issued.
 
-`test_token_exchange_end_to_end_as_the_verified_user` needs the verified end-user token
-of #23.1-2 (`toolgate up --oidc-issuer`, another branch): it is skipped until the stack
-takes an OIDC issuer, and is complete once it does.
+`test_token_exchange_end_to_end_as_the_verified_user` runs the gateway with an OIDC issuer
+(`toolgate up --oidc-issuer`): the user's verified token is exchanged (RFC 8693), never sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import subprocess
 import sys
@@ -37,7 +35,6 @@ from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal, Provenance, ToolCall
 from toolgate.runtime.creds import connect_options, nats_servers
-from toolgate.stack.supervisor import Stack
 
 pytestmark = pytest.mark.system
 
@@ -108,10 +105,6 @@ def hand_written(backend: Backend, auth: dict) -> dict[str, dict]:
             },
         },
     }
-
-
-def oidc_supported() -> bool:
-    return "oidc_issuer" in inspect.signature(Stack).parameters
 
 
 @pytest.fixture(scope="module")
@@ -258,11 +251,8 @@ def assert_no_secret_anywhere(shop: Shop, secrets: list[str], kinds: set[str]) -
         assert [str(p) for p in logs if secret in p.read_text(errors="replace")] == []
 
 
-@pytest.mark.skipif(
-    not oidc_supported(), reason="needs the verified end-user token of #23.1-2 (oidc branch)"
-)
 def test_token_exchange_end_to_end_as_the_verified_user(tmp_path: Path) -> None:
-    """Complete once OIDC lands: a call as u-alice, her token in the NATS header, reaches
+    """A call as u-alice, her token in the NATS header, reaches
     the backend with an exchanged token (audience of the backend, subject u-alice, the
     gateway as actor), never alice's own; neither token is in the audit or the logs."""
     backend, idp = Backend(), TokenServer(clients={CLIENT_ID: CLIENT_SECRET})
@@ -281,14 +271,7 @@ def test_token_exchange_end_to_end_as_the_verified_user(tmp_path: Path) -> None:
         entry = hand_written(backend, auth)["shop_my_orders"]
         (registry / "shop_my_orders.yaml").write_text(yaml.safe_dump(entry))
         gateway = Gateway(data_dir=tmp_path / "data", registry_dir=registry, with_audit=True)
-        gateway.stack = Stack(
-            data_dir=gateway.data_dir,
-            registry_dirs=[registry],
-            builtin_tools=False,
-            with_audit=True,
-            oidc_issuer=idp.issuer,  # type: ignore[call-arg]
-            oidc_audience="toolgate",  # type: ignore[call-arg]
-        )
+        gateway.stack.oidc_args = ["--oidc-issuer", idp.issuer, "--oidc-audience", "toolgate"]
         gateway.start()
         alice_token = idp.user_token("u-alice", audience="toolgate", tenant="acme")
 
