@@ -426,6 +426,12 @@ class ToolSpec(BaseModel):
             )
         if self.http is not None:
             http_arguments_fit(self.http, self.input_schema)
+            auth = self.http.auth
+            if auth is not None and auth.token_exchange is not None and not self.acts_for_user:
+                raise ValueError(
+                    "an http tool with auth token_exchange acts for the call's user: "
+                    "acts_for_user cannot be false (it exchanges the user's token)"
+                )
         return self
 
     @model_validator(mode="after")

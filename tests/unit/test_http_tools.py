@@ -93,6 +93,19 @@ class TestRegistry:
         exchange = {**client, "client_secret_env": "GW_SECRET", "audience": "orders"}
         assert UpstreamAuth.model_validate({"token_exchange": exchange}).token_exchange
 
+    def test_token_exchange_acts_for_the_user(self) -> None:
+        exchange = {
+            "token_endpoint": "https://idp/token",
+            "client_id": "gw",
+            "client_secret_env": "S",
+            "audience": "orders",
+        }
+        ToolSpec.model_validate(entry(auth={"token_exchange": exchange}))
+        with pytest.raises(ValidationError, match="acts_for_user cannot be false"):
+            ToolSpec.model_validate(
+                {**entry(auth={"token_exchange": exchange}), "acts_for_user": False}
+            )
+
     def test_an_mcp_upstream_takes_auth_but_no_token_exchange(self) -> None:
         base = {"url": "http://x/mcp", "tool": "t", "definition_sha256": "0" * 64}
         McpUpstream.model_validate({**base, "auth": {"bearer_env": "UP"}})
