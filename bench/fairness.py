@@ -4,8 +4,10 @@ Against a private gateway started as `toolgate up` starts it (locked bus, audit
 on), two agents of two tenants, each with its own creds (a plain nats-py client
 each, as in `toolgate bench`):
 
-1. agent B alone: `-n` calls one at a time (p50, p99, max);
-2. agent A publishes `--burst` calls at once and waits for all their results;
+1. agent A alone: a burst of `--burst` calls at once (its calls/s: what the gate
+   costs an agent that has the gateway to itself);
+2. agent B alone: `-n` calls one at a time (p50, p99, max);
+3. agent A publishes `--burst` calls at once and waits for all their results;
    while they run, B makes calls one at a time, until A's last result is in.
 
 Printed: B's latency alone and during A's burst, how long A's burst took, and
@@ -40,6 +42,7 @@ class Figures:
     during_ms: list[float]
     burst_calls: int
     burst_s: float
+    alone_burst_s: float
     # For each of B's calls during the burst: A's calls not yet done when it ended.
     overtaken: list[int]
     failures: int
@@ -61,6 +64,11 @@ async def _measure(url: str, a_creds: Path, b_creds: Path, calls: int, burst: in
             await a.call(f"f{run}-a-warm-{i}")
             await b.call(f"f{run}-b-warm-{i}")
         await asyncio.sleep(1.0)
+        say(f"agent A alone: a burst of {burst} calls")
+        t0 = time.perf_counter()
+        await asyncio.gather(*(a.call(f"f{run}-a-alone-{i}") for i in range(burst)))
+        alone_burst_s = time.perf_counter() - t0
+        await asyncio.sleep(2.0)
         say(f"agent B alone: {calls} calls one at a time")
         alone = []
         for i in range(calls):
@@ -91,7 +99,9 @@ async def _measure(url: str, a_creds: Path, b_creds: Path, calls: int, burst: in
             i += 1
         await flood
         elapsed = time.perf_counter() - started
-        return Figures(alone, during, burst, elapsed, overtaken, a.failures + b.failures)
+        return Figures(
+            alone, during, burst, elapsed, alone_burst_s, overtaken, a.failures + b.failures
+        )
     finally:
         await a.close()
         await b.close()
@@ -102,7 +112,15 @@ def print_figures(fig: Figures) -> None:
     print(_line("alone", fig.alone_ms))
     print(_line("during A's burst", fig.during_ms))
     rate = fig.burst_calls / fig.burst_s if fig.burst_s else 0.0
-    print(f"agent A's burst   {fig.burst_calls} calls in {fig.burst_s:.2f} s ({rate:.0f} calls/s)")
+    alone = fig.burst_calls / fig.alone_burst_s if fig.alone_burst_s else 0.0
+    print(
+        f"agent A's burst alone  {fig.burst_calls} calls in {fig.alone_burst_s:.2f} s "
+        f"({alone:.0f} calls/s)"
+    )
+    print(
+        f"agent A's burst with B {fig.burst_calls} calls in {fig.burst_s:.2f} s "
+        f"({rate:.0f} calls/s)"
+    )
     if fig.overtaken:
         print(
             f"A's calls still running as each B call ended: min {min(fig.overtaken)}, "

@@ -47,7 +47,6 @@ from toolgate.services.validator.admission import (
     DEFAULT_WAITING_TOTAL,
     FairAdmission,
     in_flight_from_env,
-    retry_later_s,
 )
 from toolgate.services.validator.call_ids import CallIdClaims
 from toolgate.services.validator.logic import (
@@ -166,9 +165,9 @@ def build_app(settings: GatewaySettings) -> FastStream:
     async def on_call(msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
         raw: bytes = msg.data
-        slot = await admission.enter(delivery.subject)
+        slot = await admission.enter(delivery.subject, len(raw))
         if slot is None:  # its agent's room is full: later, and on to the next agent's
-            await msg.nak(delay=retry_later_s(delivery.attempt))
+            await msg.nak(delay=admission.later(delivery.subject))
             return
         inside = False  # did the call go downstream (its end frees the slot)?
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from toolgate.services.validator.admission import (
-    RETRY_FIRST_S,
-    RETRY_MAX_S,
+    LATER_MAX_S,
     FairAdmission,
     in_flight_from_env,
-    retry_later_s,
 )
 
 
@@ -80,6 +78,22 @@ async def test_all_rooms_together_are_bounded() -> None:
     await asyncio.gather(*held, return_exceptions=True)
 
 
+async def test_the_rooms_hold_a_bounded_number_of_bytes() -> None:
+    gate = FairAdmission(in_flight=1, waiting=10, waiting_total=10, waiting_bytes=100)
+    assert await gate.enter("A", 60) is not None
+    held = asyncio.ensure_future(gate.enter("A", 60))
+    await asyncio.sleep(0)
+    assert await gate.enter("B", 0) is not None
+    assert await gate.enter("B", 60) is None  # 120 bytes would be held: later
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
+    late = asyncio.ensure_future(gate.enter("B", 60))  # room again
+    await asyncio.sleep(0)
+    assert not late.done()
+    late.cancel()
+    await asyncio.gather(late, return_exceptions=True)
+
+
 async def test_a_slot_whose_end_is_never_heard_is_taken_back_after_its_lease() -> None:
     clock = Clock()
     gate = FairAdmission(in_flight=1, waiting=5, lease_s=60, clock=clock)
@@ -105,12 +119,42 @@ async def test_a_slot_is_given_back_once() -> None:
     assert second is not None and gate.counts("A") == (1, 0)
 
 
-def test_later_doubles_per_delivery_up_to_a_cap() -> None:
-    middle = lambda: 0.5  # noqa: E731 (no jitter)
-    assert retry_later_s(1, middle) == RETRY_FIRST_S
-    assert retry_later_s(3, middle) == RETRY_FIRST_S * 4
-    assert retry_later_s(50, middle) == RETRY_MAX_S
-    assert RETRY_FIRST_S * 0.75 <= retry_later_s(1) <= RETRY_FIRST_S * 1.25
+async def test_calls_turned_away_come_back_spaced_at_the_agents_rate() -> None:
+    clock = Clock()
+    gate = FairAdmission(in_flight=1, waiting=2, clock=clock)
+    slot = await gate.enter("A")
+    assert slot is not None
+    room = [asyncio.ensure_future(gate.enter("A")) for _ in range(2)]
+    await asyncio.sleep(0)
+    for _ in range(40):  # A is backlogged; its calls leave one every 0.1 s
+        clock.now += 0.1
+        gate.release(slot)
+        slot = await room.pop(0)
+        assert slot is not None
+        room.append(asyncio.ensure_future(gate.enter("A")))
+        await asyncio.sleep(0)
+    assert await gate.enter("A") is None
+    returns = [gate.later("A") for _ in range(4)]
+    # After the room (2 calls) has drained, a little under one interval apart, in order.
+    assert returns == sorted(returns) and returns[0] > 0.2
+    gaps = [b - a for a, b in zip(returns, returns[1:], strict=False)]
+    assert all(abs(g - gaps[0]) < 1e-9 for g in gaps) and 0.07 < gaps[0] <= 0.08
+    assert max(returns) <= LATER_MAX_S
+    gate.close()
+    assert [await r for r in room] == [None, None]
+
+
+async def test_a_call_held_too_long_is_turned_away_and_lost_releases_are_found() -> None:
+    clock = Clock()
+    gate = FairAdmission(in_flight=1, waiting=5, hold_s=0.01, lease_s=60, clock=clock)
+    slot = await gate.enter("A")
+    assert slot is not None
+    gate.bind(slot, "t.A.lost")  # its ResultAttached never comes
+    assert await gate.enter("A") is None  # held 10 ms, then turned away
+    assert gate.counts("A") == (1, 0)
+    clock.now = 61.0
+    waiting = asyncio.ensure_future(gate.enter("A"))  # the lost slot is taken back
+    assert (await waiting) is not None and gate.counts("A") == (1, 0)
 
 
 def test_the_cap_comes_from_the_environment() -> None:
