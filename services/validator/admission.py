@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-DEFAULT_IN_FLIGHT = 64
+DEFAULT_IN_FLIGHT = 32
 DEFAULT_WAITING = 256
 # All agents' waiting rooms together (each held message holds one pull slot), in
 # calls and in bytes (a call may be up to 8 MiB: 1,024 of those would not fit).
