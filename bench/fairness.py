@@ -91,12 +91,14 @@ async def _measure(url: str, a_creds: Path, b_creds: Path, calls: int, burst: in
         during, overtaken = [], []
         i = 0
         await asyncio.sleep(0.05)  # A's publishes are on their way first
-        while left > 0:
+        while True:  # at least one call, however short the burst
             t0 = time.perf_counter()
             await b.call(f"f{run}-b-during-{i}")
             during.append((time.perf_counter() - t0) * 1000)
             overtaken.append(left)
             i += 1
+            if left <= 0:
+                break
         await flood
         elapsed = time.perf_counter() - started
         return Figures(
@@ -146,11 +148,11 @@ def run_fairness(args: argparse.Namespace) -> int:
         stack = Stack(data_dir=Path(tmp) / "gateway", executor_args=["--concurrency", "8"])
         try:
             stack.start()
-            creds = {}
-            tokens = []
+            creds: dict[str, Path] = {}
+            tokens: list[str] = []
             for who in (A, B):
-                path, token = add_agent(stack.data_dir, who.tenant, who.agent)
-                creds[who.agent], tokens = path, [*tokens, token]
+                creds[who.agent], token = add_agent(stack.data_dir, who.tenant, who.agent)
+                tokens.append(token)
             asyncio.run(push_account_jwts(stack.url, stack.data_dir, tokens))
             print(
                 f"toolgate bench fairness: agent {B.tenant}.{B.agent}, {args.calls} calls "
