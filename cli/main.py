@@ -10,7 +10,7 @@
     toolgate policy check|push|rollback|test   Cedar policy bundles
     toolgate audit trace|sql|replay|verify   the audit trail in ClickHouse
     toolgate schema                    JSON Schema of the wire contract
-    toolgate bench [pipeline|policy|audit|audit-queries]   figures, printed
+    toolgate bench [pipeline|policy|audit|audit-queries|fairness]   figures, printed
 
 After `toolgate up` in a folder, every command there finds the gateway through
 .toolgate/context.json; from elsewhere, --data-dir DIR (or $TOOLGATE_DATA_DIR)
@@ -946,6 +946,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from toolgate.bench.audit_queries import cmd_bench_audit_queries
 
         return cmd_bench_audit_queries(args)
+    if args.target == "fairness":
+        from toolgate.bench.fairness import run_fairness
+
+        return run_fairness(args)
     if args.target == "policy":
         from toolgate.bench.policy import run_policy_bench
 
@@ -1334,7 +1338,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "target",
         nargs="?",
-        choices=["pipeline", "policy", "audit", "audit-queries", "mcp"],
+        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness"],
         default="pipeline",
     )
     bench.add_argument(

@@ -292,8 +292,10 @@ class PullConsumer:
         self._asking: asyncio.Task[None] | None = None
         self._keeping: asyncio.Task[None] | None = None
         # Ask again once this many slots are free (or nothing is in hand): at
-        # saturation a request then brings several messages, not one.
-        self._min_batch = max(1, consumer.concurrency // 4)
+        # saturation a request then brings several messages, not one. Counted on
+        # CONCURRENCY at most: the validator's many slots hold waiting calls (fair
+        # admission), and a new agent's call must not wait for a quarter of them.
+        self._min_batch = max(1, min(consumer.concurrency, CONCURRENCY) // 4)
 
     async def start(self) -> PullConsumer:
         await ensure_consumer(self._nc, self._consumer.stream, self._consumer.config)

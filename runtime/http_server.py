@@ -28,7 +28,12 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from toolgate.runtime.outside_text import escape_logger
+
 log = logging.getLogger("toolgate.http")
+# uvicorn's loggers: its access log quotes the request path (and a client address that
+# X-Forwarded-For may set), its error log a client's request; both come from outside.
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 
 # A browser or an SDK sends a request head in one packet: 10 s is ample on a slow link
 # and lets a slow-client flood hold a socket for 10 s, not forever.
@@ -132,10 +137,11 @@ def guarded_protocol(limits: SlowClientLimits) -> type[GuardedHttpProtocol]:
 
 
 def uvicorn_config(app: Any, host: str, port: int, limits: SlowClientLimits, **kw: Any) -> Any:
-    """A uvicorn.Config for a door: the guarded protocol, its idle timeout and cap."""
+    """A uvicorn.Config for a door: the guarded protocol, its idle timeout and cap; its
+    log lines (the access log's request path included) with outside text escaped."""
     import uvicorn
 
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -146,6 +152,10 @@ def uvicorn_config(app: Any, host: str, port: int, limits: SlowClientLimits, **k
         limit_concurrency=limits.max_connections,
         **kw,
     )
+    # After the Config: it (re)configures uvicorn's logging as it is made; filters stay.
+    for name in UVICORN_LOGGERS:
+        escape_logger(name)
+    return config
 
 
 __all__ = [

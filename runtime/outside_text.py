@@ -8,7 +8,9 @@ bidi overrides make a line read differently than it is. Every human-facing outpu
 text through `visible` (or `visible_json` for JSON), the one way toolgate shows it:
 C0 and C1 controls, DEL, format characters (bidi embeddings, overrides, isolates and
 marks, zero-width characters), line and paragraph separators and private-use or lone
-surrogate code points become `\\uXXXX` escapes.
+surrogate code points become `\\uXXXX` escapes, and a backslash itself becomes `\\\\`,
+so every single backslash in what `visible` shows starts an escape it wrote: an agent
+cannot type text (`\\u001b`) that reads like one.
 """
 
 from __future__ import annotations
@@ -42,11 +44,18 @@ def _is_hidden(ch: str) -> bool:
 
 def visible(text: str, keep_newlines: bool = False) -> str:
     """`text` with every control, format and separator character as a `\\uXXXX` escape
-    (newlines kept when `keep_newlines`, for multi-line blocks made by toolgate)."""
-    if text.isprintable():  # the common case: nothing hidden (isprintable is stricter)
+    and each backslash doubled (newlines kept when `keep_newlines`, for multi-line
+    blocks made by toolgate)."""
+    # The common case: nothing hidden (isprintable is stricter) and nothing to double.
+    if text.isprintable() and "\\" not in text:
         return text
     return "".join(
-        _escape(ch) if _is_hidden(ch) and not (keep_newlines and ch == "\n") else ch for ch in text
+        "\\\\"
+        if ch == "\\"
+        else _escape(ch)
+        if _is_hidden(ch) and not (keep_newlines and ch == "\n")
+        else ch
+        for ch in text
     )
 
 
@@ -68,6 +77,33 @@ class VisibleLogFormatter(logging.Formatter):
         shown = logging.makeLogRecord(record.__dict__)
         shown.message = visible(record.message)
         return super().formatMessage(shown)
+
+
+class VisibleArgs(logging.Filter):
+    """A filter that escapes a record's message and each of its string arguments in place,
+    keeping their number and order: for loggers whose own formatters read the arguments
+    (uvicorn's access log unpacks client, method, path, version and status), so whatever
+    handler and formatter they have, the request path and a forwarded client address an
+    outsider wrote are shown escaped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.args:  # a message with no arguments: it may quote anything
+            if isinstance(record.msg, str):
+                record.msg = visible(record.msg)
+        elif isinstance(record.args, tuple):  # the format is the code's; the arguments not
+            record.args = tuple(visible(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {
+                k: visible(v) if isinstance(v, str) else v for k, v in record.args.items()
+            }
+        return True
+
+
+def escape_logger(name: str) -> None:
+    """Escape outside text in every record logged on logger `name` (once per logger)."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, VisibleArgs) for f in logger.filters):
+        logger.addFilter(VisibleArgs())
 
 
 def log_visibly(logger: logging.Logger | None = None) -> None:

@@ -14,6 +14,13 @@ KV bucket `toolgate_user_tokens` for the executor (runtime/user_tokens.py).
 A call_id this agent used before is a duplicate: it claims nothing and
 nothing runs or is decided again; it emits `CallRetried`, on which the
 attacher sends the first call's stored result (or pending notice) again.
+
+Fair admission (services/validator/admission.py): before any work, a call
+takes one of its agent's slots in the pipeline, waiting for one in its agent's
+room, or nak'ed for later when the room is full. The slot is given back when
+the call's `ResultAttached` (or `ApprovalRequested`) goes by, heard on a plain
+subscription to those subjects; a call that sends nothing downstream gives it
+back at once.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import logging
 import time
 from typing import Any
 
+import msgspec
 from faststream import FastStream
 from nats.aio.msg import Msg
 
@@ -48,6 +56,11 @@ from toolgate.runtime.oidc import (
 )
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.user_tokens import SealedTokens, ensure_seal_key
+from toolgate.services.validator.admission import (
+    DEFAULT_WAITING_TOTAL,
+    FairAdmission,
+    in_flight_from_env,
+)
 from toolgate.services.validator.call_ids import CallIdClaims
 from toolgate.services.validator.logic import (
     CallChecker,
@@ -61,6 +74,34 @@ from toolgate.services.validator.users import TokenCheck, user_verdict
 
 SERVICE = "validator"
 log = logging.getLogger("toolgate.validator")
+# The events that say a call has left the pipeline's queues (its slot is free).
+RELEASE_EVENTS = ("ResultAttached", "ApprovalRequested")
+# Un-acked calls the validator may hold: its handler slots, its waiting rooms and
+# the calls nak'ed for later (they stay pending until redelivered and acked).
+MAX_ACK_PENDING = 20_000
+
+
+class _CallOf(msgspec.Struct):
+    """The little of an event that names its call."""
+
+    call_id: str = ""
+    principal: dict[str, Any] | None = None
+
+
+_call_of = msgspec.json.Decoder(_CallOf)
+
+
+def released_key(data: bytes) -> str | None:
+    """tenant.agent.call_id of the call a release event names (None if it names none)."""
+    try:
+        found = _call_of.decode(data)
+    except msgspec.DecodeError:
+        return None
+    p = found.principal or {}
+    tenant, agent = p.get("tenant"), p.get("agent")
+    if not found.call_id or not isinstance(tenant, str) or not isinstance(agent, str):
+        return None
+    return subjects.call_key(tenant, agent, found.call_id)
 
 
 def identity_of(subject: str) -> Identity | None:
@@ -127,13 +168,27 @@ def build_app(settings: GatewaySettings) -> FastStream:
     claims: list[CallIdClaims] = []  # bound once the broker is connected
     verifier = oidc_verifier(settings)
     sealed: list[SealedTokens] = []  # bound once the broker is connected (with an issuer)
+    admission = FairAdmission(in_flight=in_flight_from_env())
 
-    @bus.durable_subscriber(broker, subjects.CALLS_FILTER, subjects.CALLS_STREAM, SERVICE)
+    @bus.durable_subscriber(
+        broker,
+        subjects.CALLS_FILTER,
+        subjects.CALLS_STREAM,
+        SERVICE,
+        concurrency=bus.CONCURRENCY + DEFAULT_WAITING_TOTAL,
+        max_ack_pending=MAX_ACK_PENDING,
+    )
     async def on_call(msg: Msg) -> None:
         delivery = bus.delivery_of(msg)
         raw: bytes = msg.data
+        slot = await admission.enter(delivery.subject, len(raw))
+        if slot is None:  # its agent's room is full: later, and on to the next agent's
+            await msg.nak(delay=admission.later(delivery.subject))
+            return
+        inside = False  # did the call go downstream (its end frees the slot)?
 
         async def work() -> None:
+            nonlocal inside
             identity = identity_of(delivery.subject)
             outcome: CheckOutcome = (
                 checker.check(raw, identity)
@@ -163,8 +218,11 @@ def build_app(settings: GatewaySettings) -> FastStream:
                     return
                 if token is not None and isinstance(outcome, Validated):
                     await sealed[0].put(key, token)  # before the call goes on: never after
+                # Bound before anything is emitted, so its end cannot come first.
+                admission.bind(slot, key)
             for event in events_for(outcome, raw, delivery):
                 await publisher.emit(event)
+            inside = isinstance(outcome, Validated | Rejected)
 
         async def give_up(exc: Exception) -> None:
             call = call_named(checker, raw, delivery)
@@ -172,17 +230,37 @@ def build_app(settings: GatewaySettings) -> FastStream:
                 call = {}  # a duplicate: the call is the first message's to end, not this one's
             await bus.give_up_on(publisher, SERVICE, delivery, raw, exc, call=call)
 
-        await bus.settle(msg, delivery, work, give_up)
+        try:
+            await bus.settle(msg, delivery, work, give_up)
+        finally:
+            if not inside:
+                admission.release(slot)
 
     app = FastStream(broker)
 
+    async def on_release(msg: Msg) -> None:
+        key = released_key(msg.data)
+        if key is not None:
+            admission.finished(key)
+
     @app.on_startup
     async def bind_claims() -> None:
-        await broker.connect()
+        nc = await broker.connect()
         claims.append(CallIdClaims(await bus.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET)))
         if verifier is not None:
             kv = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             sealed.append(SealedTokens(kv, ensure_seal_key(settings.keys_dir)))
+        for kind in RELEASE_EVENTS:
+            await nc.subscribe(
+                f"{subjects.EVENTS_PREFIX}.{kind}.*",
+                cb=on_release,
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
+
+    @app.on_shutdown  # before the consumers stop: waiting calls go back at once
+    async def close_gate() -> None:
+        admission.close()
 
     bus.run_consumers(app, broker)
     return app

@@ -122,3 +122,17 @@ def test_bench_mcp_prints_every_way_what_it_adds_and_cpu(tmp_path: Path) -> None
     assert_line(out, "NATS (GatewayClient)", 6)
     assert re.search(r"^\S.*\s10\s", out.splitlines()[2]), out  # ten calls each way
     assert ".. 10/10 calls each way" in done.stderr
+
+
+def test_bench_fairness_prints_the_other_agents_latency_alone_and_during_a_burst(
+    tmp_path: Path,
+) -> None:
+    done = bench(tmp_path, "fairness", "-n", "5", "--burst", "40")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.startswith("toolgate bench fairness: agent bench-b.steady, 5 calls alone")
+    assert_line(out, "alone", 4)
+    assert_line(out, "during A's burst", 4)
+    assert re.search(r"^agent A's burst alone\s+40 calls in [\d.]+ s", out, re.MULTILINE), out
+    assert re.search(r"^agent A's burst with B 40 calls in [\d.]+ s", out, re.MULTILINE), out
+    assert "warning" not in out

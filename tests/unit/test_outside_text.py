@@ -35,6 +35,18 @@ def test_the_terminal_payload_is_shown_not_obeyed() -> None:
     )
 
 
+def test_a_typed_escape_cannot_pass_for_one_visible_wrote() -> None:
+    # An agent writes the six characters `\u001b` itself: shown, they must not read
+    # like the escape `visible` writes for a real ESC. Each backslash is doubled.
+    typed = visible("\\u001b[31m")
+    real = visible("\x1b[31m")
+    assert typed == "\\\\u001b[31m" and real == "\\u001b[31m" and typed != real
+    assert visible("C:\\tmp\\x") == "C:\\\\tmp\\\\x"
+    # Unambiguous: the shown text decodes back to exactly one original.
+    for original in ("\\u001b", "\x1b", "\\\x1b", "a\\\\b", "\\"):
+        assert visible(original).encode().decode("unicode_escape") == original
+
+
 def test_ordinary_text_is_left_alone() -> None:
     for text in ("u-alice", "证据 über café", "a b", "emoji 🙂"):
         assert visible(text) == text

@@ -142,6 +142,36 @@ async def test_a_message_held_past_a_third_of_its_ack_wait_is_kept_in_progress(
         await pulling.stop()
 
 
+async def test_a_consumer_with_many_slots_held_asks_again_with_a_few_free(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The validator holds calls in its agents' waiting rooms (fair admission): most of
+    # its slots can be taken by held calls. Before, it asked again only once a quarter
+    # of all its slots were free, so another agent's call waited for 264 held ones.
+    monkeypatch.setattr(bus, "ensure_consumer", no_consumer_to_create)
+    nc = StandIn()
+    release = asyncio.Event()
+
+    async def held(msg: Msg) -> None:
+        await release.wait()
+
+    slots = bus.CONCURRENCY + 1024
+    config = bus.consumer_config("validator", "s.in")
+    pulling = await bus.PullConsumer(
+        nc,  # type: ignore[arg-type]
+        bus.DurableConsumer("S", config, held, slots),
+    ).start()
+    try:
+        await until(lambda: len(nc.asked) == 1)
+        for _ in range(slots - bus.CONCURRENCY // 4):
+            await nc.deliver(Delivered())
+        await nc.deliver(Status(nc.asked[0], "408"))
+        await until(lambda: len(nc.asked) == 2)  # 8 slots free: asks for them
+    finally:
+        release.set()
+        await pulling.stop()
+
+
 class BlockingSubscribe:
     """A connection whose first subscribe waits until released; a publish is acked at once."""
 
