@@ -65,4 +65,10 @@ def is_inline(function: Callable[..., Any]) -> bool:
 
 
 class ToolUnavailable(Exception):
-    """A backend the tool needs did not answer: retryable."""
+    """A backend the tool needs did not answer: retryable (per the entry's
+    `retryable_errors`). `code` names the cause when it is more precise than TOOL_RAISED
+    (an upstream MCP server that exited mid-call: UPSTREAM_LOST)."""
+
+    def __init__(self, message: str = "", *, code: str = "TOOL_RAISED") -> None:
+        super().__init__(message)
+        self.code = code

@@ -310,4 +310,14 @@ def build_app(
             runner.outcomes = OutcomeStore(kv)
 
     bus.run_consumers(app, broker)
+
+    @app.on_shutdown
+    async def close_upstream_sessions() -> None:
+        # After the consumers stopped (hooks run in order): kept MCP sessions end with
+        # the executor (stdio servers are stopped).
+        if any(runner.spec.mcp is not None for runner in runners):
+            from toolgate.services.executor.upstream_mcp import close_sessions
+
+            await close_sessions()
+
     return app

@@ -215,9 +215,7 @@ async def run_tool(
         return ToolOutcome(
             "execution_error",
             elapsed(),
-            error=ToolError(
-                code=ErrorCode.TOOL_RAISED, message=str(exc), retryable=spec.retryable_errors
-            ),
+            error=ToolError(code=exc.code, message=str(exc), retryable=spec.retryable_errors),
         )
     except Exception as exc:  # the tool's own bug: report it, never crash the executor
         return ToolOutcome(
