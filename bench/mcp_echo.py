@@ -58,7 +58,14 @@ def main() -> None:
     import uvicorn
 
     app = server.streamable_http_app(host="127.0.0.1")
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        # A kept client holds a listen stream open: do not wait on it to stop.
+        timeout_graceful_shutdown=1,
+    )
 
 
 if __name__ == "__main__":

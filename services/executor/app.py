@@ -308,6 +308,11 @@ def build_app(
         kv = await bus.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
         for runner in runners:
             runner.outcomes = OutcomeStore(kv)
+        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
+        if upstreams:  # kept sessions: start the servers now, not at the first call
+            from toolgate.services.executor.upstream_mcp import open_sessions
+
+            open_sessions(upstreams)
 
     bus.run_consumers(app, broker)
 

@@ -2,7 +2,7 @@
 
 The executor keeps one session per upstream server (`UpstreamSession`), shared by every
 registry entry that names the same server: Streamable HTTP (`url`) or stdio (`command`,
-a process it starts). The session is opened on the first call; opening it lists the
+a process it starts). Opening the session lists the
 upstream's tools, and so does a `notifications/tools/list_changed` (or its 2026-07-28
 form, a `subscriptions/listen` event): each call checks its entry's pin against that
 listing, without listing again. A definition that no longer hashes to the pin is refused
@@ -10,8 +10,9 @@ listing, without listing again. A definition that no longer hashes to the pin is
 tool twice is refused (UPSTREAM_DUPLICATE_TOOL): with two definitions under one name, the
 pin would check one and the upstream could serve the other.
 
-A session that fails is opened again; a stdio server that exits is started again, with
-backoff (`FIRST_BACKOFF_S` doubling to `MAX_BACKOFF_S`, reset once a session stayed up
+Sessions are opened when the executor starts (`open_sessions`). A session that fails
+is opened again; a stdio server that exits is started again, with backoff
+(`FIRST_BACKOFF_S` doubling to `MAX_BACKOFF_S`, reset once a session stayed up
 `STABLE_S`). Calls in flight when it goes end UPSTREAM_LOST, calls while it is down
 UPSTREAM_UNAVAILABLE (both retryable per the entry's `retryable_errors`). A stdio server
 gets exactly the environment its entry names (`stdio_environment`), nothing else of the
@@ -367,7 +368,8 @@ class UpstreamSession:
     listens for list changes, and opens it again with backoff once it ends. Calls take
     the open session and its current listing (`acquire`); while it is being opened (or
     listed again after a change) they wait; while it is down they fail at once with the
-    reason."""
+    reason (an HTTP one is tried once more first: a call costs it a connection attempt,
+    where a stdio server is not restarted faster than its backoff)."""
 
     def __init__(self, upstream: McpUpstream, environ: Mapping[str, str] | None = None) -> None:
         self.upstream = upstream
@@ -381,6 +383,7 @@ class UpstreamSession:
         self._changed = asyncio.Event()
         self._lost = asyncio.Event()
         self._relist = asyncio.Event()
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -390,17 +393,26 @@ class UpstreamSession:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def acquire(self) -> tuple[Any, list[Any]]:
-        """The open session and the listing it last read."""
+    def start(self) -> None:
+        """Open the session in the background (and keep it open), if not done yet."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._supervise(), name=f"upstream {self.server}")
+
+    async def acquire(self) -> tuple[Any, list[Any]]:
+        """The open session and the listing it last read."""
+        self.start()
+        kicked = False
         while True:
             if self.client is not None and self.tools is not None and not self._relist.is_set():
                 return self.client, self.tools
             waiting = self._changed
             if self.client is None and self.failure is not None:
                 left = self.retry_at - time.monotonic()
-                if left > 0:
+                if left > 0 and self.upstream.url is not None and not kicked:
+                    # HTTP: no process to spare, so a call tries the server now (once).
+                    kicked = True
+                    self._wake.set()
+                elif left > 0:
                     raise ToolUnavailable(
                         f"the upstream MCP server {self.server} is down ({self.failure}); "
                         f"the next attempt in {left:.1f}s",
@@ -411,6 +423,7 @@ class UpstreamSession:
     def lost(self, client: Any) -> None:
         """A call found the session `client` broken: end it (the supervisor opens another)."""
         if client is self.client:
+            self.client = None
             self._lost.set()
 
     # -- the supervisor
@@ -438,7 +451,9 @@ class UpstreamSession:
                 backoff,
             )
             self._notify()
-            await asyncio.sleep(backoff)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _transport(self) -> tuple[Any, Any]:
@@ -544,6 +559,14 @@ def session_for(upstream: McpUpstream) -> UpstreamSession:
     return found[1]
 
 
+def open_sessions(upstreams: list[McpUpstream]) -> None:
+    """Start opening these entries' sessions now (the executor's start), so a first call
+    does not wait for a server to start; a server that cannot be reached yet is tried
+    again with backoff."""
+    for upstream in upstreams:
+        session_for(upstream).start()
+
+
 async def close_sessions() -> None:
     """End every kept session of this event loop (stdio servers are stopped)."""
     loop = asyncio.get_running_loop()
@@ -581,8 +604,14 @@ def as_tool_error(exc: BaseException, upstream: McpUpstream) -> BaseException:
 
 
 def upstream_tool(upstream: McpUpstream):  # type: ignore[no-untyped-def]
-    """The executor's function for one `mcp:` registry entry."""
+    """The executor's function for one `mcp:` registry entry (built before the executor's
+    loop runs: the SDK's modules are imported here, not in the loop at the first session)."""
+    import httpx2  # noqa: F401
+    import mcp.client.stdio  # noqa: F401
+    import mcp.client.streamable_http  # noqa: F401
+    import mcp.client.subscriptions  # noqa: F401
     import mcp_types as types
+    from mcp import Client  # noqa: F401
 
     async def send(client: Any, arguments: dict[str, Any]) -> Any:
         # Not client.call_tool: the SDK would check the output against the upstream's
