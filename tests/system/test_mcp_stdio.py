@@ -35,6 +35,8 @@ pytestmark = pytest.mark.system
 TIME_SERVER = str(Path(sys.executable).parent / "mcp-server-time")
 SECRET = "UPSTREAM_TEST_SECRET"  # in the gateway's environment, never the server's
 NAMED = "UPSTREAM_TEST_NAMED"  # passed on by name (env_from_gateway)
+# A loaded machine takes seconds to start a server: the CLI waits for it this long.
+SLOW = ("--timeout", "100")
 STDIO_TEST_SERVER = [sys.executable, "-m", "tests.tools.mcp_upstream", "--stdio"]
 
 
@@ -48,7 +50,9 @@ class Setup:
 def imported(registry: Path, prefix: str, *target: str, extra: tuple[str, ...] = ()) -> None:
     """`toolgate tools import-mcp`, then what an operator's review would change."""
     out = registry.parent / f"imported-{prefix}"
-    done = toolgate("tools", "import-mcp", "--prefix", prefix, "--out", str(out), *extra, *target)
+    done = toolgate(
+        "tools", "import-mcp", "--prefix", prefix, "--out", str(out), *SLOW, *extra, *target
+    )
     assert done.returncode == 0, done.stderr
     for line in done.stdout.split():
         path = Path(line)
@@ -101,7 +105,7 @@ def test_import_of_a_stdio_server_names_its_command_environment_and_directory(
 ) -> None:
     done = toolgate(
         "tools", "import-mcp", "--prefix", "time", "--out", str(tmp_path), "--env", "A=1",
-        "--", TIME_SERVER, "--local-timezone", "UTC",
+        *SLOW, "--", TIME_SERVER, "--local-timezone", "UTC",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     names = sorted(Path(line).stem for line in done.stdout.split())
@@ -244,7 +248,7 @@ def test_mcp_server_time_started_in_another_zone_shows_its_schema_change(tmp_pat
     """The issue's case: the same server, another --local-timezone, another schema."""
     registry = tmp_path / "r"
     done = toolgate(
-        "tools", "import-mcp", "--prefix", "time", "--out", str(registry),
+        "tools", "import-mcp", "--prefix", "time", "--out", str(registry), *SLOW,
         "--", TIME_SERVER, "--local-timezone", "UTC",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -252,7 +256,7 @@ def test_mcp_server_time_started_in_another_zone_shows_its_schema_change(tmp_pat
     entry = yaml.safe_load(path.read_text())
     entry["mcp"]["args"] = ["--local-timezone", "Asia/Tokyo"]
     path.write_text(yaml.safe_dump(entry))
-    diff = toolgate("tools", "diff", "time_get_current_time", "--registry", str(registry))
+    diff = toolgate("tools", "diff", "time_get_current_time", "--registry", str(registry), *SLOW)
     assert diff.returncode == 0, diff.stderr
     assert "input_schema /properties/timezone/description changed:" in diff.stdout
     assert "Asia/Tokyo" in diff.stdout
