@@ -88,8 +88,8 @@ def stdio_environment(
     missing = [name for name in upstream.env_from_gateway if name not in environ]
     if missing:
         raise ToolRefused(
-            f"{upstream.server} takes ${', $'.join(missing)} from the executor's environment, "
-            "where it is not set"
+            f"{upstream.server} takes ${', $'.join(missing)} from the environment (the "
+            "executor's, when it runs), where it is not set"
         )
     return {**{name: environ[name] for name in upstream.env_from_gateway}, **upstream.env}
 
@@ -539,6 +539,7 @@ class UpstreamSession:
     async def close(self) -> None:
         self._closing = True
         self._lost.set()
+        self._wake.set()
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(self._task), 10)
