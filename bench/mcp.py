@@ -17,8 +17,14 @@ machine's drift hits every way alike:
   listening for that agent: one agent for both would wake each client for
   the other's results).
 
-Prints p50/p99 of each, what each front-door way adds over NATS, and the CPU
-per call of the front door and of this client. Progress to stderr.
+- upstream MCP servers (a no-op `echo` server, bench/mcp_echo.py, over stdio and
+  over Streamable HTTP): a direct SDK session to the server, and the same tool
+  through the gateway (GatewayClient -> the executor's kept session): what the
+  gateway adds to an upstream call.
+
+Prints p50/p99 of each, what each front-door way adds over NATS, what the gateway
+adds over a direct session to each upstream, and the CPU per call of the front door
+and of this client. Progress to stderr.
 """
 
 from __future__ import annotations
@@ -44,6 +50,52 @@ NATS = "NATS (GatewayClient)"
 PLAIN = "plain POST 2026-07-28"
 MODERN_ERA = "2026-07-28"
 FRONT_DOOR = "mcp"  # the front door's process, as the stack names it
+# Upstream rows: (direct session, through the gateway), per transport.
+UPSTREAM_ROWS = {
+    "stdio": ("upstream stdio, direct", "upstream stdio, gateway"),
+    "http": ("upstream HTTP, direct", "upstream HTTP, gateway"),
+}
+ECHO_COMMAND = [sys.executable, "-m", "toolgate.bench.mcp_echo"]
+
+
+def write_upstream_registry(directory: Path, http_url: str) -> dict[str, str]:
+    """Registry entries for the bench's echo upstream over stdio and HTTP (imported as
+    `toolgate tools import-mcp` does, then made low risk): {transport: tool name}."""
+    import yaml
+
+    from toolgate.cli.mcp import list_upstream, registry_entry
+    from toolgate.contracts.registry import McpUpstream
+
+    directory.mkdir(parents=True, exist_ok=True)
+    names: dict[str, str] = {}
+    transports: dict[str, dict[str, Any]] = {
+        "stdio": {"command": ECHO_COMMAND[0], "args": [*ECHO_COMMAND[1:], "--stdio"]},
+        "http": {"url": http_url},
+    }
+    for transport, fields in transports.items():
+        upstream = McpUpstream(**fields, tool="-", definition_sha256="0" * 64)
+        (tool,) = asyncio.run(asyncio.wait_for(list_upstream(upstream), 60))
+        entry = registry_entry(fields, upstream.server, f"up_{transport}", tool, ["*"])
+        entry.update(risk="low", requires_approval=False, read_only=True)
+        (directory / f"{entry['name']}.yaml").write_text(yaml.safe_dump(entry))
+        names[transport] = entry["name"]
+    return names
+
+
+@contextlib.asynccontextmanager
+async def direct_sessions(http_url: str) -> Any:
+    """SDK sessions straight to the echo upstream: {transport: client}."""
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async with (
+        Client(
+            StdioServerParameters(command=ECHO_COMMAND[0], args=[*ECHO_COMMAND[1:], "--stdio"]),
+            cache=None,
+        ) as stdio,
+        Client(http_url, cache=None) as http,
+    ):
+        yield {"stdio": stdio, "http": http}
 
 
 class PlainPost:
@@ -62,6 +114,12 @@ class PlainPost:
     async def __aenter__(self) -> PlainPost:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         return self
+
+    async def reopen(self) -> None:
+        """A new connection: the door closes one left idle past its keep-alive timeout
+        (5 s), as it is while the slower ways run their blocks."""
+        await self.__aexit__()
+        await self.__aenter__()
 
     async def __aexit__(self, *exc: object) -> None:
         if self.writer is not None:
@@ -114,7 +172,12 @@ class PlainPost:
 
 
 async def _measure(
-    stack: object, calls: int, token: str, nats_creds: Path
+    stack: object,
+    calls: int,
+    token: str,
+    nats_creds: Path,
+    upstream_tools: dict[str, str],
+    http_url: str,
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     import httpx2
     from mcp import Client
@@ -149,6 +212,7 @@ async def _measure(
         PlainPost(url, token) as plain,
         Client(streamable_http_client(url, http_client=modern_http)) as modern,
         Client(streamable_http_client(url, http_client=legacy_http), mode="legacy") as legacy,
+        direct_sessions(http_url) as direct,
     ):
 
         def via(door: Client) -> Callable[[int], Awaitable[None]]:
@@ -169,22 +233,45 @@ async def _measure(
             if not result.ok:
                 raise RuntimeError(f"echo failed on NATS: {result}")
 
+        def upstream_direct(client: Client) -> Callable[[int], Awaitable[None]]:
+            async def call(i: int) -> None:
+                result = await client.call_tool("echo", {"payload": i})
+                if result.is_error:
+                    raise RuntimeError(f"echo failed on a direct upstream session: {result}")
+
+            return call
+
+        def upstream_gateway(tool: str) -> Callable[[int], Awaitable[None]]:
+            async def call(i: int) -> None:
+                result = await gateway.call(tool, {"payload": i}, user="u-bench", session="s")
+                if not result.ok:
+                    raise RuntimeError(f"{tool} failed through the gateway: {result}")
+
+            return call
+
         ways = {
             f"SDK client {modern.protocol_version}": via(modern),
             f"SDK client {legacy.protocol_version}": via(legacy),
             PLAIN: via_plain,
             NATS: via_nats,
         }
+        for transport, (direct_row, gateway_row) in UPSTREAM_ROWS.items():
+            ways[direct_row] = upstream_direct(direct[transport])
+            ways[gateway_row] = upstream_gateway(upstream_tools[transport])
         times: dict[str, list[float]] = {name: [] for name in ways}
         cpu: dict[str, dict[str, float]] = {name: {} for name in ways}
         # Warm up every path (connections, the pipeline's first-call costs).
-        for way in ways.values():
+        for name, way in ways.items():
+            if name == PLAIN:
+                await plain.reopen()
             for i in range(20):
                 await way(i)
         done = 0
         while done < calls:
             block = min(BLOCK, calls - done)
             for name, way in ways.items():
+                if name == PLAIN:
+                    await plain.reopen()  # not timed
                 before = processes.snapshot()
                 for i in range(block):
                     started = time.perf_counter()
@@ -205,10 +292,15 @@ def _report(times: dict[str, list[float]], cpu: dict[str, dict[str, float]]) -> 
     )
     nats = sorted(times[NATS])
     nats_p50, nats_p99 = percentile(nats, 0.50), percentile(nats, 0.99)
+    upstream_rows = {row for rows in UPSTREAM_ROWS.values() for row in rows}
     for name, values in times.items():
         ordered = sorted(values)
         p50, p99 = percentile(ordered, 0.50), percentile(ordered, 0.99)
-        adds = "" if name == NATS else f"{p50 - nats_p50:>9.2f} {p99 - nats_p99:>9.2f}"
+        adds = (
+            ""
+            if name == NATS or name in upstream_rows
+            else f"{p50 - nats_p50:>9.2f} {p99 - nats_p99:>9.2f}"
+        )
         per_call = {process: s * 1000 / len(values) for process, s in cpu[name].items()}
         print(
             f"{name:26} {len(values):>6} {p50:>8.2f} {p99:>8.2f} {adds:>19}"
@@ -220,20 +312,52 @@ def _report(times: dict[str, list[float]], cpu: dict[str, dict[str, float]]) -> 
         " client (the SDK's or GatewayClient), and of every process of the gateway and this\n"
         " client together)"
     )
+    for transport, (direct_row, gateway_row) in UPSTREAM_ROWS.items():
+        direct, through = sorted(times[direct_row]), sorted(times[gateway_row])
+        print(
+            f"upstream {transport}: the gateway adds "
+            f"{percentile(through, 0.50) - percentile(direct, 0.50):.2f} ms at p50, "
+            f"{percentile(through, 0.99) - percentile(direct, 0.99):.2f} ms at p99 over a "
+            "direct session to the same server (a local tool on NATS: "
+            f"{nats_p50:.2f} ms at p50)"
+        )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"(load average {load}, {os.cpu_count()} cores)")
 
 
+def _wait_and_register(upstream: Any, registry: Path, http_url: str) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return write_upstream_registry(registry, http_url)
+        except Exception:
+            if upstream.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def cmd_bench_mcp(args: argparse.Namespace) -> int:
+    import subprocess
+
     from toolgate.services.mcp_front.tokens import mint_token
     from toolgate.stack import nats_auth
-    from toolgate.stack.supervisor import DEFAULT_AGENT, DEFAULT_TENANT, Stack
+    from toolgate.stack.supervisor import DEFAULT_AGENT, DEFAULT_TENANT, Stack, free_port
 
     calls = max(1, int(args.calls))
     with tempfile.TemporaryDirectory(prefix="toolgate-bench-mcp-") as tmp:
-        say("starting a private gateway as `toolgate up` runs it (locked bus, audit off)")
-        stack = Stack(data_dir=Path(tmp) / "gateway", with_audit=False, nats_port=0)
+        say("starting the echo upstream (HTTP) and a private gateway as `toolgate up` runs it")
+        port = free_port()
+        http_url = f"http://127.0.0.1:{port}/mcp"
+        upstream = subprocess.Popen([*ECHO_COMMAND, "--port", str(port)])
+        stack = None
         try:
+            upstream_tools = _wait_and_register(upstream, Path(tmp) / "registry", http_url)
+            stack = Stack(
+                data_dir=Path(tmp) / "gateway",
+                registry_dirs=[Path(tmp) / "registry"],
+                with_audit=False,
+                nats_port=0,
+            )
             stack.start()
             token = mint_token(stack.data_dir, DEFAULT_TENANT, DEFAULT_AGENT)
             # As `toolgate agents token` does: the front door may now act for this agent.
@@ -241,10 +365,15 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
             _, account = nats_auth.mcp_front_account_jwt(keys, stack.data_dir)
             nats_creds, nats_agent = nats_auth.add_agent(stack.data_dir, DEFAULT_TENANT, "bench")
             nats_auth.push_account_jwts_sync(stack.url, stack.data_dir, [account, nats_agent])
-            times, cpu = asyncio.run(_measure(stack, calls, token, nats_creds))
+            times, cpu = asyncio.run(
+                _measure(stack, calls, token, nats_creds, upstream_tools, http_url)
+            )
         finally:
-            with contextlib.suppress(Exception):
-                stack.stop()
+            if stack is not None:
+                with contextlib.suppress(Exception):
+                    stack.stop()
+            upstream.terminate()
+            upstream.wait(10)
     _report(times, cpu)
     sys.stdout.flush()
     return 0

@@ -3,13 +3,18 @@
 toolgate serve mcp [--port N]             the MCP front door (Streamable HTTP, bearer tokens)
 toolgate agents token TENANT AGENT        print a new bearer token for that agent
 toolgate tools import-mcp URL --prefix NAME --out DIR
+toolgate tools import-mcp --prefix NAME --out DIR -- COMMAND [ARGS...]
                                           one registry file per upstream MCP tool, pinned
+                                          (Streamable HTTP at URL, or a stdio server)
+toolgate tools diff NAME                  the upstream's definition against the pinned one
+toolgate tools accept NAME                pin the upstream's current definition (reviewed)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import sys
 import time
@@ -145,22 +150,26 @@ def registry_name(prefix: str, tool: str) -> str:
 
 
 def registry_entry(
-    url: str, prefix: str, tool: Any, headers_from_env: dict[str, str], agents: list[str]
+    upstream: dict[str, Any], server: str, prefix: str, tool: Any, agents: list[str]
 ) -> dict[str, Any]:
-    """One registry file for one upstream tool: its schemas and description, pinned by hash,
-    at risk high and requiring approval until an operator reviews and edits it."""
-    from toolgate.services.executor.upstream_mcp import definition_hash
+    """One registry file for one upstream tool: its schemas and description, pinned by hash
+    (and the pinned definition itself, for `toolgate tools diff`), at risk high and
+    requiring approval until an operator reviews and edits it. `upstream` holds the
+    transport fields of `mcp:` (url and headers, or command, args, env, cwd)."""
+    from toolgate.services.executor.upstream_mcp import definition_hash, definition_of
 
     return {
         "name": registry_name(prefix, tool.name),
-        "description": tool.description or f"{tool.name} of the MCP server at {url}",
+        "description": tool.description or f"{tool.name} of the MCP server {server}",
         "input_schema": tool.input_schema,
         "output_schema": tool.output_schema or CONTENT_OUTPUT_SCHEMA,
         "mcp": {
-            "url": url,
+            **upstream,
             "tool": tool.name,
             "definition_sha256": definition_hash(tool),
-            "headers_from_env": headers_from_env,
+            "definition": definition_of(tool).model_dump(mode="json"),
+            # An isError answer is the tool's verdict on these arguments: not retried.
+            "error_results_retryable": False,
         },
         # The upstream's own hints are its word, not ours: nothing is read-only until
         # an operator says so.
@@ -173,58 +182,104 @@ def registry_entry(
     }
 
 
-async def list_upstream(url: str, headers: dict[str, str]) -> list[Any]:
-    from toolgate.services.executor.upstream_mcp import list_upstream_tools, open_client
+async def list_upstream(upstream: Any) -> list[Any]:
+    """Every tool an upstream (an McpUpstream) lists, on a session of its own."""
+    from mcp import Client
 
-    client, http = open_client(url, headers)
-    async with http, client:
+    from toolgate.services.executor.upstream_mcp import (
+        list_upstream_tools,
+        open_client,
+        stdio_transport,
+        upstream_headers,
+    )
+
+    if upstream.url is not None:
+        client, http = open_client(upstream.url, upstream_headers(upstream))
+        async with http, client:
+            return await list_upstream_tools(client)
+    async with Client(stdio_transport(upstream), cache=None) as client:
         return await list_upstream_tools(client)
 
 
-def cmd_import_mcp(args: argparse.Namespace) -> int:
-    from toolgate.contracts.registry import RegistryError, load_tool_file
-    from toolgate.contracts.subjects import TOOL_NAME_PATTERN
+def _root_cause(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
+
+def upstream_fields(args: argparse.Namespace, what: str) -> dict[str, Any]:
+    """The transport fields of `mcp:` from the command line: a URL, or a command after
+    `--` with its environment (--env, --pass-env) and working directory (--cwd)."""
+    target: list[str] = args.target
+    if not target:
+        raise _fail(f"{what}: name the upstream: URL, or -- COMMAND [ARGS...]", 2)
+    if len(target) == 1 and re.match(r"^https?://", target[0]):
+        headers_from_env: dict[str, str] = {}
+        for pair in args.header_env:
+            header, _, variable = pair.partition("=")
+            if not header or not variable:
+                raise _fail(f"{what}: --header-env {pair!r} is not HEADER=VAR", 2)
+            headers_from_env[header] = variable
+        if args.env or args.pass_env or args.cwd is not None:
+            raise _fail(f"{what}: --env, --pass-env and --cwd are for a stdio command", 2)
+        return {"url": target[0], "headers_from_env": headers_from_env}
+    if args.header_env:
+        raise _fail(f"{what}: --header-env is for an HTTP URL", 2)
+    literal: dict[str, str] = {}
+    for pair in args.env:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise _fail(f"{what}: --env {pair!r} is not NAME=VALUE", 2)
+        literal[name] = value
+    passed = list(dict.fromkeys(([] if args.no_path else ["PATH"]) + args.pass_env))
+    fields: dict[str, Any] = {
+        "command": target[0],
+        "args": target[1:],
+        "env": literal,
+        "env_from_gateway": passed,
+    }
+    if args.cwd is not None:
+        fields["cwd"] = str(args.cwd.resolve())
+    return fields
+
+
+def cmd_import_mcp(args: argparse.Namespace) -> int:
+    from toolgate.contracts.calls import ErrorCode
+    from toolgate.contracts.registry import McpUpstream, RegistryError, load_tool_file
+    from toolgate.contracts.subjects import TOOL_NAME_PATTERN
+    from toolgate.services.executor.upstream_mcp import duplicate_tool_names
+
+    what = "toolgate tools import-mcp"
     if not TOOL_NAME_PATTERN.fullmatch(args.prefix) or len(args.prefix) > 40:
         raise _fail(
-            f"toolgate tools import-mcp: --prefix {args.prefix!r} must be lower-case letters, "
+            f"{what}: --prefix {args.prefix!r} must be lower-case letters, "
             "digits and '_', starting with a letter (at most 40)",
             2,
         )
-    headers_from_env: dict[str, str] = {}
-    for pair in args.header_env:
-        header, _, variable = pair.partition("=")
-        if not header or not variable:
-            raise _fail(f"toolgate tools import-mcp: --header-env {pair!r} is not HEADER=VAR", 2)
-        headers_from_env[header] = variable
-    from toolgate.contracts.calls import ErrorCode
-    from toolgate.contracts.registry import McpUpstream
-    from toolgate.services.executor.upstream_mcp import duplicate_tool_names, upstream_headers
-
+    fields = upstream_fields(args, what)
     try:
-        pinned = McpUpstream(
-            url=args.url, tool="-", definition_sha256="0" * 64, headers_from_env=headers_from_env
-        )
-        headers = upstream_headers(pinned)
+        upstream = McpUpstream(**fields, tool="-", definition_sha256="0" * 64)
     except Exception as exc:
-        raise _fail(f"toolgate tools import-mcp: {exc}", 2) from None
+        raise _fail(f"{what}: {_root_cause(exc)}", 2) from None
+    server = upstream.server
     try:
-        tools = asyncio.run(asyncio.wait_for(list_upstream(args.url, headers), args.timeout))
-    except Exception as exc:  # the SDK's, httpx's or a timeout: one line
-        cause = exc
-        while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
-            cause = cause.exceptions[0]  # type: ignore[assignment]
+        tools = asyncio.run(asyncio.wait_for(list_upstream(upstream), args.timeout))
+    except Exception as exc:  # the SDK's, httpx's, the process's or a timeout: one line
+        cause = _root_cause(exc)
+        from toolgate.contracts.tooling import ToolRefused
+
+        if isinstance(cause, ToolRefused):  # a header or variable not set here
+            raise _fail(f"{what}: {cause}", 2) from None
         raise _fail(
-            f"toolgate tools import-mcp: cannot list the tools of {args.url}: "
-            f"{type(cause).__name__}: {cause}",
+            f"{what}: cannot list the tools of {server}: {type(cause).__name__}: {cause}",
             3,
         ) from None
     if not tools:
-        raise _fail(f"toolgate tools import-mcp: {args.url} lists no tools", 1)
+        raise _fail(f"{what}: {server} lists no tools", 1)
     twice = duplicate_tool_names(tools)
     if twice:  # which of two definitions would be "the" tool is the upstream's choice
         raise _fail(
-            f"toolgate tools import-mcp: {args.url} lists the tool {twice[0]!r} more than "
+            f"{what}: {server} lists the tool {twice[0]!r} more than "
             f"once ({ErrorCode.UPSTREAM_DUPLICATE_TOOL}): nothing written",
             1,
         )
@@ -234,36 +289,272 @@ def cmd_import_mcp(args: argparse.Namespace) -> int:
     names: set[str] = set()
     written: list[Path] = []
     for tool in tools:
-        entry = registry_entry(args.url, args.prefix, tool, headers_from_env, agents)
+        entry = registry_entry(fields, server, args.prefix, tool, agents)
         if entry["name"] in names:
-            raise _fail(f"toolgate tools import-mcp: two upstream tools map to {entry['name']}", 1)
+            raise _fail(f"{what}: two upstream tools map to {entry['name']}", 1)
         names.add(entry["name"])
         path = out / f"{entry['name']}.yaml"
         header = (
-            f"# Imported from {args.url} (tool {tool.name!r}) by `toolgate tools import-mcp` "
+            f"# Imported from {server} (tool {tool.name!r}) by `toolgate tools import-mcp` "
             f"on {time.strftime('%Y-%m-%d', time.gmtime())}.\n"
             "# Review before serving: the description is the upstream's own text (a model "
             "reads it).\n# risk/requires_approval/read_only/allowed_agents are safe defaults: "
             "edit them.\n# If the upstream changes this tool's definition, calls are refused "
-            "(UPSTREAM_CHANGED)\n# until it is imported and reviewed again.\n"
+            "(UPSTREAM_CHANGED)\n# until it is reviewed: toolgate tools diff NAME, toolgate tools "
+            "accept NAME.\n"
         )
         path.write_text(header + yaml.safe_dump(entry, sort_keys=False, allow_unicode=True))
         try:
             load_tool_file(path)
         except RegistryError as exc:
             path.unlink()
-            raise _fail(
-                f"toolgate tools import-mcp: {tool.name!r} cannot be a tool: {exc}", 1
-            ) from None
+            raise _fail(f"{what}: {tool.name!r} cannot be a tool: {exc}", 1) from None
         written.append(path)
     for path in written:
         print(path)
     print(
-        f"{len(written)} tool(s) of {args.url} written to {out}: review them, then "
+        f"{len(written)} tool(s) of {server} written to {out}: review them, then "
         f"toolgate up --registry {out} (beside the others: one --registry per directory)",
         file=sys.stderr,
     )
     return 0
+
+
+# ---------------------------------------------------------------- tools diff / accept
+
+
+def find_entry(dirs: list[Path], name: str, what: str) -> tuple[Path, Any]:
+    """The registry file that declares tool `name` (an `mcp:` entry) in `dirs`."""
+    from toolgate.contracts.registry import RegistryError, load_tool_file
+
+    if not dirs:
+        raise _fail(
+            f"{what}: no registry directory (--registry DIR, $TOOLGATE_REGISTRY, or the "
+            "directories toolgate up recorded)",
+            2,
+        )
+    for directory in dirs:
+        for path in sorted(Path(directory).glob("*.yaml")):
+            try:
+                spec = load_tool_file(path)
+            except RegistryError:
+                continue
+            if spec.name == name:
+                if spec.mcp is None:
+                    raise _fail(f"{what}: {name} ({path}) is not an upstream MCP tool", 2)
+                return path, spec
+    raise _fail(f"{what}: no tool {name!r} in {', '.join(map(str, dirs))}", 2)
+
+
+def served_tool(spec: Any, what: str, timeout: float) -> Any:
+    """The upstream's current definition of the entry's tool (a session of its own)."""
+    from toolgate.services.executor.upstream_mcp import duplicate_tool_names
+
+    upstream = spec.mcp
+    try:
+        tools = asyncio.run(asyncio.wait_for(list_upstream(upstream), timeout))
+    except Exception as exc:
+        cause = _root_cause(exc)
+        raise _fail(
+            f"{what}: cannot list the tools of {upstream.server}: {type(cause).__name__}: {cause}",
+            3,
+        ) from None
+    twice = duplicate_tool_names(tools)
+    if twice:
+        raise _fail(f"{what}: {upstream.server} lists the tool {twice[0]!r} more than once", 1)
+    tool = next((t for t in tools if t.name == upstream.tool), None)
+    if tool is None:
+        raise _fail(f"{what}: {upstream.server} no longer lists the tool {upstream.tool!r}", 1)
+    return tool
+
+
+def _shown(value: Any) -> str:
+    from toolgate.runtime.outside_text import visible_json
+
+    return "(absent)" if value is _ABSENT else visible_json(value)
+
+
+_ABSENT = object()
+
+
+def _at(value: Any, pointer: str) -> Any:
+    from toolgate.contracts.registry import pointer_steps
+
+    for step in pointer_steps(pointer) if pointer else []:
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and step.isdigit() and int(step) < len(value):
+            value = value[int(step)]
+        else:
+            return _ABSENT
+    return value
+
+
+def diff_lines(pinned: Any, served: Any) -> list[str]:
+    """`toolgate tools diff`'s body: each change, the pinned value (-) and the served (+)."""
+    from toolgate.runtime.outside_text import visible
+    from toolgate.services.executor.upstream_mcp import json_changes
+
+    lines: list[str] = []
+    if pinned.description != served.description:
+        lines += [
+            "description:",
+            f"- {visible(pinned.description)}",
+            f"+ {visible(served.description)}",
+        ]
+    for field in ("input_schema", "output_schema"):
+        old, new = getattr(pinned, field), getattr(served, field)
+        for change in json_changes(old, new):
+            pointer, _, kind = change.rpartition(" ")
+            pointer = "" if pointer == "(the whole schema)" else pointer
+            lines += [
+                f"{field} {visible(pointer) or '(whole)'} {kind}:",
+                f"- {_shown(_at(old, pointer) if old is not None else _ABSENT)}",
+                f"+ {_shown(_at(new, pointer) if new is not None else _ABSENT)}",
+            ]
+    return lines
+
+
+def cmd_tools_diff(args: argparse.Namespace) -> int:
+    from toolgate.services.executor.upstream_mcp import definition_hash, definition_of
+
+    what = "toolgate tools diff"
+    path, spec = find_entry(_registry_dirs(args), args.name, what)
+    tool = served_tool(spec, what, args.timeout)
+    served = definition_of(tool)
+    if definition_hash(tool) == spec.mcp.definition_sha256:
+        print(f"{args.name}: {spec.mcp.server} serves the pinned definition ({path})")
+        return 0
+    if spec.mcp.definition is None:
+        print(
+            f"{args.name}: {spec.mcp.server} serves another definition than the pinned one; "
+            f"{path} keeps only its hash, so here is the served one (accept pins it):"
+        )
+        from toolgate.runtime.outside_text import visible_json
+
+        print(visible_json(served.model_dump(mode="json"), indent=2))
+        return 0
+    print(f"{args.name}: {spec.mcp.server} serves another definition than the pinned one ({path})")
+    for line in diff_lines(spec.mcp.definition, served):
+        print(line)
+    print(
+        f"(- pinned, + served {definition_hash(tool)[:16]}; after review: toolgate tools "
+        f"accept {args.name} --expect {definition_hash(tool)[:16]})"
+    )
+    return 0
+
+
+def accepted_entry(raw: dict[str, Any], tool: Any) -> tuple[dict[str, Any], list[str]]:
+    """The registry entry with the served definition pinned; the top-level description and
+    schemas follow it where they were still the pinned upstream's (an operator's own edit
+    is kept). Returns the entry and the top-level fields it changed."""
+    from toolgate.services.executor.upstream_mcp import definition_hash, definition_of
+
+    entry = dict(raw)
+    upstream = dict(entry["mcp"])
+    old = upstream.get("definition")
+    new = definition_of(tool).model_dump(mode="json")
+    changed: list[str] = []
+    if isinstance(old, dict):
+        followed = {
+            "description": (old.get("description"), new["description"]),
+            "input_schema": (old.get("input_schema"), new["input_schema"]),
+            "output_schema": (
+                old.get("output_schema") or CONTENT_OUTPUT_SCHEMA,
+                new["output_schema"] or CONTENT_OUTPUT_SCHEMA,
+            ),
+        }
+        for field, (before, after) in followed.items():
+            if entry.get(field) == before and before != after:
+                entry[field] = after
+                changed.append(field)
+    upstream["definition_sha256"] = definition_hash(tool)
+    upstream["definition"] = new
+    entry["mcp"] = upstream
+    return entry, changed
+
+
+def cmd_tools_accept(args: argparse.Namespace) -> int:
+    import getpass
+
+    from toolgate.contracts.registry import RegistryError, load_tool_file
+    from toolgate.services.executor.upstream_mcp import definition_hash
+
+    what = "toolgate tools accept"
+    path, spec = find_entry(_registry_dirs(args), args.name, what)
+    tool = served_tool(spec, what, args.timeout)
+    new_sha = definition_hash(tool)
+    if new_sha == spec.mcp.definition_sha256:
+        print(f"{args.name}: already pinned to what {spec.mcp.server} serves; nothing to accept")
+        return 0
+    if args.expect and not new_sha.startswith(args.expect):
+        raise _fail(
+            f"{what}: {spec.mcp.server} now serves definition {new_sha[:16]}, not the "
+            f"{args.expect} you reviewed: run toolgate tools diff {args.name} again",
+            1,
+        )
+    who = args.by or getpass.getuser()
+    text = path.read_text()
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    raw = yaml.safe_load(text)
+    entry, changed = accepted_entry(raw, tool)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    comments.append(
+        f"# {stamp}: {who} accepted definition {new_sha[:16]} "
+        f"(was {spec.mcp.definition_sha256[:16]}) with toolgate tools accept"
+    )
+    staged = path.with_suffix(".accepting")
+    staged.write_text(
+        "\n".join(comments) + "\n" + yaml.safe_dump(entry, sort_keys=False, allow_unicode=True)
+    )
+    try:
+        load_tool_file(staged)
+    except RegistryError as exc:
+        staged.unlink()
+        raise _fail(f"{what}: the served definition cannot be a tool: {exc}", 1) from None
+    staged.replace(path)
+    record = {
+        "at": stamp,
+        "by": who,
+        "tool": args.name,
+        "server": spec.mcp.server,
+        "upstream_tool": spec.mcp.tool,
+        "file": str(path),
+        "previous_sha256": spec.mcp.definition_sha256,
+        "accepted_sha256": new_sha,
+        "fields_updated": changed,
+    }
+    log_path = acceptance_log(args.data_dir)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        log.write(json.dumps(record, sort_keys=True) + "\n")
+    print(
+        f"{args.name}: pinned definition {new_sha[:16]} in {path}"
+        + (f" (updated {', '.join(changed)})" if changed else "")
+        + f"; accepted by {who}, recorded in {log_path}. Executors pick it up at their "
+        "next start (toolgate up)"
+    )
+    return 0
+
+
+def acceptance_log(data_dir: Path) -> Path:
+    """Where `toolgate tools accept` records who accepted which definition."""
+    return data_dir / "audit" / "pin-acceptances.jsonl"
+
+
+def _registry_dirs(args: argparse.Namespace) -> list[Path]:
+    if args.registry:
+        return list(args.registry)
+    return env.recorded_registry(args.data_dir)[0]
+
+
+def _add_upstream_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=IMPORT_TIMEOUT_S,
+        help="seconds to wait for the upstream (default %(default)s)",
+    )
 
 
 def register(commands: Any) -> None:
@@ -271,9 +562,16 @@ def register(commands: Any) -> None:
     actions = tools.add_subparsers(dest="action", required=True)
     importer = actions.add_parser(
         "import-mcp",
-        help="write one registry file per tool of an upstream MCP server (Streamable HTTP)",
+        help="write one registry file per tool of an upstream MCP server (Streamable HTTP "
+        "at URL, or a stdio server: -- COMMAND [ARGS...])",
     )
-    importer.add_argument("url", help="the upstream's MCP endpoint, e.g. http://127.0.0.1:9000/mcp")
+    importer.add_argument(
+        "target",
+        nargs="*",
+        metavar="URL | -- COMMAND [ARGS...]",
+        help="the upstream's MCP endpoint (e.g. http://127.0.0.1:9000/mcp), or after `--` "
+        "the command that starts a stdio server (e.g. -- mcp-server-time)",
+    )
     importer.add_argument(
         "--prefix", required=True, help="registry names become PREFIX_<tool> (lower case)"
     )
@@ -282,8 +580,30 @@ def register(commands: Any) -> None:
         "--header-env",
         action="append",
         default=[],
-        help="HEADER=VAR: send header HEADER with the value of $VAR (to list now, and from "
-        "the executor's environment at each call); repeatable",
+        help="HTTP: HEADER=VAR: send header HEADER with the value of $VAR (to list now, and "
+        "from the executor's environment at each call); repeatable",
+    )
+    importer.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="stdio: NAME=VALUE in the server's environment (written into the entry: no "
+        "secrets); repeatable",
+    )
+    importer.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        help="stdio: NAME: pass $NAME from the executor's environment (a secret stays out of "
+        "the file); repeatable. PATH is passed unless --no-path",
+    )
+    importer.add_argument(
+        "--no-path",
+        action="store_true",
+        help="stdio: do not pass PATH (the server then gets only --env and --pass-env)",
+    )
+    importer.add_argument(
+        "--cwd", type=Path, default=None, help="stdio: the server's working directory"
     )
     importer.add_argument(
         "--agents",
@@ -300,3 +620,37 @@ def register(commands: Any) -> None:
     from toolgate.cli.openapi import register as register_openapi  # import-openapi
 
     register_openapi(actions)
+    for action, helptext in (
+        ("diff", "show an upstream tool's served definition against the pinned one"),
+        ("accept", "pin an upstream tool's served definition, after review"),
+    ):
+        sub = actions.add_parser(action, help=helptext)
+        sub.add_argument("name", help="the registry name of the tool, e.g. time_get_current_time")
+        sub.add_argument(
+            "--registry",
+            type=Path,
+            action="append",
+            default=None,
+            help="directory of tool files to look in; repeatable (default: $TOOLGATE_REGISTRY, "
+            "else what toolgate up recorded)",
+        )
+        sub.add_argument(
+            "--data-dir",
+            type=Path,
+            default=env.env_data_dir(),
+            help="state directory (default: $TOOLGATE_DATA_DIR, else %(default)s)",
+        )
+        _add_upstream_flags(sub)
+        if action == "accept":
+            sub.add_argument(
+                "--by",
+                default=None,
+                help="who accepts, for the record (default: the login name)",
+            )
+            sub.add_argument(
+                "--expect",
+                default=None,
+                help="the served definition's sha256 (a prefix) as `tools diff` showed it: "
+                "refused if the upstream changed again since",
+            )
+        sub.set_defaults(func=cmd_tools_diff if action == "diff" else cmd_tools_accept)

@@ -61,6 +61,15 @@ class ErrorCode:
     # is then the upstream's choice (a changed definition beside the pinned one), so the
     # listing is refused whatever the order, until the upstream lists each name once.
     UPSTREAM_DUPLICATE_TOOL: Final = "UPSTREAM_DUPLICATE_TOOL"
+    # An upstream MCP tool answered `isError: true`: its own failure on these arguments,
+    # not retryable unless the entry says so (mcp.error_results_retryable).
+    UPSTREAM_TOOL_ERROR: Final = "UPSTREAM_TOOL_ERROR"
+    # The upstream MCP server exited (stdio) or its session broke while the call was in
+    # flight: it may or may not have run; the executor opens a new session (retryable).
+    UPSTREAM_LOST: Final = "UPSTREAM_LOST"
+    # The upstream MCP server cannot be started or reached now (the executor retries
+    # with backoff; retryable).
+    UPSTREAM_UNAVAILABLE: Final = "UPSTREAM_UNAVAILABLE"
     # A stage of the gateway gave up on the call (its attempts ran out on an error no
     # retry mended). `retryable` says whether the tool surely did not run.
     GATEWAY_GAVE_UP: Final = "GATEWAY_GAVE_UP"

@@ -268,23 +268,52 @@ def http_origin_and_path(url: str) -> tuple[str, str]:
     return f"{scheme}://{host.partition('?')[0]}", (slash + path.partition("?")[0]) or "/"
 
 
+class PinnedDefinition(BaseModel):
+    """The upstream tool's definition as it was reviewed: what `definition_sha256` hashes
+    (besides the name), kept so a changed one can be shown against it (`toolgate tools
+    diff`). `output_schema` is None when the upstream declares none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    description: str = ""
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] | None = None
+
+
 class McpUpstream(BaseModel):
-    """A tool served by an upstream MCP server (Streamable HTTP), run by the executor.
+    """A tool served by an upstream MCP server, run by the executor: over Streamable HTTP
+    (`url`) or over stdio (`command`, a process the executor starts and keeps).
 
     `definition_sha256` pins what an operator imported and reviewed (see
-    `mcp_definition_sha256`): an upstream that later serves another name,
-    description or schema for `tool` is refused (UPSTREAM_CHANGED).
-    `headers_from_env` maps an HTTP header to the environment variable of the
+    `mcp_definition_sha256`; `definition` is that definition itself): an upstream that
+    later serves another name, description or schema for `tool` is refused
+    (UPSTREAM_CHANGED, naming what changed) until `toolgate tools accept` pins it anew.
+    `headers_from_env` (HTTP) maps an HTTP header to the environment variable of the
     executor that holds its value (a secret never sits in a registry file).
+
+    stdio: `command` and `args` start the server in `cwd` (default: the executor's own).
+    Its environment is exactly `env` (literal values: no secrets here) plus the variables
+    named in `env_from_gateway`, copied from the executor's environment: nothing else of
+    the gateway's reaches it (not even PATH or HOME unless named).
+
+    `error_results_retryable`: whether an `isError` answer of the upstream may be retried
+    as is (default false: the arguments were wrong, a retry gets the same answer). The
+    entry's top-level `retryable_errors` still covers an unreachable upstream and timeouts.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    url: str = Field(pattern=r"^https?://[^\s]+$")
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    command: str | None = Field(default=None, min_length=1)
+    args: list[str] = []
+    env: dict[str, str] = {}
+    env_from_gateway: list[str] = []
+    cwd: str | None = None
     tool: str = Field(min_length=1, max_length=128)
     definition_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    definition: PinnedDefinition | None = None
     headers_from_env: dict[str, str] = {}
     # How the executor authenticates to the server (token_exchange: not for MCP servers yet).
     auth: UpstreamAuth | None = None
+    error_results_retryable: bool = False
 
     @field_validator("headers_from_env")
     @classmethod
@@ -313,6 +342,53 @@ class McpUpstream(BaseModel):
                 "not per user); use bearer_file, bearer_env or oauth_client_credentials"
             )
         return value
+
+    @field_validator("env_from_gateway")
+    @classmethod
+    def _env_names(cls, value: list[str]) -> list[str]:
+        for variable in value:
+            if not re.fullmatch(ENV_NAME_PATTERN, variable):
+                raise ValueError(f"{variable!r} is not an environment variable name")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for variable in value:
+            if not re.fullmatch(ENV_NAME_PATTERN, variable):
+                raise ValueError(f"{variable!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpUpstream:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("declare exactly one of `url` (Streamable HTTP) or `command` (stdio)")
+        if self.url is not None and (self.args or self.env or self.env_from_gateway or self.cwd):
+            raise ValueError("args, env, env_from_gateway and cwd are for a stdio `command`")
+        if self.command is not None and (self.headers_from_env or self.auth is not None):
+            raise ValueError("headers_from_env and auth are for an HTTP `url`")
+        if self.definition is not None:
+            pinned = mcp_definition_sha256(
+                self.tool,
+                self.definition.description,
+                self.definition.input_schema,
+                self.definition.output_schema,
+            )
+            if pinned != self.definition_sha256:
+                raise ValueError(
+                    "definition does not hash to definition_sha256 (re-import, or "
+                    "toolgate tools accept)"
+                )
+        return self
+
+    @property
+    def server(self) -> str:
+        """The upstream as people name it: its URL, or its command line."""
+        if self.url is not None:
+            return self.url
+        import shlex
+
+        return shlex.join([self.command or "", *self.args])
 
 
 def mcp_definition_sha256(

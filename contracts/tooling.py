@@ -65,10 +65,10 @@ def is_inline(function: Callable[..., Any]) -> bool:
 
 
 class ToolUnavailable(Exception):
-    """A backend the tool needs did not answer: retryable.
-
-    `code` names the cause when it is more precise than TOOL_RAISED (an HTTP upstream
-    that answered 503: UPSTREAM_HTTP_ERROR)."""
+    """A backend the tool needs did not answer: retryable (per the entry's
+    `retryable_errors`). `code` names the cause when it is more precise than TOOL_RAISED
+    (an HTTP upstream that answered 503: UPSTREAM_HTTP_ERROR; an upstream MCP server that
+    exited mid-call: UPSTREAM_LOST)."""
 
     def __init__(self, message: str = "", *, code: str = "TOOL_RAISED") -> None:
         super().__init__(message)

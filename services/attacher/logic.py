@@ -41,7 +41,7 @@ class ResultBuilder:
         }
         # Results of an upstream (MCP or HTTP) tool say where they came from: untrusted.
         self._provenance = {
-            spec.name: Provenance(source="mcp", server=spec.mcp.url, tool=spec.mcp.tool)
+            spec.name: Provenance(source="mcp", server=spec.mcp.server, tool=spec.mcp.tool)
             for spec in registry
             if spec.mcp is not None
         }

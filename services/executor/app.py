@@ -346,6 +346,21 @@ def build_app(
             runner.outcomes = OutcomeStore(kv)
             if runner.spec.acts_for_user:
                 runner.user_tokens = tokens
+        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
+        if upstreams:  # kept sessions: start the servers now, not at the first call
+            from toolgate.services.executor.upstream_mcp import open_sessions
+
+            open_sessions(upstreams)
 
     bus.run_consumers(app, broker)
+
+    @app.on_shutdown
+    async def close_upstream_sessions() -> None:
+        # After the consumers stopped (hooks run in order): kept MCP sessions end with
+        # the executor (stdio servers are stopped).
+        if any(runner.spec.mcp is not None for runner in runners):
+            from toolgate.services.executor.upstream_mcp import close_sessions
+
+            await close_sessions()
+
     return app

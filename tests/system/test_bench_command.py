@@ -120,6 +120,10 @@ def test_bench_mcp_prints_every_way_what_it_adds_and_cpu(tmp_path: Path) -> None
     for label in ("SDK client 2026-07-28", "SDK client 2025-11-25", "plain POST 2026-07-28"):
         assert_line(out, label, 8)  # calls, p50, p99, adds p50, adds p99, three CPU figures
     assert_line(out, "NATS (GatewayClient)", 6)
+    for transport in ("stdio", "HTTP"):  # an upstream MCP server: direct, and via the gateway
+        assert_line(out, f"upstream {transport}, direct", 6)
+        assert_line(out, f"upstream {transport}, gateway", 6)
+        assert f"upstream {transport.lower()}: the gateway adds " in out
     assert re.search(r"^\S.*\s10\s", out.splitlines()[2]), out  # ten calls each way
     assert ".. 10/10 calls each way" in done.stderr
 

@@ -92,7 +92,17 @@ def test_import_writes_one_pinned_registry_file_per_upstream_tool(tmp_path: Path
         upstream.stop()
     assert done.returncode == 0, done.stderr
     names = sorted(Path(line).stem for line in done.stdout.split())
-    assert names == ["up_broken", "up_failing", "up_lookup", "up_plain", "up_slow"]
+    assert names == [
+        "up_broken",
+        "up_die",
+        "up_drift",
+        "up_environ",
+        "up_failing",
+        "up_lookup",
+        "up_plain",
+        "up_slow",
+        "up_stats",
+    ]
     lookup = load_tool_file(tmp_path / "up_lookup.yaml")
     assert lookup.mcp is not None and lookup.mcp.tool == "lookup" and lookup.mcp.url == upstream.url
     assert lookup.description == "Look up the value stored under a key."
@@ -163,6 +173,9 @@ async def test_a_hanging_upstream_times_out_and_an_error_is_an_execution_error(
     assert structured(slow)["error"]["code"] == "TOOL_TIMEOUT"
     assert failing.is_error and structured(failing)["status"] == "execution_error"
     assert "the backend said no" in structured(failing)["error"]["message"]
+    # The upstream's verdict on these arguments: a retry gets the same, so not retryable.
+    assert structured(failing)["error"]["code"] == "UPSTREAM_TOOL_ERROR"
+    assert structured(failing)["error"]["retryable"] is False
     assert failing.meta is not None and failing.meta["toolgate/provenance"]["tool"] == "failing"
 
 
