@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -150,7 +151,7 @@ def install_inspector(directory: Path = INSPECTOR_DIR) -> list[str]:
     """The command that runs the Inspector's CLI (`node .../index.js --cli`), installed
     from the npm registry into `directory` on first use (node too); InspectorMissing
     if it cannot be."""
-    package, _, version = node_package().rpartition("@")
+    package = node_package().rpartition("@")[0]
     node = directory / "node_modules" / package / "bin" / "node"
     launcher = (
         directory
@@ -162,38 +163,49 @@ def install_inspector(directory: Path = INSPECTOR_DIR) -> list[str]:
         / "build"
         / "index.js"
     )
-    if not (node.exists() and launcher.exists()):
-        npm = shutil.which("npm")
-        if npm is None:
-            raise InspectorMissing(
-                "npm is not installed: the MCP Inspector test installs node "
-                f"{NODE_VERSION} and {INSPECTOR_PACKAGE} with it (apt-get install npm)"
-            )
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "package.json").write_text('{"private": true}\n')
-        done = subprocess.run(
-            [
-                npm,
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--no-save",
-                "--ignore-scripts",
-                node_package(),
-                INSPECTOR_PACKAGE,
-            ],
-            cwd=directory,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if done.returncode != 0 or not (node.exists() and launcher.exists()):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-            raise InspectorMissing(
-                f"npm could not install {node_package()} and {INSPECTOR_PACKAGE} into "
-                f"{directory} (exit {done.returncode}): {' | '.join(tail)}"
-            )
+    directory.mkdir(parents=True, exist_ok=True)
+    # One install at a time (test processes running side by side share the folder).
+    with open(directory / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (node.exists() and launcher.exists()):
+            npm_install(directory)
+        if not (node.exists() and launcher.exists()):
+            raise InspectorMissing(f"npm installed nothing runnable into {directory}")
     return [str(node), str(launcher), "--cli"]
+
+
+def npm_install(directory: Path) -> None:
+    """`npm install` node and the Inspector into `directory` (the registry only)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InspectorMissing(
+            "npm is not installed: the MCP Inspector test installs node "
+            f"{NODE_VERSION} and {INSPECTOR_PACKAGE} with it (apt-get install npm)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "package.json").write_text('{"private": true}\n')
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--ignore-scripts",
+            node_package(),
+            INSPECTOR_PACKAGE,
+        ],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise InspectorMissing(
+            f"npm could not install {node_package()} and {INSPECTOR_PACKAGE} into "
+            f"{directory} (exit {done.returncode}): {' | '.join(tail)}"
+        )
 
 
 def inspector(
