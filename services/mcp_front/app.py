@@ -271,8 +271,16 @@ def build_server(door: FrontDoor) -> Server[Any]:
                         if not submitting.done():
                             # A human decides: the client gets the task and asks later.
                             submitting.cancel()
+                            task_id = logic.task_id_of(call.tool, call_id)
+                            log.info(
+                                "%s.%s: call %s waits for a human: task %s",
+                                tenant,
+                                agent,
+                                call_id,
+                                task_id,
+                            )
                             return logic.created_task(
-                                logic.task_id_of(call.tool, call_id),
+                                task_id,
                                 "working",
                                 created_at=logic.iso_now(),
                                 updated_at=logic.iso_now(),

@@ -354,15 +354,17 @@ def task_body(
     result: types.CallToolResult | None = None,
 ) -> dict[str, Any]:
     """A task as SEP-2663 writes it (flat): its state, and the result once it has one."""
+    # Durations in milliseconds (`ttlMs`, `pollIntervalMs`), as the SDKs' tasks
+    # extensions read them (the TypeScript ext-tasks the MCP Inspector uses).
     body: dict[str, Any] = {
         "taskId": task_id,
         "status": status,
         "createdAt": created_at,
         "lastUpdatedAt": updated_at,
-        "ttlSeconds": ttl_s,
+        "ttlMs": None if ttl_s is None else ttl_s * 1000,
     }
     if status in ("working", "input_required"):
-        body["pollIntervalMilliseconds"] = TASK_POLL_INTERVAL_MS
+        body["pollIntervalMs"] = TASK_POLL_INTERVAL_MS
     if message:
         body["statusMessage"] = message
     if result is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from nats.js.errors import NotFoundError
 
 from tests.harness import Gateway, flushed, make_test_registry
 from tests.mcp_support import (
+    INSPECTOR_DIR,
     InspectorMissing,
     agent_token,
     inspector,
@@ -858,3 +860,41 @@ def test_the_mcp_inspector_lists_calls_and_shows_errors(
     )
     assert denied["isError"] is True, denied
     assert json.loads(denied["content"][0]["text"])["error"]["code"] == "TASK_SCOPE_VIOLATION"
+
+
+async def test_the_mcp_inspector_waits_for_an_approval_as_a_task(
+    door: Gateway, inspector_cli: list[str]
+) -> None:
+    """The Inspector speaks SEP-2663: it gets a task for a call that waits for a human,
+    polls tasks/get, and prints the result once an approver approved."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    amount = 1000 + uuid.uuid4().int % 100000
+    arguments = {"amount": amount}
+    command = [*inspector_cli, url, "--transport", "http"]
+    command += ["--header", f"Authorization: Bearer {token}", "--method", "tools/call"]
+    command += ["--tool-name", "approved_action", "--tool-arg", f"amount={amount}"]
+    command += ["--protocol-era", "modern"]  # tasks are a 2026-07-28 extension
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "MCP_CATALOG_PATH": str(INSPECTOR_DIR / "catalog.json")},
+    )
+    async with approver_of_acme(door) as approvals:
+        call_id = await one_card(approvals, arguments)
+        # Answered with a task, not a request held open.
+        await door_says(door, f"call {call_id} waits for a human: task approved_action.{call_id}")
+        await approvals.vote(
+            f"acme.researcher.{call_id}",
+            "approve",
+            arguments_sha256=arguments_sha256(arguments),
+            reason="checked",
+        )
+    out, err = await asyncio.wait_for(process.communicate(), 600)
+    assert process.returncode == 0, (out.decode()[-2000:], err.decode()[-2000:])
+    result = json.loads(out)
+    assert result["structuredContent"] == {"call_id": call_id}, result
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+    log = (door.data_dir / "logs" / "mcp.log").read_text()
+    assert "Traceback" not in log[-5000:]

@@ -155,7 +155,7 @@ async def test_a_call_waiting_for_a_human_is_a_task_any_front_door_answers(
     assert task["resultType"] == "task", created
     assert task["status"] == "working" and "human approval" in task["statusMessage"]
     task_id = task["taskId"]
-    assert call_id in task_id and task["pollIntervalMilliseconds"] > 0
+    assert call_id in task_id and task["pollIntervalMs"] > 0
 
     # Another front door, started after the task was made, knows it.
     port = free_port()

@@ -419,7 +419,7 @@ class TestTasks:
             result=logic.call_result(success("c", {"v": 1})),
         )
         assert body["taskId"] == "t.c" and body["status"] == "completed"
-        assert body["ttlSeconds"] == 60 and "pollIntervalMilliseconds" not in body
+        assert body["ttlMs"] == 60_000 and "pollIntervalMs" not in body
         assert body["result"]["structuredContent"] == {"v": 1}
         working = logic.task_body("t.c", "working", created_at="a", updated_at="b", ttl_s=None)
-        assert working["pollIntervalMilliseconds"] == logic.TASK_POLL_INTERVAL_MS
+        assert working["pollIntervalMs"] == logic.TASK_POLL_INTERVAL_MS
