@@ -898,3 +898,40 @@ async def test_the_mcp_inspector_waits_for_an_approval_as_a_task(
     assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
     log = (door.data_dir / "logs" / "mcp.log").read_text()
     assert "Traceback" not in log[-5000:]
+
+
+async def test_the_agents_sdk_that_times_out_after_5_s_and_calls_again_runs_the_tool_once(
+    door: Gateway,
+) -> None:
+    """The OpenAI Agents SDK's MCP server with its default 5 s session timeout."""
+    from agents.mcp import MCPServerStreamableHttp
+
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    arguments = {"amount": 1000 + uuid.uuid4().int % 100000}
+    params = {"url": url, "headers": {"Authorization": f"Bearer {token}"}}
+    async with MCPServerStreamableHttp(name="toolgate", params=params) as server:  # type: ignore[arg-type]
+        assert server.client_session_timeout_seconds == 5
+        with pytest.raises(Exception):  # its session timeout  # noqa: B017
+            await server.call_tool("approved_action", arguments)
+        async with approver_of_acme(door) as approvals:
+            call_id = await one_card(approvals, arguments)
+            again = asyncio.ensure_future(server.call_tool("approved_action", arguments))
+            await door_says_joined_or_waits(approvals, arguments, call_id)
+            await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "approve",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="checked",
+            )
+            for _ in range(20):
+                try:
+                    result = await again
+                    break
+                except Exception:  # timed out again (a slow machine): the model calls again
+                    again = asyncio.ensure_future(server.call_tool("approved_action", arguments))
+            else:
+                raise AssertionError("no result after 20 calls")
+    assert result.is_error is False, result
+    assert structured(result) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
