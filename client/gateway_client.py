@@ -425,6 +425,21 @@ class GatewayClient:
         """The stored result of `call_id` (of this agent), or None if it has none (yet)."""
         return await self._stored(*self._identity(), call_id)
 
+    async def pending(self, call_id: str) -> tuple[PendingNotice, str | None] | None:
+        """The stored `.pending` notice of `call_id` (it waits, or waited, for a human) and
+        when it was stored (RFC 3339, if the server says), or None."""
+        tenant, agent = self._identity()
+        subject = subjects.results_subject(tenant, agent, call_id) + _PENDING_TAIL
+        try:
+            msg = await self._js.get_last_msg(subjects.RESULTS_STREAM, subject, direct=True)
+        except NotFoundError:
+            return None
+        notice = _decode_pending(msg.data or b"", call_id)
+        if notice is None:
+            return None
+        stamp = msg.headers.get("Nats-Time-Stamp") if msg.headers else None
+        return notice, stamp
+
     async def _stored(self, tenant: str, agent: str, call_id: str) -> ToolResult | None:
         try:
             msg = await self._js.get_last_msg(

@@ -67,6 +67,19 @@ NOTIFIER_SERVICE = "notifier"
 EXAMPLES = ("orders", "refund")
 
 
+# In the data dir: the MCP front door's port, kept across `toolgate up` restarts.
+MCP_PORT_FILE = "mcp-port"
+
+
+def recorded_port(record: Path) -> int | None:
+    """The port written in `record`, or None (no file, or not a port)."""
+    try:
+        port = int(record.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
 class StackError(RuntimeError):
     """`toolgate up` cannot start as asked; the message is one line saying why and what to do.
     `exit_code`: 2 bad configuration, 3 a server it needs is not there or says no."""
@@ -585,11 +598,34 @@ class Stack:
         service.start()
         self.services.append(service)
 
+    def front_door_port(self) -> int:
+        """The front door's port: --mcp-port if given, else the one this data dir's last
+        `toolgate up` used (MCP_PORT_FILE), else any free one; recorded, so saved client
+        configurations keep working across restarts."""
+        record = self.data_dir / MCP_PORT_FILE
+        recorded = recorded_port(record)
+        if self.mcp_port:
+            if not port_is_free(self.mcp_port):
+                raise StackError(f"port {self.mcp_port} is in use: use another --mcp-port (0: any)")
+            port = self.mcp_port
+        elif recorded is not None:
+            if not port_is_free(recorded):
+                raise StackError(
+                    f"the MCP front door's port {recorded} (recorded in {record} so client "
+                    "configurations keep working) is in use: stop what listens there, or give "
+                    "--mcp-port PORT (then recorded instead)"
+                )
+            port = recorded
+        else:
+            port = free_port()
+        if port != recorded:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(f"{port}\n")
+        return port
+
     def start_mcp_front(self) -> None:
         """The MCP front door, logged in as its role (account MCP_FRONT), on loopback."""
-        if self.mcp_port and not port_is_free(self.mcp_port):
-            raise StackError(f"port {self.mcp_port} is in use: use another --mcp-port (0: any)")
-        port = self.mcp_port or free_port()
+        port = self.front_door_port()
         self.mcp_url = f"http://127.0.0.1:{port}/mcp"
         service = ServiceProcess(
             "mcp",

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -111,5 +115,108 @@ def toolgate(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def structured(result: Any) -> dict[str, Any]:
+    """A result's body: an `ok` one's structured content; an error's JSON text (an error
+    carries no structured content: it would not match the tool's outputSchema)."""
+    if result.is_error:
+        assert result.structured_content is None, result
+        body = json.loads(result.content[0].text)
+        assert isinstance(body, dict), result
+        return body
     assert isinstance(result.structured_content, dict), result
     return result.structured_content
+
+
+# ---------------------------------------------------------------- the MCP Inspector's CLI
+
+INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@2.12.0"
+# The Inspector needs node 22.19 or later; the npm registry serves node itself, as the
+# package of one platform's binary (node-<os>-<arch>).
+NODE_VERSION = "22.23.3"
+INSPECTOR_DIR = REPO_ROOT / ".cache" / "mcp-inspector"
+
+
+def node_package() -> str:
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
+    system = {"linux": "linux", "darwin": "darwin"}.get(sys.platform, sys.platform)
+    return f"node-{system}-{arch}@{NODE_VERSION}"
+
+
+class InspectorMissing(RuntimeError):
+    """The Inspector's CLI could not be installed: the message says why and what to do."""
+
+
+def install_inspector(directory: Path = INSPECTOR_DIR) -> list[str]:
+    """The command that runs the Inspector's CLI (`node .../index.js --cli`), installed
+    from the npm registry into `directory` on first use (node too); InspectorMissing
+    if it cannot be."""
+    package = node_package().rpartition("@")[0]
+    node = directory / "node_modules" / package / "bin" / "node"
+    launcher = (
+        directory
+        / "node_modules"
+        / "@modelcontextprotocol"
+        / "inspector"
+        / "clients"
+        / "launcher"
+        / "build"
+        / "index.js"
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    # One install at a time (test processes running side by side share the folder).
+    with open(directory / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (node.exists() and launcher.exists()):
+            npm_install(directory)
+        if not (node.exists() and launcher.exists()):
+            raise InspectorMissing(f"npm installed nothing runnable into {directory}")
+    return [str(node), str(launcher), "--cli"]
+
+
+def npm_install(directory: Path) -> None:
+    """`npm install` node and the Inspector into `directory` (the registry only)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InspectorMissing(
+            "npm is not installed: the MCP Inspector test installs node "
+            f"{NODE_VERSION} and {INSPECTOR_PACKAGE} with it (apt-get install npm)"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "package.json").write_text('{"private": true}\n')
+    done = subprocess.run(
+        [
+            npm,
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--ignore-scripts",
+            node_package(),
+            INSPECTOR_PACKAGE,
+        ],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise InspectorMissing(
+            f"npm could not install {node_package()} and {INSPECTOR_PACKAGE} into "
+            f"{directory} (exit {done.returncode}): {' | '.join(tail)}"
+        )
+
+
+def inspector(
+    command: list[str], url: str, token: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The Inspector's CLI against `url` with `token`, as a user runs it."""
+    return subprocess.run(
+        [*command, url, "--transport", "http", "--header", f"Authorization: Bearer {token}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # Its catalog would go to ~/.mcp-inspector; keep it out of the home folder.
+        env={**os.environ, "MCP_CATALOG_PATH": str(INSPECTOR_DIR / "catalog.json")},
+    )

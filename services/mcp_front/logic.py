@@ -3,14 +3,19 @@ registry, the call_id of a tools/call, and a ToolResult as an MCP CallToolResult
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import mcp_types as types
 import msgspec
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
 
-from toolgate.contracts.calls import ToolResult, is_valid_call_id
+from toolgate.contracts.calls import PendingNotice, ToolResult, is_valid_call_id
 from toolgate.contracts.registry import Registry, ToolSpec
 
 # A client names its own call_id in the request's `_meta` to make a retry safe:
@@ -56,10 +61,30 @@ def annotations_of(spec: ToolSpec) -> types.ToolAnnotations:
     )
 
 
+def passes_content(spec: ToolSpec) -> bool:
+    """Whether the tool's result is an upstream's MCP content, passed through as it came:
+    an upstream (`mcp:`) tool that declares no output schema of its own, so the import gave
+    it the content-blocks one (`{"content": [...]}`, the executor's `output_of`)."""
+    if spec.mcp is None:
+        return False
+    schema = spec.output_schema
+    properties = schema.get("properties")
+    return (
+        schema.get("type") == "object"
+        and isinstance(properties, dict)
+        and list(properties) == ["content"]
+        and schema.get("required") == ["content"]
+    )
+
+
 def tool_of(spec: ToolSpec) -> types.Tool:
     # MCP wants an object schema for outputSchema; a tool that returns anything else
-    # lists none (its result still comes as text and is checked by the attacher).
+    # lists none (its result still comes as text and is checked by the attacher). An
+    # upstream's content passes through as content, so it lists none either (a listed
+    # outputSchema would oblige every result to carry structuredContent).
     output = spec.output_schema if spec.output_schema.get("type") == "object" else None
+    if passes_content(spec):
+        output = None
     return types.Tool(
         name=spec.name,
         description=spec.description,
@@ -114,14 +139,45 @@ def wants_stream(body: bytes) -> bool:
     return _PROGRESS_TOKEN in body
 
 
-def call_result(result: ToolResult) -> types.CallToolResult:
-    """A ToolResult as MCP answers it: `ok` as structured content (and the same JSON as
-    text); every other status `isError` with the status and the error, so a model can
-    correct itself."""
+_content_blocks: TypeAdapter[list[types.ContentBlock]] = TypeAdapter(list[types.ContentBlock])
+
+
+def upstream_content(data: Any) -> list[types.ContentBlock] | None:
+    """An upstream's content blocks (`{"content": [...]}`) as MCP content, or None if
+    they are not valid MCP content blocks (then they go as JSON text, like any data)."""
+    if not isinstance(data, dict) or list(data) != ["content"]:
+        return None
+    try:
+        return _content_blocks.validate_python(data["content"])
+    except ValidationError:
+        return None
+
+
+def error_body(result: ToolResult) -> dict[str, Any]:
+    """What a model reads of a result that is not `ok`: its status and its error."""
+    return {
+        "call_id": result.call_id,
+        "status": result.status,
+        "error": msgspec.to_builtins(result.error),
+    }
+
+
+def call_result(result: ToolResult, spec: ToolSpec | None = None) -> types.CallToolResult:
+    """A ToolResult as MCP answers it.
+
+    `ok`: the data as structured content and the same JSON as text; for a tool whose
+    result is an upstream's MCP content (`passes_content`), those blocks as they came
+    (text, images, resource links), not wrapped again. Every other status is `isError`
+    with the status and the error as JSON text, so a model can correct itself, and no
+    structured content: what a client validates against the tool's listed
+    outputSchema (the MCP Inspector does) is only ever a successful result."""
     meta: dict[str, Any] = {CALL_ID_META_KEY: result.call_id, STATUS_META_KEY: result.status}
     if not isinstance(result.provenance, msgspec.UnsetType):
         meta[PROVENANCE_META_KEY] = msgspec.to_builtins(result.provenance)
     if result.ok:
+        blocks = upstream_content(result.data) if spec and passes_content(spec) else None
+        if blocks is not None:
+            return types.CallToolResult(content=blocks, is_error=False, _meta=meta)
         text = json.dumps(result.data, ensure_ascii=False)
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)],
@@ -129,14 +185,9 @@ def call_result(result: ToolResult) -> types.CallToolResult:
             is_error=False,
             _meta=meta,
         )
-    body = {
-        "call_id": result.call_id,
-        "status": result.status,
-        "error": msgspec.to_builtins(result.error),
-    }
+    body = error_body(result)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(body, ensure_ascii=False))],
-        structured_content=body,
         is_error=True,
         _meta=meta,
     )
@@ -159,7 +210,179 @@ def still_waiting(call_id: str, waited_s: float) -> types.CallToolResult:
     }
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(body))],
-        structured_content=body,
         is_error=True,
         _meta={CALL_ID_META_KEY: call_id, STATUS_META_KEY: "pending"},
     )
+
+
+# ---------------------------------------------------------------- retries without a call_id
+
+# How long a result the front door could not deliver (its client went away, or gave up
+# and said so) waits for the next identical call: that call gets it instead of running
+# the tool again. Ten minutes: long past an agent's retry with backoff, short enough
+# that a deliberate repeat later is a new call.
+RETRY_WINDOW_S: Final = 600.0
+# An identical call while the first has been in flight this long (or waits for a human)
+# joins it; sooner, it is a call of its own (an agent may ask the same thing twice at once).
+JOIN_AFTER_S: Final = 1.0
+
+
+def call_key(
+    tenant: str,
+    agent: str,
+    tool: str,
+    arguments: dict[str, Any],
+    user: str,
+    session: str,
+    task_id: str | None,
+) -> str:
+    """What makes two calls without a client call_id the same call: who asks what."""
+    canonical = json.dumps(
+        [tenant, agent, tool, arguments, user, session, task_id],
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class _Entry:
+    call_id: str
+    started: float
+    in_flight: int = 1
+    for_human: bool = False
+    # When the last handler waiting for it ended without handing the result to a client.
+    undelivered_at: float | None = None
+
+
+class Retries:
+    """The calls without a client call_id this front door serves, by `call_key`.
+
+    A call with the key of one still in flight (for `join_after_s`, or waiting for
+    a human) joins it: the same call_id, so one call, one approval card, one run. A
+    call whose every handler ended without delivering its result (the client went
+    away, or was told it is still pending) stays here for `window_s`: the next call
+    with its key gets that call_id, so it reads the stored result (or joins the wait)
+    instead of running the tool again. A result delivered ends the entry: a later
+    identical call is a new call. Kept per front door process (a retry through
+    another replica is a new call there)."""
+
+    def __init__(self, window_s: float = RETRY_WINDOW_S, join_after_s: float = JOIN_AFTER_S):
+        self.window_s = window_s
+        self.join_after_s = join_after_s
+        self.entries: dict[str, _Entry] = {}
+
+    def claim(self, key: str, now: float, mint: Callable[[], str]) -> tuple[str, bool]:
+        """The call_id for a call with this key, and whether it is a new one (fresh)."""
+        self._expire(now)
+        entry = self.entries.get(key)
+        if entry is not None and (
+            entry.undelivered_at is not None
+            or entry.for_human
+            or now - entry.started >= self.join_after_s
+        ):
+            entry.in_flight += 1
+            entry.undelivered_at = None
+            return entry.call_id, False
+        call_id = mint()
+        self.entries[key] = _Entry(call_id, now)
+        return call_id, True
+
+    def waits_for_human(self, key: str, call_id: str) -> None:
+        entry = self.entries.get(key)
+        if entry is not None and entry.call_id == call_id:
+            entry.for_human = True
+
+    def ended(self, key: str, call_id: str, now: float, *, delivered: bool) -> None:
+        """One handler of the call is done: it handed the result over, or not."""
+        entry = self.entries.get(key)
+        if entry is None or entry.call_id != call_id:
+            return
+        if delivered:
+            del self.entries[key]
+            return
+        entry.in_flight -= 1
+        if entry.in_flight <= 0:
+            entry.undelivered_at = now
+
+    def _expire(self, now: float) -> None:
+        stale = [
+            key
+            for key, entry in self.entries.items()
+            if entry.undelivered_at is not None and now - entry.undelivered_at > self.window_s
+        ]
+        for key in stale:
+            del self.entries[key]
+
+
+# ---------------------------------------------------------------- tasks (SEP-2663)
+
+TASKS_EXTENSION: Final = "io.modelcontextprotocol/tasks"
+# How often a client should ask `tasks/get` about a call waiting for a human.
+TASK_POLL_INTERVAL_MS: Final = 5000
+
+
+def wants_tasks(protocol_version: str | None, capabilities: Any) -> bool:
+    """Whether this request's client takes a task for an answer: it declared the tasks
+    extension, on a protocol version whose results may say `resultType: "task"`."""
+    if protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return False
+    extensions = getattr(capabilities, "extensions", None)
+    return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
+
+
+def task_id_of(tool: str, call_id: str) -> str:
+    """The task is the call: its id names the tool and the call_id (neither has a dot)."""
+    return f"{tool}.{call_id}"
+
+
+def call_of_task(task_id: Any) -> tuple[str, str]:
+    """(tool, call_id) of a task id; BadMeta if it is not one this front door gave."""
+    tool, _, call_id = task_id.partition(".") if isinstance(task_id, str) else ("", "", "")
+    if not tool or not is_valid_call_id(call_id):
+        raise BadMeta(f"unknown task {str(task_id)[:140]!r}")
+    return tool, call_id
+
+
+def task_body(
+    task_id: str,
+    status: str,
+    *,
+    created_at: str,
+    updated_at: str,
+    ttl_s: int | None,
+    message: str | None = None,
+    result: types.CallToolResult | None = None,
+) -> dict[str, Any]:
+    """A task as SEP-2663 writes it (flat): its state, and the result once it has one."""
+    # Durations in milliseconds (`ttlMs`, `pollIntervalMs`), as the SDKs' tasks
+    # extensions read them (the TypeScript ext-tasks the MCP Inspector uses).
+    body: dict[str, Any] = {
+        "taskId": task_id,
+        "status": status,
+        "createdAt": created_at,
+        "lastUpdatedAt": updated_at,
+        "ttlMs": None if ttl_s is None else ttl_s * 1000,
+    }
+    if status in ("working", "input_required"):
+        body["pollIntervalMs"] = TASK_POLL_INTERVAL_MS
+    if message:
+        body["statusMessage"] = message
+    if result is not None:
+        body["result"] = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return body
+
+
+def created_task(task_id: str, status: str, **state: Any) -> dict[str, Any]:
+    """The answer to a tools/call that became a task (SEP-2663's CreateTaskResult)."""
+    return {"resultType": "task", **task_body(task_id, status, **state)}
+
+
+def waiting_message(notice: PendingNotice) -> str:
+    expires = f" (until {notice.expires_at})" if notice.expires_at else ""
+    return f"waiting for a human approval: {notice.message}{expires}"
+
+
+def iso_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

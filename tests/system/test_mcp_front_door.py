@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,7 +29,17 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from tests.harness import Gateway, flushed, make_test_registry
-from tests.mcp_support import agent_token, mcp_client, structured, toolgate, wait_for_front_door
+from tests.mcp_support import (
+    INSPECTOR_DIR,
+    InspectorMissing,
+    agent_token,
+    inspector,
+    install_inspector,
+    mcp_client,
+    structured,
+    toolgate,
+    wait_for_front_door,
+)
 from tests.tools.faulty import runs_of
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -660,3 +671,267 @@ async def test_a_token_whose_grant_the_server_never_got_is_a_clear_protocol_erro
     assert refused.value.code == types.INTERNAL_ERROR
     assert "did not take call offline-1" in refused.value.message
     assert "offline-1" not in runs_of(door.data_dir)
+
+
+# ---------------------------------------------------------------- retries without a call_id
+
+
+async def cards_for(approvals: ApprovalsClient, arguments: dict[str, Any]) -> list[str]:
+    """The call_ids of the pending approval cards of approved_action with these arguments."""
+    return [
+        view.call_id
+        for view in await approvals.pending()
+        if view.call.tool == "approved_action" and view.call.arguments == arguments
+    ]
+
+
+async def one_card(approvals: ApprovalsClient, arguments: dict[str, Any]) -> str:
+    for _ in range(600):
+        cards = await cards_for(approvals, arguments)
+        if cards:
+            assert len(cards) == 1, cards
+            return cards[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no approval card for {arguments}")
+
+
+async def test_a_client_that_times_out_and_retries_a_call_needing_approval_runs_it_once(
+    door: Gateway,
+) -> None:
+    """The Agents SDK's default: a 5 s session timeout, then the model calls again, with
+    no toolgate/call_id. The retry joins the waiting call: one card, one run, one result."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    arguments = {"amount": 1000 + uuid.uuid4().int % 100000}
+    async with mcp_client(url, token) as c, approver_of_acme(door) as approvals:
+        with pytest.raises(Exception):  # the client's own timeout  # noqa: B017
+            await c.call_tool("approved_action", arguments, read_timeout_seconds=2)
+        call_id = await one_card(approvals, arguments)
+        retry = asyncio.ensure_future(c.call_tool("approved_action", arguments))
+        await door_says_joined_or_waits(approvals, arguments, call_id)
+        await approvals.vote(
+            f"acme.researcher.{call_id}",
+            "approve",
+            arguments_sha256=arguments_sha256(arguments),
+            reason="checked",
+        )
+        result = await asyncio.wait_for(retry, 600)
+    assert result.is_error is False, result
+    assert result.meta is not None and result.meta[CALL_ID] == call_id
+    assert structured(result) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+    # Delivered: the same call again later is a new call.
+    async with mcp_client(url, token) as c, approver_of_acme(door) as approvals:
+        later = asyncio.ensure_future(c.call_tool("approved_action", arguments))
+        new_id = await one_card(approvals, arguments)
+        assert new_id != call_id
+        await approvals.vote(
+            f"acme.researcher.{new_id}",
+            "deny",
+            arguments_sha256=arguments_sha256(arguments),
+            reason="once is enough",
+        )
+        assert (await asyncio.wait_for(later, 600)).is_error is True
+
+
+async def door_says_joined_or_waits(
+    approvals: ApprovalsClient, arguments: dict[str, Any], call_id: str
+) -> None:
+    """Give the retry time to reach the door; there is still one card, the first's."""
+    await asyncio.sleep(2 * WATCH_AFTER_S)
+    assert await cards_for(approvals, arguments) == [call_id]
+
+
+async def test_a_result_the_door_could_not_deliver_goes_to_the_next_identical_call(
+    door: Gateway,
+) -> None:
+    """The client timed out, the approver approved before it came back: its retry (no
+    call_id) gets that result instead of a second run."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    arguments = {"amount": 1000 + uuid.uuid4().int % 100000}
+    async with mcp_client(url, token) as c, approver_of_acme(door) as approvals:
+        with pytest.raises(Exception):  # the client's own timeout  # noqa: B017
+            await c.call_tool("approved_action", arguments, read_timeout_seconds=2)
+        call_id = await one_card(approvals, arguments)
+        await approvals.vote(
+            f"acme.researcher.{call_id}",
+            "approve",
+            arguments_sha256=arguments_sha256(arguments),
+            reason="checked",
+        )
+        for _ in range(600):
+            if call_id in runs_of(door.data_dir, "approved_action"):
+                break
+            await asyncio.sleep(0.1)
+        again = await c.call_tool("approved_action", arguments)
+    assert again.is_error is False, again
+    assert structured(again) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+
+
+# ---------------------------------------------------------------- the MCP Inspector's CLI
+
+
+@pytest.fixture(scope="module")
+def inspector_cli() -> list[str]:
+    """The Inspector's CLI, installed from the npm registry on first use (not skipped:
+    a machine that cannot install it fails here, saying why)."""
+    try:
+        return install_inspector()
+    except InspectorMissing as exc:
+        pytest.fail(str(exc))
+
+
+def inspector_json(done: Any, exit_code: int = 0) -> Any:
+    """What the Inspector's CLI printed: the result (exit 0), or a tool's error result (exit
+    5, `tool_is_error`: shown as it came, not refused as invalid)."""
+    assert done.returncode == exit_code, (done.returncode, done.stdout[-2000:], done.stderr)
+    if exit_code == 5:
+        assert json.loads(done.stderr)["error"]["code"] == "tool_is_error", done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_mcp_inspector_lists_calls_and_shows_errors(
+    door: Gateway, inspector_cli: list[str]
+) -> None:
+    url = door.stack.mcp_url or ""
+    token = asyncio.run(agent_token(door, "acme", "researcher"))
+    listed = inspector_json(inspector(inspector_cli, url, token, "--method", "tools/list"))
+    names = {tool["name"] for tool in listed["tools"]}
+    assert {"echo", "search_sources", "save_evidence"} <= names and "writer_only" not in names
+
+    ok = inspector_json(
+        inspector(
+            inspector_cli,
+            url,
+            token,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "search_sources",
+            "--tool-arg",
+            "query=agents sessions",
+            "source_type=any",
+            "limit=3",
+        )
+    )
+    assert ok.get("isError") is not True, ok
+    assert isinstance(ok["structuredContent"], dict)
+
+    # An error result of a tool that lists an outputSchema: shown, not a validation error.
+    bad = inspector(
+        inspector_cli,
+        url,
+        token,
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "search_sources",
+        "--tool-arg",
+        "query=agents sessions",
+        "source_type=any",
+        "limit=50",
+    )
+    error = inspector_json(bad, exit_code=5)
+    assert error["isError"] is True, error
+    body = json.loads(error["content"][0]["text"])
+    assert body["status"] == "invalid_arguments"
+    assert [d["path"] for d in body["error"]["details"]] == ["/limit"]
+    assert "structuredContent" not in error
+
+    denied = inspector_json(
+        inspector(
+            inspector_cli,
+            url,
+            token,
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "save_evidence",
+            "--tool-arg",
+            "task_id=task_other",
+            "claim=c",
+            "source_url=https://docs.nats.io/x",
+            "--tool-metadata",
+            "toolgate/task_id=task_mine",
+        ),
+        exit_code=5,
+    )
+    assert denied["isError"] is True, denied
+    assert json.loads(denied["content"][0]["text"])["error"]["code"] == "TASK_SCOPE_VIOLATION"
+
+
+async def test_the_mcp_inspector_waits_for_an_approval_as_a_task(
+    door: Gateway, inspector_cli: list[str]
+) -> None:
+    """The Inspector speaks SEP-2663: it gets a task for a call that waits for a human,
+    polls tasks/get, and prints the result once an approver approved."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    amount = 1000 + uuid.uuid4().int % 100000
+    arguments = {"amount": amount}
+    command = [*inspector_cli, url, "--transport", "http"]
+    command += ["--header", f"Authorization: Bearer {token}", "--method", "tools/call"]
+    command += ["--tool-name", "approved_action", "--tool-arg", f"amount={amount}"]
+    command += ["--protocol-era", "modern"]  # tasks are a 2026-07-28 extension
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "MCP_CATALOG_PATH": str(INSPECTOR_DIR / "catalog.json")},
+    )
+    async with approver_of_acme(door) as approvals:
+        call_id = await one_card(approvals, arguments)
+        # Answered with a task, not a request held open.
+        await door_says(door, f"call {call_id} waits for a human: task approved_action.{call_id}")
+        await approvals.vote(
+            f"acme.researcher.{call_id}",
+            "approve",
+            arguments_sha256=arguments_sha256(arguments),
+            reason="checked",
+        )
+    out, err = await asyncio.wait_for(process.communicate(), 600)
+    assert process.returncode == 0, (out.decode()[-2000:], err.decode()[-2000:])
+    result = json.loads(out)
+    assert result["structuredContent"] == {"call_id": call_id}, result
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1
+    log = (door.data_dir / "logs" / "mcp.log").read_text()
+    assert "Traceback" not in log[-5000:]
+
+
+async def test_the_agents_sdk_that_times_out_after_5_s_and_calls_again_runs_the_tool_once(
+    door: Gateway,
+) -> None:
+    """The OpenAI Agents SDK's MCP server with its default 5 s session timeout."""
+    from agents.mcp import MCPServerStreamableHttp
+
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    arguments = {"amount": 1000 + uuid.uuid4().int % 100000}
+    params = {"url": url, "headers": {"Authorization": f"Bearer {token}"}}
+    async with MCPServerStreamableHttp(name="toolgate", params=params) as server:  # type: ignore[arg-type]
+        assert server.client_session_timeout_seconds == 5
+        with pytest.raises(Exception):  # its session timeout  # noqa: B017
+            await server.call_tool("approved_action", arguments)
+        async with approver_of_acme(door) as approvals:
+            call_id = await one_card(approvals, arguments)
+            again = asyncio.ensure_future(server.call_tool("approved_action", arguments))
+            await door_says_joined_or_waits(approvals, arguments, call_id)
+            await approvals.vote(
+                f"acme.researcher.{call_id}",
+                "approve",
+                arguments_sha256=arguments_sha256(arguments),
+                reason="checked",
+            )
+            for _ in range(20):
+                try:
+                    result = await again
+                    break
+                except Exception:  # timed out again (a slow machine): the model calls again
+                    again = asyncio.ensure_future(server.call_tool("approved_action", arguments))
+            else:
+                raise AssertionError("no result after 20 calls")
+    assert result.is_error is False, result
+    assert structured(result) == {"call_id": call_id}
+    assert runs_of(door.data_dir, "approved_action").count(call_id) == 1

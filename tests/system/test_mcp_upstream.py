@@ -141,7 +141,11 @@ async def test_an_upstream_tool_runs_through_the_gate_and_says_where_it_came_fro
     }
     # The gate validates arguments against the imported schema before the upstream sees them.
     assert bad.is_error and structured(bad)["status"] == "invalid_arguments"
-    assert structured(plain) == {"content": [{"type": "text", "text": "plain k2"}]}
+    # Upstream content passes through as MCP content, not wrapped again in JSON text.
+    assert plain.structured_content is None and plain.is_error is False
+    assert [b.model_dump(mode="json", exclude_none=True) for b in plain.content] == [
+        {"type": "text", "text": "plain k2"}
+    ]
     # The same, on the wire contract: the ToolResult carries the provenance.
     async with await setup.gateway.client("acme", "researcher") as gateway:
         direct = await gateway.call("up_lookup", {"key": "k3"}, user="u-1", session="s-1")

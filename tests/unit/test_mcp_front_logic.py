@@ -130,6 +130,25 @@ class TestCallId:
             logic.requested_call_id({logic.CALL_ID_META_KEY: bad})
 
 
+# An upstream tool that declares no output schema, as `tools import-mcp` writes it.
+UPSTREAM_PLAIN: dict[str, Any] = {
+    "name": "up_plain",
+    "description": "Answers in plain text.",
+    "input_schema": {"type": "object"},
+    "output_schema": {
+        "type": "object",
+        "properties": {"content": {"type": "array", "items": {"type": "object"}}},
+        "required": ["content"],
+        "additionalProperties": False,
+    },
+    "mcp": {"url": "http://u/mcp", "tool": "plain", "definition_sha256": "0" * 64},
+    "read_only": True,
+    "timeout_s": 10,
+    "risk": "low",
+    "allowed_agents": ["*"],
+}
+
+
 class TestAnswer:
     def test_ok_is_structured_content_and_the_same_json_as_text(self) -> None:
         answer = logic.call_result(success("c1", {"items": [1]}))
@@ -147,7 +166,9 @@ class TestAnswer:
         )
         answer = logic.call_result(failure("c2", "invalid_arguments", error))
         assert answer.is_error is True
-        assert answer.structured_content == {
+        # No structured content: a client checks it against the tool's outputSchema.
+        assert answer.structured_content is None
+        assert json.loads(answer.content[0].text) == {  # type: ignore[union-attr]
             "call_id": "c2",
             "status": "invalid_arguments",
             "error": {
@@ -157,7 +178,36 @@ class TestAnswer:
                 "details": [{"path": "/limit", "message": "too big"}],
             },
         }
-        assert json.loads(answer.content[0].text) == answer.structured_content  # type: ignore[union-attr]
+
+    def test_still_waiting_has_no_structured_content(self) -> None:
+        answer = logic.still_waiting("c9", 5.0)
+        assert answer.is_error is True and answer.structured_content is None
+        assert json.loads(answer.content[0].text)["status"] == "pending"  # type: ignore[union-attr]
+
+    def test_upstream_content_passes_through_as_content_and_lists_no_output_schema(
+        self,
+    ) -> None:
+        from toolgate.contracts.registry import ToolSpec
+
+        spec = ToolSpec.model_validate(UPSTREAM_PLAIN)
+        assert logic.passes_content(spec)
+        assert logic.tool_of(spec).output_schema is None
+        blocks = [
+            {"type": "text", "text": "it is 12:00"},
+            {"type": "image", "data": "aGk=", "mimeType": "image/png"},
+            {"type": "resource_link", "uri": "file:///x", "name": "x"},
+        ]
+        answer = logic.call_result(success("c4", {"content": blocks}), spec)
+        assert answer.is_error is False and answer.structured_content is None
+        assert [
+            b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in answer.content
+        ] == blocks
+        # Not MCP content after all: JSON text, as any data.
+        odd = logic.call_result(success("c5", {"content": [{"type": "nope"}]}), spec)
+        assert json.loads(odd.content[0].text) == {"content": [{"type": "nope"}]}  # type: ignore[union-attr]
+        # A tool of our own with such a schema is not an upstream's: JSON as before.
+        own = ToolSpec.model_validate({**UPSTREAM_PLAIN, "mcp": None, "function": "x:y"})
+        assert not logic.passes_content(own)
 
     def test_an_upstream_result_carries_its_provenance(self) -> None:
         result = ToolResult(
@@ -279,3 +329,97 @@ def test_only_a_body_with_a_progress_token_asks_for_the_stream() -> None:
     in_arguments = {**plain, "params": {"name": "echo", "arguments": {"progressToken": 1}}}
     assert logic.wants_stream(json.dumps(in_arguments).encode())
     assert not logic.wants_stream(b"")
+
+
+class TestRetries:
+    """Calls without a client call_id: a retry joins the call or collects its result."""
+
+    def minted(self) -> Any:
+        counter = iter(range(1, 100))
+        return lambda: f"call_{next(counter)}"
+
+    def test_a_retry_while_the_first_waits_for_a_human_joins_it(self) -> None:
+        retries, mint = logic.Retries(), self.minted()
+        assert retries.claim("k", 0.0, mint) == ("call_1", True)
+        retries.waits_for_human("k", "call_1")
+        assert retries.claim("k", 0.1, mint) == ("call_1", False)
+        # Another call is another call.
+        assert retries.claim("other", 0.1, mint) == ("call_2", True)
+
+    def test_an_identical_call_at_the_same_moment_is_a_call_of_its_own(self) -> None:
+        retries, mint = logic.Retries(join_after_s=1.0), self.minted()
+        assert retries.claim("k", 0.0, mint) == ("call_1", True)
+        assert retries.claim("k", 0.5, mint) == ("call_2", True)
+        # One in flight for a while is joined.
+        assert retries.claim("k", 1.6, mint) == ("call_2", False)
+
+    def test_a_delivered_result_ends_the_entry(self) -> None:
+        retries, mint = logic.Retries(), self.minted()
+        call_id, _ = retries.claim("k", 0.0, mint)
+        retries.ended("k", call_id, 5.0, delivered=True)
+        assert retries.claim("k", 6.0, mint) == ("call_2", True)
+
+    def test_an_undelivered_result_goes_to_the_next_identical_call_within_the_window(
+        self,
+    ) -> None:
+        retries, mint = logic.Retries(window_s=600.0), self.minted()
+        call_id, _ = retries.claim("k", 0.0, mint)
+        retries.ended("k", call_id, 5.0, delivered=False)
+        assert retries.claim("k", 604.0, mint) == ("call_1", False)
+        retries.ended("k", call_id, 605.0, delivered=False)
+        # Past the window: a new call.
+        assert retries.claim("k", 605.0 + 601.0, mint) == ("call_2", True)
+
+    def test_the_entry_waits_for_its_last_handler(self) -> None:
+        retries, mint = logic.Retries(), self.minted()
+        retries.claim("k", 0.0, mint)
+        retries.waits_for_human("k", "call_1")
+        retries.claim("k", 1.0, mint)  # joined
+        retries.ended("k", "call_1", 2.0, delivered=False)  # the first client gave up
+        assert retries.entries["k"].undelivered_at is None
+        retries.ended("k", "call_1", 3.0, delivered=True)  # the retry got it
+        assert "k" not in retries.entries
+
+    def test_the_key_is_who_asks_what(self) -> None:
+        key = logic.call_key("acme", "a", "t", {"x": 1, "y": 2}, "u", "s", None)
+        assert key == logic.call_key("acme", "a", "t", {"y": 2, "x": 1}, "u", "s", None)
+        for other in (
+            ("acme", "b", "t", {"x": 1, "y": 2}, "u", "s", None),
+            ("acme", "a", "t", {"x": 1, "y": 3}, "u", "s", None),
+            ("acme", "a", "t", {"x": 1, "y": 2}, "v", "s", None),
+            ("acme", "a", "t", {"x": 1, "y": 2}, "u", "s", "task_1"),
+        ):
+            assert logic.call_key(*other) != key  # type: ignore[arg-type]
+
+
+class TestTasks:
+    def test_only_a_modern_client_that_declared_the_extension_gets_tasks(self) -> None:
+        import mcp_types as types
+
+        declared = types.ClientCapabilities(extensions={logic.TASKS_EXTENSION: {}})
+        assert logic.wants_tasks("2026-07-28", declared)
+        assert not logic.wants_tasks("2025-11-25", declared)
+        assert not logic.wants_tasks("2026-07-28", types.ClientCapabilities())
+        assert not logic.wants_tasks("2026-07-28", None)
+
+    def test_the_task_id_is_the_call(self) -> None:
+        task_id = logic.task_id_of("approved_action", "call_1")
+        assert logic.call_of_task(task_id) == ("approved_action", "call_1")
+        for bad in ("", "call_1", "a.b.c", ".x", 5, "t.bad id"):
+            with pytest.raises(logic.BadMeta):
+                logic.call_of_task(bad)
+
+    def test_a_task_body_is_flat_with_its_result(self) -> None:
+        body = logic.task_body(
+            "t.c",
+            "completed",
+            created_at="a",
+            updated_at="b",
+            ttl_s=60,
+            result=logic.call_result(success("c", {"v": 1})),
+        )
+        assert body["taskId"] == "t.c" and body["status"] == "completed"
+        assert body["ttlMs"] == 60_000 and "pollIntervalMs" not in body
+        assert body["result"]["structuredContent"] == {"v": 1}
+        working = logic.task_body("t.c", "working", created_at="a", updated_at="b", ttl_s=None)
+        assert working["pollIntervalMs"] == logic.TASK_POLL_INTERVAL_MS
