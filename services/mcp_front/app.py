@@ -242,7 +242,9 @@ def build_server(door: FrontDoor) -> Server[Any]:
         )
         delivered = False
         try:
-            answer = await run_call(ctx, call, fresh=fresh, key=key)
+            answer = await run_call(
+                ctx, call, fresh=fresh, key=key, user_token=oauth[1] if oauth else None
+            )
             delivered = not isinstance(answer, Undelivered)
         finally:
             if key is not None:
@@ -258,7 +260,12 @@ def build_server(door: FrontDoor) -> Server[Any]:
         return logic.call_result(answer, spec)
 
     async def run_call(
-        ctx: ServerRequestContext[Any, Any], call: ToolCall, *, fresh: bool, key: str | None
+        ctx: ServerRequestContext[Any, Any],
+        call: ToolCall,
+        *,
+        fresh: bool,
+        key: str | None,
+        user_token: str | None = None,
     ) -> ToolResult | dict[str, Any] | Undelivered:
         """Publish the call and wait for its result; a task instead when the call waits
         for a human and the client takes tasks; Undelivered when nobody will read it."""
@@ -296,7 +303,7 @@ def build_server(door: FrontDoor) -> Server[Any]:
                         # A call_id minted here has no stored result to look for; a
                         # client's own (a retry) may have one.
                         fresh=fresh,
-                        user_token=oauth[1] if oauth else None,
+                        user_token=user_token,
                     )
                 )
                 try:
