@@ -639,7 +639,7 @@ def cmd_result(args: argparse.Namespace) -> int:
         client = await connect()
         async with client:
             try:
-                return await client.result(args.call_id)  # type: ignore[no-any-return]
+                return await client.result(args.call_id)
             except Exception as exc:
                 problem = _call_problem(
                     exc, args.nats_url, f"cannot read the result of {args.call_id}"
@@ -1243,7 +1243,7 @@ def _run(argv: list[str]) -> int:
         return 130
     except BrokenPipeError:  # `toolgate ... | head`: the reader had enough
         with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (no flush error at exit)
+            sys.stdout = open(os.devnull, "w")  # no flush error at exit
         return 141
     except Exception as exc:  # a bug, or a failure nobody foresaw: still one line
         if os.environ.get("TOOLGATE_DEBUG"):

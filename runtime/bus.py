@@ -435,7 +435,7 @@ def delivery_of(msg: Msg) -> Delivery:
 
 
 def retry_delay(attempt: int) -> float:
-    return min(0.5 * 2 ** (attempt - 1), 15.0)
+    return min(0.5 * 2.0 ** (attempt - 1), 15.0)
 
 
 # One per connection: the services' Publisher and the KV buckets they write share it.
@@ -612,7 +612,12 @@ BUS_TROUBLE = BusTroubleLog()
 
 
 @telemetry.observed  # a span and the stage's latency, when switched on (else straight through)
-async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
+async def settle(
+    msg: Msg,
+    delivery: Delivery,
+    work: Callable[[], Awaitable[None]],
+    give_up: Callable[[Exception], Awaitable[None]],
+) -> None:
     """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
 
     `work` publishes the stage's output (with publish acks) and is safe to

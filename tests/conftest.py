@@ -42,7 +42,7 @@ DOCUMENT = (
 
 
 class _DocumentHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(DOCUMENT)))

@@ -157,7 +157,7 @@ def as_tool_error(exc: BaseException, upstream: McpUpstream) -> BaseException:
     )
 
 
-def upstream_tool(upstream: McpUpstream):  # type: ignore[no-untyped-def]
+def upstream_tool(upstream: McpUpstream):
     """The executor's function for one `mcp:` registry entry."""
     import mcp_types as types
 
