@@ -1,4 +1,4 @@
-"""Lint and types are part of the test command, so `.ci/run` checks them too."""
+"""Lint, types and import rules are part of the test command, so `.ci/run` checks them too."""
 
 from __future__ import annotations
 
@@ -59,3 +59,15 @@ def test_mypy_sees_a_wrong_call_from_a_service_into_contracts(tmp_path: Path) ->
         'Argument 3 to "results_subject" has incompatible type "int"; expected "str"'
         in found.stdout
     ), found.stdout + found.stderr
+
+
+def test_import_rules_hold() -> None:
+    """[tool.importlinter] in pyproject.toml: services never import each other; contracts
+    import nothing else of toolgate."""
+    found = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 0, found.stdout + found.stderr
