@@ -46,6 +46,7 @@ from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.runtime import bus
 from toolgate.runtime import settings as env
+from toolgate.runtime.call_context import SERVICE_LOG_FORMAT, log_calls
 from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.outside_text import log_visibly, visible, visible_json
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
@@ -454,10 +455,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
     settings.load_registry()  # a bad registry ends it now, not after NATS is found
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format=SERVICE_LOG_FORMAT.format(service=args.name))
     log_visibly()  # log lines quote calls, users and upstream errors: shown escaped
+    log_calls()  # a line logged while a call's message is handled names the call
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
     from toolgate.runtime import telemetry

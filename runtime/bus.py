@@ -58,7 +58,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
-from toolgate.runtime import telemetry
+from toolgate.runtime import call_context, telemetry
 from toolgate.runtime.creds import broker_options, nats_servers
 from toolgate.runtime.jetstream import LeanJetStream
 from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
@@ -348,6 +348,8 @@ class PullConsumer:
             self._wake.set()
 
     async def _handle(self, msg: Msg) -> None:
+        # This task's log lines (the handler's, settle's) name the message's call.
+        call_context.handling(call_context.call_of_message(msg.subject, msg.data))
         try:
             await self._consumer.handler(msg)
         except Exception:  # settle decides every failure; this is a bug: redelivered later
