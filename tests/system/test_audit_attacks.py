@@ -27,6 +27,8 @@ from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal
 from toolgate.services.audit.connection import ClickHouseTarget, connect
 
+pytestmark = pytest.mark.system  # a whole gateway as processes (so slow too)
+
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 SEARCH = {"query": "agents state", "source_type": "any", "limit": 2}
 
