@@ -148,7 +148,7 @@ def measure_sink(
         "--data-dir",
         str(data_dir),
     ]
-    log = open(data_dir / "audit-bench.log", "ab")  # noqa: SIM115 (the child owns it)
+    log = open(data_dir / "audit-bench.log", "ab")  # the child owns it
     sink = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
     )

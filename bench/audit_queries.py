@@ -197,10 +197,10 @@ def _load_worker(url: str, keys: str, worker: int, stories: range, total: int) -
         for i in stories:
             batch += story_messages(templates, i, seq, total)
             if len(batch) >= BATCH_ROWS:
-                await writer.write(batch)  # type: ignore[arg-type]
+                await writer.write(batch)
                 batch = []
         if batch:
-            await writer.write(batch)  # type: ignore[arg-type]
+            await writer.write(batch)
         elapsed = time.perf_counter() - started
         await writer.close()
         return writer.rows_written, elapsed

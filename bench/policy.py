@@ -20,6 +20,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import cedarpy
 
@@ -53,7 +54,7 @@ def bench_calls() -> list[tuple[ToolCall, ToolSpec]]:
     spec = registry.get
     critical = spec("echo").model_copy(update={"risk": "critical"})  # type: ignore[union-attr]
     evidence = {"task_id": "task_c04", "claim": "x", "source_url": "https://example.org"}
-    cases = [
+    cases: list[tuple[str, dict[str, Any], Principal, ToolSpec | None]] = [
         ("search_sources", {"query": "agents", "source_type": "any", "limit": 3}, ALICE, None),
         ("save_evidence", evidence, ALICE, None),
         ("save_evidence", {**evidence, "task_id": "task_other"}, ALICE, None),

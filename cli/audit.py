@@ -194,7 +194,7 @@ def store_of(given: str | None, data_dir: Path | None = None, role: str = "audit
 # -- the commands --------------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     audit = subparsers.add_parser(
         "audit",
         help="trace, query, verify and replay the audit",

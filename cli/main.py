@@ -46,6 +46,7 @@ from toolgate.contracts.calls import Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import RegistryError
 from toolgate.runtime import bus
 from toolgate.runtime import settings as env
+from toolgate.runtime.call_context import SERVICE_LOG_FORMAT, log_calls
 from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.outside_text import log_visibly, visible, visible_json
 from toolgate.runtime.topology import DEFAULT_MAX_CALLS_PER_AGENT
@@ -550,10 +551,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     settings.load_registry()  # a bad registry ends it now, not after NATS is found
     webhooks = _notifier_webhooks(args) if args.name == "notifier" else []
-    logging.basicConfig(
-        level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format=SERVICE_LOG_FORMAT.format(service=args.name))
     log_visibly()  # log lines quote calls, users and upstream errors: shown escaped
+    log_calls()  # a line logged while a call's message is handled names the call
     quiet_nats_tracebacks(settings.nats_url)
     _wait_for_nats(settings.nats_url, settings.nats_creds)
     from toolgate.runtime import telemetry
@@ -776,7 +776,7 @@ def cmd_result(args: argparse.Namespace) -> int:
         client = await connect()
         async with client:
             try:
-                return await client.result(args.call_id)  # type: ignore[no-any-return]
+                return await client.result(args.call_id)
             except Exception as exc:
                 problem = _call_problem(
                     exc, args.nats_url, f"cannot read the result of {args.call_id}"
@@ -1485,7 +1485,7 @@ def _run(argv: list[str]) -> int:
         return 130
     except BrokenPipeError:  # `toolgate ... | head`: the reader had enough
         with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (no flush error at exit)
+            sys.stdout = open(os.devnull, "w")  # no flush error at exit
         return 141
     except Exception as exc:  # a bug, or a failure nobody foresaw: still one line
         if os.environ.get("TOOLGATE_DEBUG"):

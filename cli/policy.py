@@ -83,7 +83,7 @@ from toolgate.services.policy.signing import (
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     policy = subparsers.add_parser("policy", help="check or push a Cedar policy bundle")
     commands = policy.add_subparsers(
         dest="policy_command", required=True, parser_class=OneLineParser
@@ -424,6 +424,7 @@ def cmd_test(args: argparse.Namespace) -> int:
     from toolgate.services.audit.progress import Progress
 
     since = since_of(args.since)
+    assert since is not None  # --since has a default
     if args.limit < 0:
         raise Failed(f"--limit {args.limit}: give 0 or more")
     if not args.connect_timeout > 0:

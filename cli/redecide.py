@@ -239,7 +239,12 @@ def redecide(
     tool: str,
 ) -> Redecided:
     """One call decided again and set beside its recorded decision."""
-    key = {"tenant": identity.tenant, "agent": identity.agent, "call_id": call_id, "tool": tool}
+    key: dict[str, Any] = {
+        "tenant": identity.tenant,
+        "agent": identity.agent,
+        "call_id": call_id,
+        "tool": tool,
+    }
     then = recorded_verdict(recorded) if recorded is not None else None
     version = recorded.policy_version if recorded is not None else ""
     if published is None:

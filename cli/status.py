@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ def monitor_for(
         and (service != "executor" or h.durable.removeprefix("executor-") in tools)
     ]
     durables = list(dict.fromkeys(durables))
-    gauges = []
+    gauges: list[Callable[[Any], Awaitable[None]]] = []
     if service == "approvals":
 
         async def approvals_pending(nc: Any) -> None:

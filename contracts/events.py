@@ -263,7 +263,7 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(data: bytes) -> Event:
-    return _decoder.decode(data)  # type: ignore[no-any-return]
+    return _decoder.decode(data)
 
 
 def event_type(cls: type[Event]) -> str:

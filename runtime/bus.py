@@ -58,7 +58,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
-from toolgate.runtime import telemetry
+from toolgate.runtime import call_context, telemetry
 from toolgate.runtime.creds import broker_options, nats_servers
 from toolgate.runtime.jetstream import LeanJetStream
 from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
@@ -350,6 +350,8 @@ class PullConsumer:
             self._wake.set()
 
     async def _handle(self, msg: Msg) -> None:
+        # This task's log lines (the handler's, settle's) name the message's call.
+        call_context.handling(call_context.call_of_message(msg.subject, msg.data))
         try:
             await self._consumer.handler(msg)
         except Exception:  # settle decides every failure; this is a bug: redelivered later
@@ -437,7 +439,7 @@ def delivery_of(msg: Msg) -> Delivery:
 
 
 def retry_delay(attempt: int) -> float:
-    return min(0.5 * 2 ** (attempt - 1), 15.0)
+    return min(0.5 * 2.0 ** (attempt - 1), 15.0)
 
 
 # One per connection: the services' Publisher and the KV buckets they write share it.
@@ -614,7 +616,12 @@ BUS_TROUBLE = BusTroubleLog()
 
 
 @telemetry.observed  # a span and the stage's latency, when switched on (else straight through)
-async def settle(msg: Msg, delivery: Delivery, work, give_up) -> None:  # type: ignore[no-untyped-def]
+async def settle(
+    msg: Msg,
+    delivery: Delivery,
+    work: Callable[[], Awaitable[None]],
+    give_up: Callable[[Exception], Awaitable[None]],
+) -> None:
     """Run `work()`, then ack; on failure decide: retry later, or give up cleanly.
 
     `work` publishes the stage's output (with publish acks) and is safe to

@@ -73,7 +73,7 @@ class VisibleLogFormatter(logging.Formatter):
     message cannot forge a second line, move the cursor or reverse a line. Tracebacks,
     which toolgate's own code makes, keep their lines."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
         shown = logging.makeLogRecord(record.__dict__)
         shown.message = visible(record.message)
         return super().formatMessage(shown)
@@ -113,7 +113,7 @@ def log_visibly(logger: logging.Logger | None = None) -> None:
         current = handler.formatter
         handler.setFormatter(
             VisibleLogFormatter(
-                current._fmt if current else None,  # noqa: SLF001 (no public getter)
+                current._fmt if current else None,  # no public getter
                 current.datefmt if current else None,
             )
         )

@@ -229,7 +229,7 @@ def serve(
     # clickhouse-local reads ./config.xml, and `import chdb` itself already boots an
     # in-memory engine once, so change directory before the import.
     os.chdir(run_dir)
-    from chdb import _chdb  # noqa: PLC0415  (heavy import, only in the server process)
+    from chdb import _chdb  # heavy import, only in the server process
 
     # chdb installs process-wide handlers (SIGTERM, SIGINT, SIGSEGV, ...) when an engine
     # starts.  Keep SIGTERM/SIGINT ours so a stop always goes through KILL QUERY:
@@ -259,7 +259,7 @@ def serve(
             )
             if res.has_error():
                 outcome["error"] = res.error_message()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             outcome["error"] = f"{type(e).__name__}: {e}"
 
     engine = threading.Thread(target=run_engine, name="clickhouse-engine", daemon=True)

@@ -147,7 +147,7 @@ class ServiceProcess:
         if self.env is None:
             self.env = os.environ.copy()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
+        log_file = open(self.log_path, "ab")  # the child owns it
         self.process = subprocess.Popen(
             self.command,
             stdout=log_file,
@@ -681,7 +681,7 @@ class Stack:
         if self.clickhouse is not None:
             try:
                 self.clickhouse.ensure_running()  # the sink retries meanwhile
-            except Exception as exc:  # noqa: BLE001 (next round tries again)
+            except Exception as exc:  # next round tries again
                 log.warning("embedded ClickHouse did not come back: %s", exc)
         self.restart_unhealthy()
         for service in self.services:

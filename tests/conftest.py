@@ -13,6 +13,14 @@ from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_server import EmbeddedNats
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A system test starts the whole gateway as separate processes: slow, by definition
+    (the fast lane, `pytest -m "not slow"`, leaves them out; CI runs everything)."""
+    for item in items:
+        if item.get_closest_marker("system") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(tmp_path / "nats").start()
@@ -42,7 +50,7 @@ DOCUMENT = (
 
 
 class _DocumentHandler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(DOCUMENT)))

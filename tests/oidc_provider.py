@@ -118,7 +118,7 @@ class OpenIdProvider:
             data=body,
             headers={"Content-Type": "application/x-www-form-urlencoded"},
         )
-        with urlopen(request, timeout=5) as response:  # noqa: S310 (loopback)
+        with urlopen(request, timeout=5) as response:
             return str(json.loads(response.read())["access_token"])
 
     # -- serving ------------------------------------------------------------------------
@@ -137,7 +137,7 @@ class OpenIdProvider:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 if self.path == "/.well-known/openid-configuration":
                     self._json(200, provider.discovery())
                 elif self.path == "/jwks":
@@ -146,7 +146,7 @@ class OpenIdProvider:
                 else:
                     self._json(404, {"error": "not_found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if self.path != "/token":
                     self._json(404, {"error": "not_found"})
                     return

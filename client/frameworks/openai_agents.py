@@ -113,9 +113,9 @@ def _function_tool(
             # human's approval, when the run resumes): wait for the final result, not
             # for the pending notice still stored from before.
             call_id = session.call_id_for(ctx.tool_call_id, name, arguments)
-            result = await session.final(call_id, name, arguments, session.timeout)
-            if result is not None:
-                return GatewayOutput(observe(result, name), result)
+            final = await session.final(call_id, name, arguments, session.timeout)
+            if final is not None:
+                return GatewayOutput(observe(final, name), final)
         seen, outcome = await session.observe(name, arguments, ctx.tool_call_id)
         return GatewayOutput(seen, outcome)
 

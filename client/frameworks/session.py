@@ -304,7 +304,8 @@ class GatewaySession:
         submitted = asyncio.ensure_future(
             self.client.submit(call, timeout=self.timeout, on_pending=on_pending)
         )
-        await asyncio.wait({submitted, told}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {submitted, told}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if submitted.done():  # a result wins over a notice that came with it
             told.cancel()
             return submitted.result()  # ResultTimeout if neither came in time

@@ -109,7 +109,7 @@ class ApprovalsClient:
             **kw,
         )
         if reply.ok:
-            return reply.approver  # type: ignore[no-any-return]
+            return reply.approver
         if reply.code == Refusal.INVALID_TOKEN:
             return None
         raise Refused(reply.code, reply.message)
@@ -132,7 +132,7 @@ class ApprovalsClient:
 
     async def show(self, call: str, token: str | None = None, **kw: Any) -> protocol.ShowReply:
         """One call (`TENANT.AGENT.CALL_ID` or a bare `CALL_ID`), as the service answers."""
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             protocol.SHOW_SUBJECT,
             protocol.ShowRequest(token=self._token(token), call=call),
             protocol.show_reply_decoder,
@@ -185,7 +185,7 @@ class ApprovalsClient:
             approver=approver,
             vote_id=vote_id or new_vote_id(),
         )
-        return await self.request(  # type: ignore[no-any-return]
+        return await self.request(
             protocol.VOTE_SUBJECT,
             request,
             protocol.reply_decoder,

@@ -1134,7 +1134,7 @@ class _Handler:
 
     # -------------------------------------------------------- routes
 
-    async def do_GET(self) -> None:  # noqa: N802
+    async def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
         if path == "/healthz":  # probes name the pod's address: no Host check, no data
             self._send(200, b"ok", "text/plain")
@@ -1200,7 +1200,7 @@ class _Handler:
             flash, session.flash = session.flash, None
         self._send(200, inbox_page(approver, csrf, list(reply.calls), flash, reply.omitted))
 
-    async def do_POST(self) -> None:  # noqa: N802
+    async def do_POST(self) -> None:
         if self._misdirected() or self._foreign():
             return
         path = self.path.split("?", 1)[0]
@@ -1267,6 +1267,7 @@ class _Handler:
             message, refused = str(exc), True
             outcome = None
         else:
+            assert outcome is not None  # the try's answer (mypy keeps the except's None)
             if outcome.code == Refusal.INVALID_TOKEN:
                 self.owner.forget_token(token)
             shown = outcome.call or call

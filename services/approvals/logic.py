@@ -28,7 +28,7 @@ dedupe by event_id) keeps one copy.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -359,7 +359,7 @@ def apply_vote(
     )
 
 
-def _carried(state: ApprovalState) -> dict[str, object]:
+def _carried(state: ApprovalState) -> dict[str, Any]:
     return {
         "call_id": state.call_id,
         "tool": state.call.tool,
@@ -413,7 +413,7 @@ def events_of(state: ApprovalState) -> list[Event]:
                     and len(approvers) == state.required_approvals,
                     **_carried(state),
                 )
-            )  # type: ignore[arg-type]
+            )
         else:
             events.append(
                 ApprovalDenied(
@@ -428,7 +428,7 @@ def events_of(state: ApprovalState) -> list[Event]:
                     ),
                     **_carried(state),
                 )
-            )  # type: ignore[arg-type]
+            )
     if state.status == "expired":
         assert state.decided_at is not None
         given = len(approvers)
@@ -444,5 +444,5 @@ def events_of(state: ApprovalState) -> list[Event]:
                 ),
                 **_carried(state),
             )
-        )  # type: ignore[arg-type]
+        )
     return events

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 
@@ -309,7 +309,7 @@ def parse_call_ref(text: str) -> CallRef | None:
 # ---------------------------------------------------------------- codecs
 
 encoder = msgspec.json.Encoder()
-request_decoders: Final = {
+request_decoders: Final[dict[str, msgspec.json.Decoder[Any]]] = {
     WHOAMI_SUBJECT: msgspec.json.Decoder(WhoamiRequest),
     LIST_SUBJECT: msgspec.json.Decoder(ListRequest),
     SHOW_SUBJECT: msgspec.json.Decoder(ShowRequest),

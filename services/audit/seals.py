@@ -35,7 +35,7 @@ async def connected(nats_url: str, creds: Path | None, timeout_s: float) -> Asyn
             ),
             timeout_s + 1,
         )
-    except Exception as exc:  # noqa: BLE001 (said in one line by the caller)
+    except Exception as exc:  # said in one line by the caller
         raise SealsUnavailable(f"no NATS at {nats_url}: {exc!r}") from None
     try:
         yield nc
@@ -79,5 +79,5 @@ async def _read(nc: Client, nats_url: str, timeout_s: float) -> tuple[list[Check
         return seals, bad
     except SealsUnavailable:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise SealsUnavailable(f"reading {subjects.AUDIT_SEALS_STREAM}: {exc!r}") from None

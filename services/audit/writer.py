@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -146,7 +146,7 @@ class AuditWriter:
                 log.warning("no final checkpoint for %s: %r", self.chain.chain_id, exc)
 
     # -- one batch --------------------------------------------------------------------
-    async def write(self, messages: list[JetStreamMessage]) -> None:
+    async def write(self, messages: Sequence[JetStreamMessage]) -> None:
         if not messages:
             return
         stored = [stored_message(m) for m in messages]
@@ -279,7 +279,7 @@ class AuditWriter:
             return
 
     @contextlib.asynccontextmanager
-    async def _kept_in_progress(self, messages: list[JetStreamMessage]) -> AsyncIterator[None]:
+    async def _kept_in_progress(self, messages: Sequence[JetStreamMessage]) -> AsyncIterator[None]:
         """Tell JetStream the batch is still being worked on, while it waits for ClickHouse."""
 
         async def beat() -> None:

@@ -190,7 +190,7 @@ def resolve_function(spec: ToolSpec) -> ToolFunction:
     function = getattr(importlib.import_module(module_name), attr, None)
     if not callable(function):
         raise ImportError(f"{spec.name}: {spec.function} is not a callable")
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 @dataclass(frozen=True)

@@ -293,9 +293,7 @@ def quiet_httpx() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def http_tool(  # type: ignore[no-untyped-def]
-    name: str, http: HttpUpstream, timeout_s: float = 30.0
-):
+def http_tool(name: str, http: HttpUpstream, timeout_s: float = 30.0):
     """The executor's function for one `http:` registry entry (a coroutine function: the
     executor awaits it under the entry's timeout_s)."""
     tool = HttpTool(name, http, timeout_s)

@@ -625,12 +625,12 @@ def as_tool_error(exc: BaseException, upstream: McpUpstream) -> BaseException:
     )
 
 
-def upstream_tool(upstream: McpUpstream):  # type: ignore[no-untyped-def]
+def upstream_tool(upstream: McpUpstream):
     """The executor's function for one `mcp:` registry entry (built before the executor's
     loop runs: the SDK's modules are imported here, not in the loop at the first session)."""
     import httpx2  # noqa: F401
-    import mcp.client.stdio  # noqa: F401
-    import mcp.client.streamable_http  # noqa: F401
+    import mcp.client.stdio
+    import mcp.client.streamable_http
     import mcp.client.subscriptions  # noqa: F401
     import mcp_types as types
     from mcp import Client  # noqa: F401

@@ -308,7 +308,8 @@ def build_server(door: FrontDoor) -> Server[Any]:
                 )
                 try:
                     if as_task:
-                        await asyncio.wait({submitting, for_human}, return_when="FIRST_COMPLETED")
+                        either: set[asyncio.Future[Any]] = {submitting, for_human}
+                        await asyncio.wait(either, return_when="FIRST_COMPLETED")
                         if not submitting.done():
                             # A human decides: the client gets the task and asks later.
                             submitting.cancel()

@@ -428,7 +428,7 @@ def build_app(
             service.records = await broker.connection.jetstream().key_value(
                 subjects.APPROVALS_BUCKET
             )
-        except Exception as exc:  # noqa: BLE001 (sent without what the state adds)
+        except Exception as exc:
             log.warning("approvals state not readable (%r): notifications go without it", exc)
         log.info(
             "notifier: %s webhook(s) %s; inbox links to %s",

@@ -220,7 +220,7 @@ class _HttpLookup:
                 found = found[int(step)]
             else:
                 raise LookupFailed(f"GET {url}: the answer has nothing at {self.config.pointer}")
-        return found  # type: ignore[no-any-return]
+        return found
 
     async def aclose(self) -> None:
         if self.client is not None:
@@ -240,8 +240,8 @@ def python_lookup(config: PythonProvider) -> Lookup:
             except (ImportError, AttributeError) as exc:
                 raise LookupFailed(f"cannot load {config.function}: {exc}") from exc
         if inspect.iscoroutinefunction(function):
-            return await function(resource_id, tenant)  # type: ignore[no-any-return]
-        return await asyncio.to_thread(function, resource_id, tenant)  # type: ignore[arg-type]
+            return await function(resource_id, tenant)
+        return await asyncio.to_thread(function, resource_id, tenant)
 
     return lookup
 

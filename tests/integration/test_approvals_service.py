@@ -462,6 +462,7 @@ async def test_two_replicas_count_concurrent_votes_exactly(
     assert logs.count("approval of acme.researcher.call_2e expired") == 1
 
 
+@pytest.mark.slow  # fourteen CLI processes, one after another
 async def test_cli_lists_shows_and_votes(
     url: str, service: ServiceProc, data_dir: Path, tokens: dict[str, str], client: ApprovalsClient
 ) -> None:

@@ -3,10 +3,13 @@ path, times trace, every QUERIES.md query and verify (figures printed, never ass
 
 from __future__ import annotations
 
+import pytest
+
 from toolgate.bench.audit_queries import queries_of, run_audit_queries_bench
 from toolgate.services.audit.schema import ddl_root
 
 
+@pytest.mark.slow  # a benchmark: every auditor query over a filled store
 def test_the_bench_runs_every_auditor_query_and_verify(capsys) -> None:
     figures = run_audit_queries_bench(events=3000, processes=1)
     out = capsys.readouterr().out

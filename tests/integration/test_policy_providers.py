@@ -107,7 +107,7 @@ class TestSql:
 class _Crm(BaseHTTPRequestHandler):
     records = {"acme/c-1": {"data": {"owner": "u-alice", "tier": "gold"}}}
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:  # http.server's name
         key = self.path.removeprefix("/customers/")
         name = key.rpartition("/")[2]
         if name.startswith("slow"):

@@ -29,6 +29,8 @@ from toolgate.services.policy.pushing import push_next_version, read_state
 from toolgate.services.policy.signing import PRIVATE_KEY_FILE, StoredBundle, ensure_signing_key
 from toolgate.stack.nats_server import free_port
 
+pytestmark = pytest.mark.slow  # a whole gateway (`toolgate up`) per test
+
 NO_ECHO = (
     '@id("no-echo") @error_code("TOOL_NOT_ALLOWED")\n'
     'forbid (principal, action, resource == Tool::"echo");\n'

@@ -28,6 +28,8 @@ from toolgate.services.mcp_front.app import FRONT_DOOR_LIMITS, FrontDoorOptions,
 from toolgate.stack.nats_server import EmbeddedNats
 from toolgate.stack.supervisor import free_port
 
+pytestmark = pytest.mark.slow  # each test waits out a door's timeout (10 s and more)
+
 # How long a test waits for the server to act: far beyond the head and body timeouts.
 GIVE_UP_S = BODY_TIMEOUT_S * 2 + 20
 HEAD_START = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "

@@ -49,7 +49,7 @@ WALT = Principal(tenant="acme", user="u-walt", agent="writer", session="s-2")
 MALLORY = Principal(tenant="globex", user="u-mallory", agent="researcher", session="s-3")
 
 
-def APPROVER(gateway: Gateway) -> dict[str, Any]:  # noqa: N802 (reads as a constant)
+def APPROVER(gateway: Gateway) -> dict[str, Any]:  # reads as a constant
     """An approver's connection: the locked bus lets it reach the approvals service only."""
     return connect_options(gateway.stack.creds_of("inbox"))
 

@@ -26,6 +26,8 @@ from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES, Principal
 from toolgate.contracts.events import MessageDeadLettered
 
+pytestmark = pytest.mark.system  # a whole gateway as processes (so slow too)
+
 SECRET = "sk-LIVE-7f3a9c1e5b2d4680"
 ALICE = Principal(tenant="acme", user="u-alice", agent="researcher", session="s-1")
 VAULT = """

@@ -163,7 +163,7 @@ with   spaces.</p><p>Second &amp; last.</p></body></html>"""
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:  # the stdlib's name
         if self.path == "/page":
             self._reply(200, "text/html; charset=utf-8", PAGE)
         elif self.path == "/plain":
