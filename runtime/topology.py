@@ -244,6 +244,7 @@ EXECUTOR_ACK_WAIT_CAP_S = 15.0
 # A notifier delivery holds its message for one webhook attempt (its timeout, 10 s
 # by default) and says in_progress meanwhile; the fan-out durables are quick.
 NOTIFIER_ACK_WAIT_S = 30.0
+NOTIFIER_DELIVERIES_DURABLE = "notifier-deliveries"
 # The audit holds messages while a batch fills and is inserted (about 1 s, longer
 # while ClickHouse is slow); the sink sets its own (services/audit).
 DEFAULT_ACK_WAIT_S = 30.0
@@ -255,7 +256,7 @@ def stage_ack_wait(durable: str) -> float:
         return EXECUTOR_ACK_WAIT_CAP_S
     if durable == "audit":
         return DEFAULT_ACK_WAIT_S
-    if durable.startswith("notifier-"):
+    if durable == NOTIFIER_DELIVERIES_DURABLE:
         return NOTIFIER_ACK_WAIT_S
     return STAGE_ACK_WAIT_S
 
@@ -400,7 +401,7 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
         Handler(
             "notifier",
             subjects.NOTIFICATIONS_STREAM,
-            "notifier-deliveries",
+            NOTIFIER_DELIVERIES_DURABLE,
             f"{subjects.NOTIFY_PREFIX}.>",
             ("a signed webhook POST; MessageDeadLettered when given up",),
         ),

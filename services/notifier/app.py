@@ -63,14 +63,14 @@ from toolgate.contracts.events import (
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus, telemetry
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import NOTIFIED_EVENTS
+from toolgate.runtime.topology import NOTIFIED_EVENTS, NOTIFIER_DELIVERIES_DURABLE
 from toolgate.services.notifier import logic
 from toolgate.services.notifier.logic import SERVICE, ApprovalRecord, Job, Kind, Webhook
 from toolgate.services.notifier.sender import DEFAULT_TIMEOUT_S, HttpSender, Sender
 
 log = logging.getLogger("toolgate.notifier")
 
-DELIVERIES_DURABLE = "notifier-deliveries"
+DELIVERIES_DURABLE = NOTIFIER_DELIVERIES_DURABLE
 DELIVERY_SLOTS = 64
 DEFAULT_PER_WEBHOOK = 4
 # A delivery whose webhook has all its slots busy is put back for this long.

@@ -7,6 +7,8 @@ from toolgate.runtime.topology import (
     DEFAULT_ACK_WAIT_S,
     EXECUTOR_ACK_MARGIN_S,
     EXECUTOR_ACK_WAIT_CAP_S,
+    NOTIFIER_ACK_WAIT_S,
+    NOTIFIER_DELIVERIES_DURABLE,
     executor_ack_wait,
     handlers,
     heartbeat_interval,
@@ -16,9 +18,17 @@ from toolgate.runtime.topology import (
 
 class TestStageAckWait:
     def test_the_quick_stages_are_redelivered_well_before_the_default(self) -> None:
-        quick = [h.durable for h in handlers(["echo"]) if h.service != "executor"]
-        assert quick  # validator, policy, approvals, attacher-*
+        quick = [
+            h.durable
+            for h in handlers(["echo"])
+            if h.service != "executor" and h.durable != NOTIFIER_DELIVERIES_DURABLE
+        ]
+        assert quick  # validator, policy, approvals, attacher-*, the notifier's fan-out
         assert all(stage_ack_wait(durable) < DEFAULT_ACK_WAIT_S for durable in quick)
+
+    def test_a_webhook_delivery_is_held_longer_than_one_attempt(self) -> None:
+        # One attempt may take its whole timeout (services/notifier: 10 s by default).
+        assert stage_ack_wait(NOTIFIER_DELIVERIES_DURABLE) == NOTIFIER_ACK_WAIT_S > 10.0
 
     def test_the_audit_keeps_room_for_a_batch(self) -> None:
         assert stage_ack_wait("audit") == DEFAULT_ACK_WAIT_S
