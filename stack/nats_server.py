@@ -7,6 +7,13 @@ same operator, accounts and resolver on each, a resolver directory of each
 node's own), so streams and buckets can keep 3 replicas and lose a node. At
 scale an operator points `--nats-url` at a real cluster and this module is
 not used.
+
+The JetStream store is encrypted at rest (ChaCha20-Poly1305, nats-server's own
+`jetstream { cipher, key }`) with a key of the data dir's (`nats-store.key`, 0600,
+made once; handed to the server in its environment, never written into its config).
+The calls stream keeps each call's NATS headers for its retention, an end user's
+`Authorization: Bearer` token among them: a copy of the store alone reads nothing.
+A store written before this is encrypted by the server when it starts.
 """
 
 from __future__ import annotations
@@ -35,6 +42,25 @@ MAX_PAYLOAD_BYTES = MAX_MESSAGE_BYTES
 
 class NatsServerError(RuntimeError):
     pass
+
+
+STORE_KEY_FILE = "nats-store.key"
+STORE_KEY_ENV = "TOOLGATE_NATS_STORE_KEY"
+
+
+def store_key(data_dir: Path) -> str:
+    """The data dir's JetStream store key (64 hex characters), made once, 0600."""
+    path = data_dir / STORE_KEY_FILE
+    if not path.exists():
+        import secrets
+
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+    key = path.read_text().strip()
+    if len(key) < 32:
+        raise NatsServerError(f"{path}: not a store key (delete it only with the store)")
+    return key
 
 
 def nats_server_binary() -> str:
@@ -113,6 +139,7 @@ class EmbeddedNats:
             include = f"include '{relative}'\n"
         conf.write_text(
             f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+            + f"jetstream {{ cipher: chachapoly, key: ${STORE_KEY_ENV} }}\n"
             + include
             + (self.cluster.config(self.data_dir, self.host) if self.cluster else "")
             + (f'http: "{self.host}:{self.monitor_port}"\n' if self.monitor_port else "")
@@ -133,8 +160,10 @@ class EmbeddedNats:
         ]
         # Its own session: Ctrl-C in a terminal reaches `toolgate up`, which
         # stops the services first and the server last.
+        environment = {**os.environ, STORE_KEY_ENV: store_key(self.data_dir)}
         self.process = subprocess.Popen(
             args,
+            env=environment,
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
