@@ -49,7 +49,9 @@ def call_of_message(subject: str, data: bytes) -> CallMark | None:
     """The call a message (a ToolCall, or an event of a call) names; None if none."""
     try:
         named = _peek.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        # A nesting bomb raises RecursionError even though the fields are skipped: the
+        # line names no call, and the stage's own check answers the message.
         return None
     if not named.call_id:
         return None
