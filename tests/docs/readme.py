@@ -1,4 +1,5 @@
-"""The README's code blocks, read as a reader would run them.
+"""The code blocks of README.md and of every page under docs/, read as a reader
+would run them (each page on its own, top to bottom, in a fresh folder).
 
 A block is a fenced code block with its language and the heading it is under.
 An HTML comment on the line just before the fence (invisible on the rendered
@@ -15,6 +16,9 @@ page) says how a test treats it:
     <!-- test: webhook payload -->               this JSON is an approval notification's
                                                  body: tests/docs/test_readme_notifications.py
                                                  checks it against the notifier's own
+    <!-- test: file PATH -->                     this block is the content of the file
+                                                 PATH (relative to the reader's folder),
+                                                 which the reader saves before going on
 
 Inside a shell block, a command's trailing comment may say what it does:
 `# prints TEXT` (TEXT is in its stdout), or, for `toolgate call`, a status
@@ -36,10 +40,11 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 DIRECTIVE = re.compile(r"^<!--\s*(not-run|test):\s*(.*?)\s*-->\s*$")
 READY = re.compile(r'^background, ready at "([^"]+)"$')
 OUTPUT = re.compile(r"^output of the (block above|background block)$")
+FILE = re.compile(r"^file ([\w./-]+)$")
 WEBHOOK_PAYLOAD = "webhook payload"
 RUNNABLE = {"sh": "sh", "bash": "sh", "shell": "sh", "python": "python"}
 CHECKED = {"json", "cedar", "yaml"}
-# Results a `toolgate call` may end in, as a README comment names them.
+# Results a `toolgate call` may end in, as a page's comment names them.
 STATUSES = set(get_args(Status))
 
 
@@ -49,17 +54,34 @@ class Block:
     text: str
     line: int  # of the opening fence, 1-based
     heading: str
+    page: str = "README.md"  # the page's path in the repository
     not_run: str | None = None
     ready_at: str | None = None  # a background block
     output_of: str | None = None  # "block above" | "background block"
     webhook_payload: bool = False  # an approval notification's body (services/notifier)
+    file: str | None = None  # the reader saves it as this file (relative path)
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line} ({self.heading})"
+        return f"{self.page}:{self.line} ({self.heading})"
 
 
-def read_blocks(path: Path) -> list[Block]:
+def pages(root: Path) -> list[Path]:
+    """README.md, then every page of the docs site, in path order."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def page_name(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def all_blocks(root: Path) -> list[Block]:
+    """Every page's blocks, README.md's first."""
+    return [block for path in pages(root) for block in read_blocks(path, page_name(path, root))]
+
+
+def read_blocks(path: Path, page: str | None = None) -> list[Block]:
+    page = page or path.name
     lines = path.read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     heading = ""
@@ -76,9 +98,9 @@ def read_blocks(path: Path) -> list[Block]:
         while end < len(lines) and lines[end].rstrip() != "```":
             end += 1
         if end == len(lines):
-            raise ValueError(f"README.md:{index + 1}: a code block is never closed")
+            raise ValueError(f"{page}:{index + 1}: a code block is never closed")
         block = Block(
-            opening.group(1), "\n".join(lines[index + 1 : end]) + "\n", index + 1, heading
+            opening.group(1), "\n".join(lines[index + 1 : end]) + "\n", index + 1, heading, page
         )
         directive = DIRECTIVE.match(lines[index - 1]) if index else None
         if directive:
@@ -91,6 +113,10 @@ def read_blocks(path: Path) -> list[Block]:
                 block.output_of = output.group(1)
             elif value == WEBHOOK_PAYLOAD:
                 block.webhook_payload = True
+            elif (
+                (file := FILE.match(value)) and ".." not in value and not value.startswith("file /")
+            ):
+                block.file = file.group(1)
             else:
                 raise ValueError(f"{block.where}: unknown directive {lines[index - 1]!r}")
         blocks.append(block)
@@ -172,7 +198,7 @@ def python_prints(text: str) -> list[str]:
 
 
 def matches(documented: Any, actual: Any) -> bool:
-    """Whether `actual` is what the README shows: every key it shows, equal values;
+    """Whether `actual` is what the page shows: every key it shows, equal values;
     "..." stands for any value; a list ending in "..." may go on."""
     if documented == "...":
         return True

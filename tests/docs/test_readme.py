@@ -1,18 +1,21 @@
-"""Every example of README.md runs as written, so the page cannot rot.
+"""Every example of README.md and of every docs page runs as written, so no page can rot.
 
-The page is read top to bottom as a reader in a fresh folder would follow it
-(tests/docs/readme.py says how its blocks and comments are read): shell
-blocks run in bash in a temporary folder, long-running commands (`toolgate
-up`, `toolgate serve`, a call that waits for a human) in the background as
-in shells of their own, Python blocks with this interpreter; JSON, Cedar and
-YAML blocks are checked against the code. Liberties taken, and only these:
+Each page is read top to bottom as a reader in a fresh folder of their own
+would follow it (tests/docs/readme.py says how its blocks and comments are
+read): shell blocks run in bash in a temporary folder, long-running commands
+(`toolgate up`, `toolgate serve`, a call that waits for a human) in the
+background as in shells of their own, Python blocks with this interpreter,
+`file` blocks saved where they say; JSON, Cedar and YAML blocks are checked
+against the code. A page that needs a gateway starts one itself, as its
+reader does. Liberties taken, and only these:
 
-- the install commands (`python3 -m venv`, `pip install`) are not re-run, and
-  `.venv/bin/toolgate` is the `toolgate` of this test's environment;
+- the install commands (`python3 -m venv`, `pip install`, activating the
+  venv) are not re-run, and `.venv/bin/toolgate` is the `toolgate` of this
+  test's environment;
 - `toolgate up` gets `--nats-port 0`, so this can run beside a gateway on 4222;
 - a `toolgate up` block stops the one running first, as the page says (Ctrl-C);
-- the audit section (edited by its own owner) names placeholders that the
-  table PLACEHOLDERS below fills in from this very run.
+- the audit page names placeholders that the table PLACEHOLDERS below fills
+  in from its own run.
 """
 
 from __future__ import annotations
@@ -36,8 +39,11 @@ from tests.docs.readme import (
     RUNNABLE,
     Block,
     Command,
+    all_blocks,
     json_documents,
     matches,
+    page_name,
+    pages,
     python_prints,
     read_blocks,
     shell_commands,
@@ -46,18 +52,20 @@ from tests.docs.readme import (
 from tests.harness import REPO_ROOT
 from toolgate.contracts.calls import ToolCall, ToolResult
 
-README = REPO_ROOT / "README.md"
 BIN = Path(sys.executable).parent
-# Words a reader replaces, in blocks of sections this test does not own, filled in
-# from this run: acme.writer's call (the audit block also traces it as that agent's),
-# and the bundle worked example 2 wrote.
+# Words a reader replaces (docs/audit.md), filled in from that page's own run:
+# acme.writer's call (the audit block also traces it as that agent's), and the
+# bundle `toolgate up --example refund` wrote.
 PLACEHOLDERS = {"CALL_ID": "call_02", "DIR": ".toolgate/examples/refund/policy"}
 # Commands whose documented exit statuses are all an answer, not a failure: 1 is
 # "decisions would change" for policy test.
 ANSWERS = {
     "toolgate policy test": {0, 1},
 }
-INSTALL = re.compile(r"^\s*(python3 -m venv\b|\.venv/bin/pip install\b|pip install\b)")
+INSTALL = re.compile(
+    r"^\s*(python3 -m venv\b|\.venv/bin/pip install\b|pip install\b"
+    r"|(\.|source) \.venv/bin/activate\s*$)"
+)
 BLOCK_DEADLINE_S = 300.0
 READY_DEADLINE_S = 180.0
 
@@ -66,20 +74,32 @@ READY_DEADLINE_S = 180.0
 
 
 def blocks() -> list[Block]:
-    return read_blocks(README)
+    """Every block of every page."""
+    return all_blocks(REPO_ROOT)
+
+
+def page_blocks(page: str) -> list[Block]:
+    return read_blocks(REPO_ROOT / page, page)
+
+
+def test_every_page_is_read() -> None:
+    names = [page_name(path, REPO_ROOT) for path in pages(REPO_ROOT)]
+    assert names[0] == "README.md" and "docs/index.md" in names and "docs/tools.md" in names
 
 
 def test_every_block_is_run_or_checked_or_says_why_not() -> None:
     found = blocks()
-    assert found, "no code blocks in README.md"
+    assert found, "no code blocks in README.md or docs/"
     for block in found:
-        assert block.language in {*RUNNABLE, *CHECKED, ""}, (
+        assert block.language in {*RUNNABLE, *CHECKED, ""} or block.file, (
             f"{block.where}: a ```{block.language} block nobody runs or checks"
         )
-        if block.ready_at or block.output_of:
+        if block.ready_at or block.output_of or block.file:
             assert block.not_run is None, block.where
-    not_run = [b for b in found if b.not_run]
-    assert len(not_run) <= 3, [f"{b.where}: {b.not_run}" for b in not_run]
+    for path in pages(REPO_ROOT):
+        page = page_name(path, REPO_ROOT)
+        not_run = [b for b in found if b.not_run and b.page == page]
+        assert len(not_run) <= 3, [f"{b.where}: {b.not_run}" for b in not_run]
     outputs = [b for b in found if b.output_of]
     assert all(b.language == "json" for b in outputs), [b.where for b in outputs]
 
@@ -88,7 +108,7 @@ def test_json_examples_are_wire_messages() -> None:
     """A JSON block that is not a command's output is a ToolCall or a ToolResult."""
     checked = 0
     for block in blocks():
-        if block.language != "json" or block.output_of or block.webhook_payload:
+        if block.language != "json" or block.output_of or block.webhook_payload or block.file:
             continue
         for document in json_documents(block.text):
             raw = json.dumps(document).encode()
@@ -111,7 +131,7 @@ def shipped_policy_ids() -> set[str]:
 def test_cedar_examples_name_shipped_policies() -> None:
     shipped = shipped_policy_ids()
     for block in blocks():
-        if block.language == "cedar":
+        if block.language == "cedar" and not block.file:  # a file is checked by its page's run
             named = re.findall(r'@id\("([^"]+)"\)', block.text)
             assert named, block.where
             assert set(named) <= shipped, f"{block.where}: {set(named) - shipped} not shipped"
@@ -229,6 +249,10 @@ class Reader:
         script = ["set +e"]
         for number, command in enumerate(commands):
             run = self.as_run(command.text)
+            if not run:  # only install commands: nothing to run here
+                script.append(f"echo 0 >{logs}/{number}.rc; : >{logs}/{number}.out")
+                script.append(f": >{logs}/{number}.err")
+                continue
             allowed = self.allowed_exits(run, command)
             check = " -o ".join(f'"$rc" = "{code}"' for code in sorted(allowed))
             script.append(
@@ -253,6 +277,8 @@ class Reader:
         return {command.expected_exit}
 
     def check_command(self, block: Block, command: Command, logs: Path, number: int) -> None:
+        if not self.as_run(command.text):
+            return
         rc_file = logs / f"{number}.rc"
         assert rc_file.exists(), f"{block.where}: {command.text!r} never ran (one before failed)"
         exit_code = int(rc_file.read_text())
@@ -269,6 +295,13 @@ class Reader:
             assert json.loads(stdout)["status"] == command.expect_status, said
         self.last_stdout = stdout
         self.ran += 1
+
+    def save(self, block: Block) -> None:
+        """A file the page shows: the reader saves it where the page says."""
+        assert block.file is not None
+        path = self.home / block.file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(block.text)
 
     def python(self, block: Block) -> None:
         path = self.home / ".readme" / f"block{block.line}.py"
@@ -387,17 +420,30 @@ def reader_env() -> dict[str, str]:
     return env
 
 
+def runnable(block: Block) -> bool:
+    return not block.not_run and not block.output_of and block.language in RUNNABLE
+
+
+def pages_that_run() -> list[str]:
+    names = [page_name(path, REPO_ROOT) for path in pages(REPO_ROOT)]
+    return [name for name in names if any(runnable(b) and not b.file for b in page_blocks(name))]
+
+
 @pytest.mark.system
 @pytest.mark.timeout(1200)
-def test_readme_runs_as_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", pages_that_run())
+def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
     home = tmp_path / "reader"
     home.mkdir()
     reader = Reader(home, reader_env())
+    found = page_blocks(page)
     try:
-        for block in blocks():
+        for block in found:
             if block.not_run:
                 continue
-            if block.ready_at:
+            if block.file:
+                reader.save(block)
+            elif block.ready_at:
                 reader.background(block)
             elif block.output_of:
                 reader.output(block)
@@ -412,7 +458,7 @@ def test_readme_runs_as_written(tmp_path: Path) -> None:
         1
         if b.language == "python"
         else sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
-        for b in blocks()
-        if not b.not_run and not b.output_of and b.language in RUNNABLE
+        for b in found
+        if runnable(b) and not b.file
     )
     assert reader.ran == expected

@@ -1,4 +1,4 @@
-"""The README's plain nats-py example when the result is live before it is stored.
+"""The plain nats-py example (docs/identities.md) when the result is live before it is stored.
 
 NATS hands a published message to core subscribers and to the stream that
 captures it at once; the stream stores it a moment later. So a direct get
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.docs.readme import read_blocks
+from tests.docs.readme import all_blocks
 from tests.harness import REPO_ROOT
 
 RESULT = b'{"call_id":"call_02","ok":true,"status":"ok","data":{"items":[]},"error":null}'
@@ -57,10 +57,14 @@ class NotStoredYet:
         pass
 
 
-def direct_get_example() -> str:
-    (block,) = [b for b in read_blocks(REPO_ROOT / "README.md") if "$JS.API.DIRECT.GET" in b.text]
-    assert block.language == "python" and block.not_run is None
-    return block.text
+def direct_get_example() -> tuple[str, str]:
+    (block,) = [
+        b
+        for b in all_blocks(REPO_ROOT)
+        if "$JS.API.DIRECT.GET" in b.text and b.language == "python"
+    ]
+    assert block.not_run is None
+    return block.text, block.where
 
 
 @pytest.mark.parametrize("misses", [0, 1, 3])
@@ -76,7 +80,8 @@ def test_the_example_prints_true_when_the_direct_get_comes_before_the_store(
         return connection
 
     monkeypatch.setitem(sys.modules, "nats", types.SimpleNamespace(connect=connect))
-    exec(compile(direct_get_example(), "README.md", "exec"), {"__name__": "readme_example"})
+    text, where = direct_get_example()
+    exec(compile(text, where, "exec"), {"__name__": "readme_example"})
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1] == "True", printed
     assert connection.direct_gets == misses + 1

@@ -1,4 +1,4 @@
-"""README "Approval notifications (webhooks)": its payload is what the notifier sends,
+"""docs/approvals.md, "Approval notifications (webhooks)": its payload is what the notifier sends,
 its webhooks file is what the notifier reads, and its receiver's check accepts the
 notifier's signature and refuses a forged or replayed body."""
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.docs.readme import Block, read_blocks
+from tests.docs.readme import Block, all_blocks
 from tests.harness import REPO_ROOT
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import ApprovalRequested
@@ -24,7 +24,7 @@ WEBHOOK_ID = "3f9a1c2b7d4e"  # the example's webhook
 
 
 def section() -> list[Block]:
-    found = [b for b in read_blocks(REPO_ROOT / "README.md") if b.heading == HEADING]
+    found = [b for b in all_blocks(REPO_ROOT) if b.heading == HEADING]
     assert found, f"no section {HEADING!r}"
     return found
 
@@ -47,7 +47,7 @@ def at(text: str) -> datetime:
 
 
 def sent_like(doc: dict[str, Any], timestamp: int) -> logic.Job:
-    """The notifier's own notification of the call the README's example describes."""
+    """The notifier's own notification of the call the page's example describes."""
     principal = Principal(
         tenant=doc["tenant"], user=doc["user"], agent=doc["agent"], session=doc["session"]
     )

@@ -1,6 +1,6 @@
-"""HTTP APIs as tools through the whole gateway: the README's worked example, run.
+"""HTTP APIs as tools through the whole gateway: docs/tools.md's worked example, run.
 
-The README's OpenAPI document is imported with `toolgate tools import-openapi` (against a
+The page's OpenAPI document is imported with `toolgate tools import-openapi` (against a
 recording backend and a JWT-issuing token endpoint the test starts on loopback, as
 tests/http_support.py builds them), served by a whole gateway with its audit, and called
 on the wire contract: the read runs at once, the write waits for an approver; the backend
@@ -25,7 +25,7 @@ import nats
 import pytest
 import yaml
 
-from tests.docs.readme import read_blocks
+from tests.docs.readme import all_blocks
 from tests.harness import REPO_ROOT, Gateway, make_test_registry
 from tests.http_support import Backend, TokenServer
 from tests.mcp_support import toolgate
@@ -51,12 +51,10 @@ class Shop:
 
 
 def readme_example(folder: Path) -> Path:
-    """Run the README's worked example's Python block in `folder`: it writes the OpenAPI
+    """Run the page's worked example's Python block in `folder`: it writes the OpenAPI
     document (and an auth file naming example hosts, replaced here)."""
     block = next(
-        b
-        for b in read_blocks(REPO_ROOT / "README.md")
-        if b.heading == HEADING and b.language == "python"
+        b for b in all_blocks(REPO_ROOT) if b.heading == HEADING and b.language == "python"
     )
     (folder / "example.py").write_text(block.text)
     subprocess.run([sys.executable, "example.py"], cwd=folder, check=True, timeout=60)
