@@ -21,7 +21,7 @@ DECISION_NAME = re.compile(r"^\d{4}-[a-z0-9][a-z0-9-]*\.md$")
 def build(site: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # the theme's banner, not a warning
     return subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet"]
+        [sys.executable, "-m", "mkdocs", "build", "--strict"]
         + ["--config-file", str(REPO_ROOT / "mkdocs.yml"), "--site-dir", str(site)],
         cwd=REPO_ROOT,
         env=env,
