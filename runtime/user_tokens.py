@@ -12,7 +12,7 @@ carries the token or its ciphertext, so the audit never sees either.
 
 A sealed token moved to another call's key does not open (the associated data
 differs); a changed ciphertext does not open (GCM's tag). The threat model is in
-README.md, "End users verified (OIDC)".
+docs/users-oidc.md, "Where the token goes, and who can read it".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The refund example the README runs: its registry, its bundle and its tool, from package data."""
+"""The refund example docs/policy-examples.md runs: its registry, bundle and tool (package data)."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ class Receiver:
 
 
 def verified(request: Received, secret: bytes) -> dict[str, Any]:
-    """The README's check: the signature is the HMAC-SHA256 of the raw body."""
+    """docs/approvals.md's check: the signature is the HMAC-SHA256 of the raw body."""
     expected = "sha256=" + hmac.new(secret, request.body, hashlib.sha256).hexdigest()
     assert hmac.compare_digest(request.headers["X-Toolgate-Signature"], expected)
     body = request.json

@@ -241,7 +241,7 @@ def test_replay_re_decides_and_runs_nothing(audited, story, capsys):
     assert asyncio.run(stored_messages(audited)) == stored
     assert audited_event_types(audited, story["saved"]) == events
     assert events["CallRequested"] == events["ExecutionStarted"] == 1
-    # The README's example: every save_evidence call of the last hour, the denied one too.
+    # docs/audit.md's example: every save_evidence call of the last hour, the denied one too.
     assert (
         audit_cli(
             "replay",

@@ -265,7 +265,7 @@ async def test_at_night_an_automated_small_refund_needs_two_an_interactive_one(
 
 
 def test_toolgate_up_example_orders_from_the_command_line(tmp_path: Path) -> None:
-    """What the README tells an operator to run, and the call it suggests."""
+    """What docs/policy-examples.md tells an operator to run, and the call it suggests."""
     data = tmp_path / "data"
     up = subprocess.Popen(
         [

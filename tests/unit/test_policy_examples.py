@@ -1,4 +1,4 @@
-"""The README's worked policy examples, loaded into a real bundle and decided."""
+"""The worked policy examples (docs/policy-examples.md), loaded into a real bundle and decided."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@
 built-in tools: the tools in `registry/` (query_order, refund_order; their
 functions in tools.py), the orders database made from `seed.sql` under the
 data dir, and the policy bundle in `policy/` (the default bundle plus
-orders.cedar, the Order entity and its SQL provider). README: "Worked
-example 3: orders".
+orders.cedar, the Order entity and its SQL provider). docs/policy-examples.md:
+"Worked example 3: orders".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's worked example 2: `refund_payment`, two approvers above 500.
+"""Worked example 2 of docs/policy-examples.md: `refund_payment`, two approvers above 500.
 
 `toolgate up --example refund` runs the gateway with this example beside the
 built-in tools: the tool in `registry/` (its function in refund.py, a ledger
