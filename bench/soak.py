@@ -40,11 +40,10 @@ import tempfile
 import time
 from array import array
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nats
 from nats.js import JetStreamContext
 
 from toolgate.bench import procs
@@ -683,7 +682,8 @@ def _calls_of(args: argparse.Namespace) -> int:
     return DEFAULT_CALLS if args.calls is None else int(args.calls)
 
 
-def cmd_bench_soak(args: argparse.Namespace) -> int:
+def cmd_bench_soak(args: argparse.Namespace, reachable: Callable[[], None] = lambda: None) -> int:
+    """The command; `reachable()` checks a running gateway (--nats-url) after the input."""
     calls = _calls_of(args)
     if calls < 1 or (args.rate is not None and args.rate <= 0) or args.burst < 1:
         print(
@@ -694,6 +694,8 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     if args.curve:
         print("toolgate bench soak: a soak holds one rate, not --curve", file=sys.stderr)
         return 2
+    if args.nats_url is not None:
+        reachable()
     load = load_average()
     if load is not None and load[0] > LOAD_WARN:
         print(
@@ -727,11 +729,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
                 procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
                 f"a running gateway at {args.nats_url}",
             )
-            try:
-                report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))
-            except (OSError, nats.errors.NoServersError) as exc:
-                print(f"toolgate bench soak: cannot reach {args.nats_url}: {exc}", file=sys.stderr)
-                return 3
+            report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))
     markdown = render(report)
     print(markdown, end="", flush=True)
     args.results_markdown = markdown  # what --save writes (toolgate.bench.results.saving)

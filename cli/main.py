@@ -937,7 +937,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "soak" or args.soak is not None:
         from toolgate.bench.soak import cmd_bench_soak
 
-        return cmd_bench_soak(args)
+        def reachable() -> None:  # --nats-url: one line and exit 3 if it is not there
+            asyncio.run(_probe(check_nats_url(args.nats_url), check_creds(args.creds)))
+
+        return cmd_bench_soak(args, reachable)
     args.calls = 500 if args.calls is None else args.calls
     if args.target == "mcp":
         from toolgate.bench.mcp import cmd_bench_mcp

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from toolgate.stack.processes import free_port
+
 pytestmark = pytest.mark.system
 
 NUMBER = r"\s+(?:\d+(?:\.\d+)?|-)"
@@ -152,6 +154,14 @@ def test_bench_soak_reports_calls_memory_of_every_process_and_consumers_and_save
     assert re.search(r"^\| commit \| `[0-9a-f]{40}`", text, re.MULTILINE), text
     assert re.search(r"^\| load average at start \| \d+\.\d\d \(1 min\)", text, re.MULTILINE)
     assert text.endswith("## Figures\n\n" + out)
+
+
+def test_bench_soak_says_in_one_line_when_the_gateway_is_not_there(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    done = bench(tmp_path, "soak", "-n", "10", "--nats-url", url)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert f"no NATS at {url}" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
 
 
 def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None:
