@@ -21,8 +21,9 @@ messages the streams hold. Reported, as markdown tables:
 - nats-server's RSS over time beside the messages stored, and where it
   levels off (the first sample after which it grows by no more than that
   tolerance), if it does;
-- every consumer's pending and ack-pending at the last result, and how
-  long after it the consumers had caught up.
+- every consumer's pending and ack-pending when the calls have ended
+  (each answered, or given up after 60 s), and how long after that the
+  consumers had caught up.
 
 The load average is read before the run; above LOAD_WARN the figures are
 of a busy machine, which the report (and a warning) say. `--save` writes
@@ -342,10 +343,10 @@ def render(report: SoakReport) -> str:
         " (last / first) |",
         "| no consumer behind at the end | "
         + (
-            f"yes: all caught up {report.caught_up_after_s:.1f} s after the last result"
+            f"yes: all caught up {report.caught_up_after_s:.1f} s after the calls ended"
             if report.caught_up_after_s is not None and not behind
             else f"no: {len(behind)} consumers still behind {DRAIN_TIMEOUT_S:.0f} s "
-            "after the last result"
+            "after the calls ended"
         )
         + " |",
         "| nats-server's memory levels off | "
@@ -421,7 +422,13 @@ def render(report: SoakReport) -> str:
             )
             + f" Over the second half: {slope_per_s(second) * 60:+.2f} MiB/min"
             + (f", {per_call:+.2f} MiB per 10,000 calls" if per_call is not None else "")
-            + ".",
+            + "."
+            + (
+                f" The streams stored {stored:.1f} more messages per call answered "
+                "(kept for their retention)."
+                if (stored := stored_per_call(report.samples)) is not None
+                else ""
+            ),
         ]
     out += [
         "",
@@ -441,7 +448,8 @@ def render(report: SoakReport) -> str:
         "",
         "### Consumers",
         "",
-        f"At the last result, and after the gateway's consumers had caught up ({caught}).",
+        "When the calls had ended (each answered, or given up after "
+        f"{RESULT_TIMEOUT_S:.0f} s), and after the gateway's consumers had caught up ({caught}).",
         "",
         "| stream | consumer | pending | ack pending | pending after | ack pending after |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -478,6 +486,15 @@ def _per_calls(samples: Sequence[Sample], name: str) -> float | None:
         return None
     slope = slope_per_s([(float(s.answered), s.rss_mb[name]) for s in second])
     return slope * 10_000
+
+
+def stored_per_call(samples: Sequence[Sample]) -> float | None:
+    """Messages the streams gained per call answered, from the first sample to the last."""
+    known = [s for s in samples if s.stored is not None]
+    if len(known) < 2 or known[-1].answered == known[0].answered:
+        return None
+    assert known[-1].stored is not None and known[0].stored is not None
+    return (known[-1].stored - known[0].stored) / (known[-1].answered - known[0].answered)
 
 
 # ---------------------------------------------------------------- the run (I/O)
@@ -646,7 +663,7 @@ async def _soak(
         driven = await drive(driver, f"s{run}-soak", calls, rate, progress, answered)
     finally:
         sampler.cancel()
-    await sample()  # at the last result
+    await sample()  # the calls have ended: each answered or given up
     at_end = await consumers(js) if js is not None else []
     caught_up_at = time.perf_counter()
     await gate.drain()

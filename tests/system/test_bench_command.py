@@ -132,7 +132,7 @@ def test_bench_soak_reports_calls_memory_of_every_process_and_consumers_and_save
             out,
             re.MULTILINE,
         ), (name, out)
-    # nats-server over time; its last sample is at the last result.
+    # nats-server over time; its last sample is when the calls have ended.
     over_time = re.findall(r"^\| \d+\.\d \| (\d+) \| \d+\.\d \| \d+ \| \d+ \|$", out, re.MULTILINE)
     assert len(over_time) >= 2 and over_time[-1] == "300", out
     # Every consumer of the pipeline, at the end and caught up.

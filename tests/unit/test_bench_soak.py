@@ -74,6 +74,14 @@ def test_the_table_shows_at_most_a_dozen_evenly_spread_samples() -> None:
     assert soak.over_time(taken[:5]) == taken[:5]
 
 
+def test_stored_messages_per_call_come_from_the_first_and_last_samples() -> None:
+    taken = samples({"nats-server": [50.0, 60.0, 70.0]})
+    for sample, stored in zip(taken, (1000, None, 3000), strict=True):
+        sample.stored = stored
+    assert soak.stored_per_call(taken) == pytest.approx(2000 / 200)
+    assert soak.stored_per_call(taken[:1]) is None
+
+
 def report(**changes: object) -> SoakReport:
     latencies = [2.0] * 100
     latencies[-1] = math.nan
@@ -125,7 +133,7 @@ def test_the_report_gives_its_verdicts_from_the_figures() -> None:
         "yes: p50 1.00x, p99 1.00x (last / first)"
     )
     assert verdicts["no consumer behind at the end"] == (
-        "yes: all caught up 1.5 s after the last result"
+        "yes: all caught up 1.5 s after the calls ended"
     )
     assert verdicts["nats-server's memory levels off"] == "yes: at 75.0 MiB from 4 s"
     assert "Warning" not in text
