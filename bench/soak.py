@@ -347,6 +347,8 @@ def render(report: SoakReport) -> str:
             if report.caught_up_after_s is not None and not behind
             else f"no: {len(behind)} consumers still behind {DRAIN_TIMEOUT_S:.0f} s "
             "after the calls ended"
+            if report.consumers_after
+            else "not measured (no operator connection: --creds)"
         )
         + " |",
         "| nats-server's memory levels off | "

@@ -164,3 +164,10 @@ def test_a_busy_machine_and_a_consumer_behind_are_said() -> None:
     assert verdicts["every call answered"].startswith("yes: 100 of 100")
     assert verdicts["no consumer behind at the end"].startswith("no: 1 consumers still behind")
     assert "\nNone.\n" in text  # no errors
+
+
+def test_without_the_operator_s_connection_consumers_are_not_measured() -> None:
+    text = soak.render(report(consumers_at_end=[], consumers_after=[], caught_up_after_s=None))
+    assert checks(text)["no consumer behind at the end"] == (
+        "not measured (no operator connection: --creds)"
+    )
