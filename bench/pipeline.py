@@ -14,10 +14,8 @@ once (calls/s); with each window the CPU milliseconds per call of every
 process (each service, nats-server, ClickHouse, the floor's hops, this
 client) are read from /proc. `--rate R --duration S` holds a fixed arrival
 rate instead (open loop); `--curve` measures the burst throughput and then
-holds 25, 50, 75 and 90 % of it. `--soak N` sends N calls open loop at
---rate (default: 60 % of the burst throughput, measured first) and prints
-every process's RSS over the run, the consumers' backlog, and the latency of
-the first and last 10,000 calls: does the cost stay flat as work grows?
+holds 25, 50, 75 and 90 % of it. A soak (many calls at one rate, memory
+and backlog over time) is `toolgate bench soak` (toolgate.bench.soak).
 
 Progress goes to stderr; the figures to stdout.
 """
@@ -57,9 +55,7 @@ from toolgate.bench.loops import (
     closed_loop,
     combine,
     open_loop,
-    percentile,
     say,
-    warm_up,
 )
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal
@@ -72,9 +68,6 @@ PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-
 # The services one call passes through: validator, policy, executor, attacher.
 HOPS = floor.HOPS
 CURVE_FRACTIONS = (0.25, 0.50, 0.75, 0.90)
-SOAK_RATE_FRACTION = 0.60
-SOAK_SLICE = 10_000  # calls in the first and last slice whose latencies are compared
-SOAK_SAMPLE_S = 5.0
 KIND_NAMES = {"plain": PlainClient.name, "gateway": GatewayDriver.name, "floor": FloorClient.name}
 # The gateway is quiet when its processes use less than this many cores together.
 QUIET_CORES = 0.15
@@ -264,7 +257,7 @@ async def _wait_for_pipeline(nats_url: str, creds: Path | None, timeout: float =
 
 async def _measure(
     target: Target, args: argparse.Namespace, run: str, tmp: Path
-) -> list[Closed | Open | Soak | str]:
+) -> list[Closed | Open | str]:
     """Everything the arguments ask for; returns what to print (figures, or a note)."""
     progress = Progress()
     admin = await _admin(target)
@@ -273,7 +266,7 @@ async def _measure(
         [subjects.CALLS_STREAM, subjects.EVENTS_STREAM],
         target.processes,
     )
-    out: list[Closed | Open | Soak | str] = []
+    out: list[Closed | Open | str] = []
     try:
         started = time.monotonic()
         say("waiting for one call to go through")
@@ -292,7 +285,7 @@ async def _measure(
         # what the clients allocate.
         gc.collect()
         gc.freeze()
-        if args.curve or args.rate or args.soak:
+        if args.curve or args.rate:
             out += await _open_modes(target, args, run, gate, progress)
             return out
         kinds = ["plain", "gateway"] + (["floor"] if admin is not None else [])
@@ -341,75 +334,10 @@ async def _measure(
             await admin.close()
 
 
-@dataclass
-class Soak:
-    """A long open-loop run: latencies by call order, memory and backlog over time."""
-
-    run: Open
-    burst: Closed | None
-    rss_mb: list[tuple[float, dict[str, float]]]  # (seconds into the run, MiB per process)
-    pending: list[tuple[float, int]]  # (seconds into the run, messages not yet acked)
-
-
-async def _soak(
-    target: Target, args: argparse.Namespace, run: str, gate: Gate, progress: Progress
-) -> Soak:
-    driver = await _driver("plain", target)
-    try:
-        burst, rate = None, args.rate
-        if rate is None:
-            burst = await closed_loop(
-                driver, target.processes, gate, f"b{run}-max", 0, args.burst, progress
-            )
-            rate = burst.burst_calls_per_s * SOAK_RATE_FRACTION
-            say(
-                f"max burst {burst.burst_calls_per_s:.0f} calls/s; soak at "
-                f"{SOAK_RATE_FRACTION:.0%} of it, {rate:.0f} calls/s"
-            )
-        else:
-            await warm_up(driver, f"b{run}-soak", progress)
-        rss: list[tuple[float, dict[str, float]]] = []
-        pending: list[tuple[float, int]] = []
-        started = time.perf_counter()
-
-        async def sample() -> None:
-            while True:
-                now = time.perf_counter() - started
-                rss.append((now, target.processes.rss_mb()))
-                if gate.js is not None:
-                    try:
-                        pending.append((now, await gate.pending()))
-                    except Exception as exc:  # one missed sample is not a failed soak
-                        say(f"backlog not read: {exc!r}")
-                await asyncio.sleep(SOAK_SAMPLE_S)
-
-        sampler = asyncio.create_task(sample())
-        try:
-            point = await open_loop(
-                driver,
-                target.processes,
-                gate,
-                f"b{run}-soak",
-                rate,
-                args.soak / rate,
-                progress,
-                warm=False,
-            )
-        finally:
-            sampler.cancel()
-        rss.append((time.perf_counter() - started, target.processes.rss_mb()))
-        return Soak(point, burst, rss, pending)
-    finally:
-        await driver.close()
-
-
 async def _open_modes(
     target: Target, args: argparse.Namespace, run: str, gate: Gate, progress: Progress
-) -> list[Closed | Open | Soak | str]:
-    out: list[Closed | Open | Soak | str] = []
-    if args.soak:
-        out.append(await _soak(target, args, run, gate, progress))
-        return out
+) -> list[Closed | Open | str]:
+    out: list[Closed | Open | str] = []
     driver = await _driver("plain", target)
     try:
         if args.rate:
@@ -591,64 +519,7 @@ def _print_curve(closed: Closed, points: Sequence[Open]) -> None:
         print(line)
 
 
-def _slice_line(label: str, values: Sequence[float]) -> str:
-    done = sorted(v for v in values if not math.isnan(v))
-    figures = "".join(_ms(percentile(done, f), 9) for f in (0.5, 0.9, 0.99, 1.0))
-    return f"  {label:<16}{figures}{len(values) - len(done):8d}"
-
-
-def _print_soak(soak: Soak) -> None:
-    point = soak.run
-    how = f"{point.rate:.0f} calls/s"
-    if soak.burst is not None:
-        how += (
-            f" ({SOAK_RATE_FRACTION:.0%} of a {soak.burst.burst_calls_per_s:.0f} calls/s "
-            f"burst of {soak.burst.burst.calls})"
-        )
-    print(f"soak          {point.sent} calls open loop at {how}, {point.duration_s:.0f} s")
-    print(
-        f"throughput    {point.done_per_s:.0f} calls/s done; {point.lost} lost; "
-        f"last publish {point.send_lag_ms:.1f} ms behind its schedule"
-    )
-    if point.failures:
-        print(f"warning: {point.failures} calls did not end ok")
-    size = min(SOAK_SLICE, max(1, point.sent // 10))
-    print(f"{'latency ms':<18}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}{'lost':>8}")
-    print(_slice_line(f"first {size}", point.in_order_ms[:size]))
-    print(_slice_line(f"last {size}", point.in_order_ms[-size:]))
-    print(_slice_line("all", point.in_order_ms))
-    if soak.pending:
-        peak = max(soak.pending, key=lambda sample: sample[1])
-        print(
-            f"backlog       messages not yet acked, all consumers (the audit's 1 s batches "
-            f"included): max {peak[1]} at {peak[0]:.0f} s, last sample {soak.pending[-1][1]} "
-            f"({len(soak.pending)} samples, every {SOAK_SAMPLE_S:g} s)"
-        )
-    if soak.rss_mb:
-        start, end = soak.rss_mb[0], soak.rss_mb[-1]
-        middle = soak.rss_mb[len(soak.rss_mb) // 2]
-        print()
-        print(
-            f"{'rss MiB':<14}{f'{start[0]:.0f} s':>9}{f'{middle[0]:.0f} s':>9}"
-            f"{f'{end[0]:.0f} s':>9}{'end-start':>11}"
-        )
-        for name in _process_names([point.window]):
-            if name in end[1]:
-                first, last = start[1].get(name, 0.0), end[1][name]
-                print(
-                    f"  {name:<12}{first:9.1f}{middle[1].get(name, 0.0):9.1f}{last:9.1f}"
-                    f"{last - first:+11.1f}"
-                )
-    print()
-    for line in _cpu_table([("soak", [(f"{point.rate:.0f}/s", point.window)])]):
-        print(line)
-
-
-def _print(results: Sequence[Closed | Open | Soak | str]) -> None:
-    soaks = [r for r in results if isinstance(r, Soak)]
-    if soaks:
-        _print_soak(soaks[0])
-        return
+def _print(results: Sequence[Closed | Open | str]) -> None:
     closed = [r for r in results if isinstance(r, Closed)]
     opened = [r for r in results if isinstance(r, Open)]
     notes = [r for r in results if isinstance(r, str)]
@@ -685,10 +556,7 @@ def _load() -> str:
 
 
 def _header(args: argparse.Namespace, target: Target) -> str:
-    if args.soak:
-        at = f"{args.rate:g} calls/s" if args.rate else f"{SOAK_RATE_FRACTION:.0%} of the burst"
-        what = f"soak of {args.soak} calls at {at}"
-    elif args.rate:
+    if args.rate:
         what = f"open loop at {args.rate:g} calls/s for {args.duration:g} s"
     elif args.curve:
         what = (
@@ -743,7 +611,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _run(
     args: argparse.Namespace, target: Target, run: str, tmp: Path
-) -> list[Closed | Open | Soak | str]:
+) -> list[Closed | Open | str]:
     print(_header(args, target), flush=True)
     found = [name for name in target.processes.pids if name != "client"]
     if not found:

@@ -934,6 +934,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "soak" or args.soak is not None:
+        from toolgate.bench.soak import cmd_bench_soak
+
+        def reachable() -> None:  # --nats-url: one line and exit 3 if it is not there
+            asyncio.run(_probe(check_nats_url(args.nats_url), check_creds(args.creds)))
+
+        return cmd_bench_soak(args, reachable)
+    args.calls = 500 if args.calls is None else args.calls
     if args.target == "mcp":
         from toolgate.bench.mcp import cmd_bench_mcp
 
@@ -971,12 +979,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     if args.rate is not None and args.curve:
         print("toolgate bench: --rate or --curve, not both", file=sys.stderr)
-        return 2
-    if args.soak is not None and (args.soak < 1 or args.curve):
-        print(
-            "toolgate bench: --soak takes a positive number of calls, not --curve",
-            file=sys.stderr,
-        )
         return 2
     if args.nats_url:  # a running gateway: is it there at all? (one line, exit 3, if not)
         check_nats_url(args.nats_url)
@@ -1338,15 +1340,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "target",
         nargs="?",
-        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness"],
+        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness", "soak"],
         default="pipeline",
     )
     bench.add_argument(
         "-n",
         "--calls",
         type=int,
-        default=500,
-        help="calls sent one at a time, per client (default %(default)s)",
+        default=None,
+        help="calls sent one at a time, per client (default 500); "
+        "soak: calls in all (default 100,000)",
     )
     bench.add_argument(
         "--burst",
@@ -1385,9 +1388,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="CALLS",
-        help="a soak: CALLS calls open loop at --rate (default: 60%% of the burst "
-        "throughput, measured first); prints every process's RSS at the start and the "
-        "end, the consumers' backlog, and the latency of the first and last 10,000 calls",
+        help="the same as `toolgate bench soak -n CALLS`",
     )
     bench.add_argument(
         "--nats-url",
@@ -1414,7 +1415,10 @@ def build_parser() -> argparse.ArgumentParser:
     from toolgate.bench.audit import add_bench_arguments
 
     add_bench_arguments(bench)
-    bench.set_defaults(func=cmd_bench)
+    from toolgate.bench.results import add_save_arguments, saving
+
+    add_save_arguments(bench)
+    bench.set_defaults(func=saving(cmd_bench))
     return parser
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from toolgate.stack.processes import free_port
+
 pytestmark = pytest.mark.system
 
 NUMBER = r"\s+(?:\d+(?:\.\d+)?|-)"
@@ -73,10 +75,17 @@ def test_bench_curve_holds_open_loop_rates(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU is read from /proc")
 def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
-    done = bench(tmp_path, "--rate", "20", "--duration", "1")
+    done = bench(tmp_path, "--rate", "20", "--duration", "1", "--save", "--save-dir", "out")
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert re.search(r"^open loop\s+20 calls/s for 1 s \(20 calls", out, re.MULTILINE), out
+    # --save: what it printed, as printed, in a dated file under the command as run.
+    (saved,) = (tmp_path / "out").iterdir()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-pipeline-open-loop\.md", saved.name)
+    text = saved.read_text()
+    assert "| command | `toolgate bench --rate 20 --duration 1 --save --save-dir out` |" in text
+    assert text.endswith("## Figures\n\n```text\n" + out.strip("\n") + "\n```\n")
+    assert f"saved: out/{saved.name}" in done.stderr
     assert re.search(
         r"^latency ms\s+p50" + NUMBER + r"\s+p90" + NUMBER + r"\s+p99" + NUMBER, out, re.MULTILINE
     ), out
@@ -84,19 +93,75 @@ def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
     assert_cpu_table(out, 1)
 
 
+def checks(markdown: str) -> dict[str, str]:
+    """The soak's verdict table: check -> result."""
+    table = markdown.split("| check | result |\n| --- | --- |\n", 1)[1].split("\n\n", 1)[0]
+    rows = [line.strip("| ").split(" | ", 1) for line in table.splitlines()]
+    return {name: result for name, result in rows}
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS and CPU are read from /proc")
-def test_bench_soak_prints_slices_backlog_and_memory_of_every_process(tmp_path: Path) -> None:
-    done = bench(tmp_path, "--soak", "40", "--rate", "20")
+def test_bench_soak_reports_calls_memory_of_every_process_and_consumers_and_saves_it(
+    tmp_path: Path,
+) -> None:
+    done = bench(tmp_path, "soak", "-n", "300", "--rate", "50", "--save")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert re.search(r"^soak\s+40 calls open loop at 20 calls/s", out, re.MULTILINE), out
-    for label in ("first 4", "last 4", "all"):
-        assert_line(out, label, 5)  # p50 p90 p99 max, and how many were lost
-    assert re.search(r"^backlog\s+messages not yet acked", out, re.MULTILINE), out
-    assert re.search(r"^rss MiB", out, re.MULTILINE), out
-    for name in (*SERVICES, "nats-server", "clickhouse", "client"):
-        assert re.search(rf"^\s+{name}(\s+\d+\.\d+){{3}}\s+[+-]\d+\.\d+$", out, re.MULTILINE), out
-    assert_cpu_table(out, 1)
+    assert out.startswith("## Soak: 300 calls at 50 calls/s\n"), out
+    verdicts = checks(out)
+    assert verdicts["every call answered"] == (
+        "yes: 300 of 300 (300 ok, 0 not ok, 0 lost, 0 errors)"
+    ), out
+    assert verdicts["no consumer behind at the end"].startswith("yes: all caught up"), out
+    for name in (
+        "memory flat after warm-up (each gateway process)",
+        "first and last 30 calls within 20%",
+        "nats-server's memory levels off",
+    ):
+        assert re.fullmatch(r"(yes|no)\b.*", verdicts[name]), (name, out)
+    # Latency slices of the run's calls: first and last tenth, and all.
+    for label, calls in (("first 30", 30), ("last 30", 30), ("all", 300)):
+        assert re.search(
+            rf"^\| {label} \| {calls} \| {calls} \|" + r"( \d+\.\d\d \|){3}$", out, re.MULTILINE
+        ), (label, out)
+    # A memory row for every process of the gateway: warm-up end, end, slope, growth, CPU.
+    for name in (*SERVICES, "nats-server", "clickhouse", "client \\(this bench\\)"):
+        assert re.search(
+            rf"^\| {name} \| \d+\.\d \| \d+\.\d \| [+-]\d+\.\d\d \| [+-]\d+\.\d "
+            r"\| (yes|no) \| \d+\.\d\d \|$",
+            out,
+            re.MULTILINE,
+        ), (name, out)
+    # nats-server over time; its last sample is when the calls have ended.
+    over_time = re.findall(r"^\| \d+\.\d \| (\d+) \| \d+\.\d \| \d+ \| \d+ \|$", out, re.MULTILINE)
+    assert len(over_time) >= 2 and over_time[-1] == "300", out
+    # Every consumer of the pipeline, at the end and caught up.
+    for stream, consumer in (
+        ("TOOLGATE_CALLS", "validator"),
+        ("TOOLGATE_EVENTS", "policy"),
+        ("TOOLGATE_EVENTS", "executor-echo"),
+        ("TOOLGATE_EVENTS", "audit"),
+    ):
+        assert re.search(
+            rf"^\| {stream} \| {consumer} \| \d+ \| \d+ \| 0 \| 0 \|$", out, re.MULTILINE
+        ), (consumer, out)
+    assert "### Errors\n\nNone." in out
+    # --save: the same figures in a dated file, under the command as run.
+    (saved,) = (tmp_path / "docs" / "benchmarks").iterdir()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-soak\.md", saved.name)
+    text = saved.read_text()
+    assert "| command | `toolgate bench soak -n 300 --rate 50 --save` |" in text
+    assert re.search(r"^\| commit \| `[0-9a-f]{40}`", text, re.MULTILINE), text
+    assert re.search(r"^\| load average at start \| \d+\.\d\d \(1 min\)", text, re.MULTILINE)
+    assert text.endswith("## Figures\n\n" + out)
+
+
+def test_bench_soak_says_in_one_line_when_the_gateway_is_not_there(tmp_path: Path) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    done = bench(tmp_path, "soak", "-n", "10", "--nats-url", url)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert f"no NATS at {url}" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
 
 
 def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None:
@@ -106,6 +171,9 @@ def test_bench_refuses_nonsense_before_starting_anything(tmp_path: Path) -> None
         ["--rounds", "0"],
         ["--soak", "0"],
         ["--soak", "10", "--curve"],
+        ["soak", "-n", "0"],
+        ["soak", "--rate", "0"],
+        ["soak", "--curve"],
     ):
         done = bench(tmp_path, *flags)
         assert done.returncode == 2, (flags, done.stdout, done.stderr)
