@@ -28,8 +28,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
+import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
@@ -47,10 +49,12 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.contracts.registry import ToolSpec
+from toolgate.contracts.registry import McpUpstream, Registry, ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
 from toolgate.runtime import bus, telemetry
+from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.oidc import unverified_expiry
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
 from toolgate.runtime.user_tokens import SealBroken, SealedTokens, ensure_seal_key
@@ -301,7 +305,10 @@ class ToolRunner:
 def build_app(
     settings: GatewaySettings, tools: list[str] | None = None, concurrency: int = 8
 ) -> FastStream:
-    registry = settings.load_registry()
+    # The pushed registry, followed (runtime/served_registry.py): an executor of every tool
+    # (no --tools) starts consuming a pushed tool's calls as soon as it is served.
+    served = ServedRegistry(settings)
+    registry = served.local
     names = tools or registry.names()
     unknown = [name for name in names if registry.get(name) is None]
     if unknown:
@@ -310,26 +317,81 @@ def build_app(
     broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     publisher = bus.Publisher(broker)
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
-    runners: list[ToolRunner] = []
+    runners: dict[str, ToolRunner] = {}
+    added: list[tuple[Client, list[bus.PullConsumer]]] = []  # pushed tools' consumers
+    stores: list[tuple[OutcomeStore, SealedTokens | None]] = []  # bound once connected
+
+    def consumer_for(runner: ToolRunner) -> bus.DurableConsumer:
+        # An inline tool holds no thread while its call waits on NATS round
+        # trips: it gets the stages' usual slots, not the thread budget.
+        slots = max(concurrency, bus.CONCURRENCY) if is_inline(runner.function) else concurrency
+        config = bus.consumer_config(
+            durable_for(runner.spec.name),
+            subjects.event_filter(CallAuthorized, runner.spec.name),
+            runner.ack_wait_s,
+            max(concurrency * 4, 64),
+        )
+        return bus.DurableConsumer(subjects.EVENTS_STREAM, config, runner.handle, slots)
+
     for name in names:
         spec = registry.get(name)
         assert spec is not None
         runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
-        runners.append(runner)
-        source = subjects.event_filter(CallAuthorized, name)
+        runners[name] = runner
+        consumer = consumer_for(runner)
         bus.durable_subscriber(
             broker,
-            source,
-            subjects.EVENTS_STREAM,
+            consumer.config.filter_subject or "",
+            consumer.stream,
             durable_for(name),
-            # An inline tool holds no thread while its call waits on NATS round
-            # trips: it gets the stages' usual slots, not the thread budget.
-            concurrency=max(concurrency, bus.CONCURRENCY)
-            if is_inline(runner.function)
-            else concurrency,
-            max_ack_pending=max(concurrency * 4, 64),
+            concurrency=consumer.concurrency,
+            max_ack_pending=consumer.config.max_ack_pending or 1000,
             ack_wait_s=runner.ack_wait_s,
         )(runner.handle)
+
+    def bind(runner: ToolRunner) -> None:
+        outcomes, tokens = stores[0]
+        runner.outcomes = outcomes
+        if runner.spec.acts_for_user:
+            runner.user_tokens = tokens
+
+    async def follow(served_now: Registry) -> None:
+        """A new registry version: changed tools run as now declared; an executor of every
+        tool starts consuming each new one (a connection of its own, logged in with the
+        creds file as it is now: `toolgate tools push` re-issues it with the new tools'
+        durables on a locked bus)."""
+        new: list[ToolRunner] = []
+        for spec in served_now:
+            runner = runners.get(spec.name)
+            if runner is not None:
+                if runner.spec != spec:
+                    runner.function = resolve_function(spec)
+                    runner.spec = spec
+                    if spec.mcp is not None:
+                        open_upstream_sessions([spec.mcp])
+                continue
+            if tools:
+                continue  # an executor of named tools runs only those
+            runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+            bind(runner)
+            new.append(runner)
+        if not new:
+            return
+        nc = await nats.connect(
+            nats_servers(settings.nats_url),
+            name=worker,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            **connect_options(settings.nats_creds),
+        )
+        consumers = []
+        for runner in new:
+            consumers.append(await bus.PullConsumer(nc, consumer_for(runner)).start())
+            runners[runner.spec.name] = runner
+            if runner.spec.mcp is not None:
+                open_upstream_sessions([runner.spec.mcp])
+            log.info("executor: now running %s (%s)", runner.spec.name, served.describe())
+        added.append((nc, consumers))
 
     app = FastStream(broker)
 
@@ -342,15 +404,18 @@ def build_app(
         if settings.oidc_issuer:
             sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
-        for runner in runners:
-            runner.outcomes = OutcomeStore(kv)
-            if runner.spec.acts_for_user:
-                runner.user_tokens = tokens
-        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
+        stores.append((OutcomeStore(kv), tokens))
+        for runner in runners.values():
+            bind(runner)
+        upstreams = [runner.spec.mcp for runner in runners.values() if runner.spec.mcp is not None]
         if upstreams:  # kept sessions: start the servers now, not at the first call
-            from toolgate.services.executor.upstream_mcp import open_sessions
+            open_upstream_sessions(upstreams)
 
-            open_sessions(upstreams)
+    @app.after_startup
+    async def follow_registry() -> None:
+        await start_registry(served, bus.jetstream(broker))
+        await follow(served.current)
+        served.on_change(follow)
 
     bus.run_consumers(app, broker)
 
@@ -358,9 +423,19 @@ def build_app(
     async def close_upstream_sessions() -> None:
         # After the consumers stopped (hooks run in order): kept MCP sessions end with
         # the executor (stdio servers are stopped).
-        if any(runner.spec.mcp is not None for runner in runners):
+        await served.stop()
+        for nc, consumers in added:
+            await asyncio.gather(*(consumer.stop() for consumer in consumers))
+            await nc.close()
+        if any(runner.spec.mcp is not None for runner in runners.values()):
             from toolgate.services.executor.upstream_mcp import close_sessions
 
             await close_sessions()
 
     return app
+
+
+def open_upstream_sessions(upstreams: list[McpUpstream]) -> None:
+    from toolgate.services.executor.upstream_mcp import open_sessions
+
+    open_sessions(upstreams)
