@@ -243,9 +243,10 @@ def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> N
         assert "recorded in the audit (event PinAccepted" in accepted.stdout
         auditor = gateway.audit_client("auditor")
         rows: list[Any] = []
-        for _ in range(300):  # the audit writes in batches: poll, bounded
+        for _ in range(1200):  # the audit writes in batches: poll, bounded (gives up only)
             rows = auditor.query(
-                "SELECT approver, tool, payload.accepted_sha256, payload.previous_sha256 "
+                "SELECT approver, tool, JSONExtractString(payload, 'accepted_sha256'), "
+                "JSONExtractString(payload, 'previous_sha256') "
                 "FROM events WHERE event_type = 'PinAccepted'"
             ).result_rows
             if rows:
