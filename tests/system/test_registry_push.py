@@ -25,7 +25,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from tests.harness import Gateway
+from tests.mcp_support import agent_token, mcp_client, wait_for_front_door
 from tests.tools.faulty import runs_of
+from toolgate.client.frameworks.session import GatewaySession
 from toolgate.client.gateway_client import GatewayClient
 from toolgate.contracts import subjects
 from toolgate.contracts.registry_bundle import ToolListing
@@ -131,6 +133,24 @@ def test_a_pushed_tool_is_served_and_runs_without_a_restart(
             listing = await client.tool_listing()
             assert listing.number == 1
             assert "pushed_counter" in {t.name for t in listing.tools}
+        # The MCP front door lists it and calls it (it asks the gateway for the listing).
+        url = await wait_for_front_door(gateway)
+        token = await agent_token(gateway, "acme", "researcher")
+        async with mcp_client(url, token) as door:
+            listed = {tool.name for tool in (await door.list_tools()).tools}
+            assert "pushed_counter" in listed
+            answer = await door.call_tool("pushed_counter", {"amount": 2})
+            assert not answer.is_error, answer
+        # A framework session shows the agent its listing as served, not local files.
+        creds = await gateway.agent_creds("acme", "researcher")
+        session = await GatewaySession.connect(gateway.url, creds, user="u-1", session="s-1")
+        async with session:
+            assert "pushed_counter" in {spec.name for spec in session.tools()}
+        local = await GatewaySession.connect(
+            gateway.url, creds, user="u-1", session="s-1", local_registry=True
+        )
+        async with local:  # told to read the local files: the pushed tool is not there
+            assert "pushed_counter" not in {spec.name for spec in local.tools()}
         async with await gateway.client("acme", "writer") as writer:
             # allowed_agents: researcher only. Not listed, and denied if called anyway.
             listing = await writer.tool_listing()
