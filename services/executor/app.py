@@ -17,6 +17,12 @@ token (`ToolContext.subject_token`), opened from the sealed copy the validator
 stored (runtime/user_tokens.py); a token missing or expired by then ends the call
 (USER_TOKEN_REQUIRED / USER_TOKEN_EXPIRED) without running the tool. The sealed
 copy is deleted once the call has ended.
+
+The registry is the one the gateway serves (runtime/served_registry.py): a pushed
+version changes how a tool runs without a restart, and an executor of every tool (no
+--tools) starts consuming a newly pushed tool's durable at once, on a connection of
+its own opened with its creds file as it is then (`toolgate tools push` re-issues it
+on a locked bus with the new durable's permissions).
 """
 
 from __future__ import annotations

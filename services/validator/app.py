@@ -21,6 +21,12 @@ room, or nak'ed for later when the room is full. The slot is given back when
 the call's `ResultAttached` (or `ApprovalRequested`) goes by, heard on a plain
 subscription to those subjects; a call that sends nothing downstream gives it
 back at once.
+
+The registry is the one the gateway serves (runtime/served_registry.py): followed
+without a restart when `toolgate tools push` stores a newer signed version; the
+validator alone records the last version accepted. It also answers each agent's
+request for its own tool listing on `toolgate.tools.<tenant>.<agent>` (queue group
+`validator`): the agent is the subject's, as for calls.
 """
 
 from __future__ import annotations
@@ -249,7 +255,8 @@ def build_app(settings: GatewaySettings) -> FastStream:
 
     async def on_listing(msg: Msg) -> None:
         # The agent is who the server let publish on this subject (its own, on a locked bus).
-        await msg.respond(listing_reply(served, msg.subject))
+        if msg.reply:  # a plain publish asks nothing
+            await msg.respond(listing_reply(served, msg.subject))
 
     @app.on_startup
     async def bind_claims() -> None:
