@@ -230,3 +230,17 @@ def test_unsigned_tampered_and_older_registries_are_refused(
     asyncio.run(attack())
     shown = toolgate(gateway.data_dir, "tools", "list")
     assert "version 2" in shown.stdout and "newest write is refused" in shown.stdout
+    # Restarted now, with the unsigned write the bucket's newest: they serve version 2,
+    # the validator's record of the last one accepted.
+    for name in ("validator", "executor"):
+        gateway.service(name).stop()
+        gateway.service(name).start()
+
+    async def after_restart() -> None:
+        async with await gateway.client() as client:
+            await until_status(client, "pushed_second", "ok")
+            assert await status_of(client, "pushed_evil") == "unknown_tool"
+            assert (await client.tool_listing()).number == 2
+
+    asyncio.run(after_restart())
+    assert gateway.all_alive()
