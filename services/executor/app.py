@@ -323,7 +323,7 @@ def build_app(
     broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
     publisher = bus.Publisher(broker)
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
-    runners: dict[str, ToolRunner] = {}
+    runners: list[ToolRunner] = []
     added: list[tuple[Client, list[bus.PullConsumer]]] = []  # pushed tools' consumers
     stores: list[tuple[OutcomeStore, SealedTokens | None]] = []  # bound once connected
 
@@ -343,15 +343,19 @@ def build_app(
         spec = registry.get(name)
         assert spec is not None
         runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
-        runners[name] = runner
-        consumer = consumer_for(runner)
+        runners.append(runner)
+        source = subjects.event_filter(CallAuthorized, name)
         bus.durable_subscriber(
             broker,
-            consumer.config.filter_subject or "",
-            consumer.stream,
+            source,
+            subjects.EVENTS_STREAM,
             durable_for(name),
-            concurrency=consumer.concurrency,
-            max_ack_pending=consumer.config.max_ack_pending or 1000,
+            # An inline tool holds no thread while its call waits on NATS round
+            # trips: it gets the stages' usual slots, not the thread budget.
+            concurrency=max(concurrency, bus.CONCURRENCY)
+            if is_inline(runner.function)
+            else concurrency,
+            max_ack_pending=max(concurrency * 4, 64),
             ack_wait_s=runner.ack_wait_s,
         )(runner.handle)
 
@@ -367,8 +371,9 @@ def build_app(
         creds file as it is now: `toolgate tools push` re-issues it with the new tools'
         durables on a locked bus)."""
         new: list[ToolRunner] = []
+        known = {runner.spec.name: runner for runner in runners}
         for spec in served_now:
-            runner = runners.get(spec.name)
+            runner = known.get(spec.name)
             if runner is not None:
                 if runner.spec != spec:
                     runner.function = resolve_function(spec)
@@ -393,7 +398,7 @@ def build_app(
         consumers = []
         for runner in new:
             consumers.append(await bus.PullConsumer(nc, consumer_for(runner)).start())
-            runners[runner.spec.name] = runner
+            runners.append(runner)
             if runner.spec.mcp is not None:
                 open_upstream_sessions([runner.spec.mcp])
             log.info("executor: now running %s (%s)", runner.spec.name, served.describe())
@@ -411,9 +416,9 @@ def build_app(
             sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
         stores.append((OutcomeStore(kv), tokens))
-        for runner in runners.values():
+        for runner in runners:
             bind(runner)
-        upstreams = [runner.spec.mcp for runner in runners.values() if runner.spec.mcp is not None]
+        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
         if upstreams:  # kept sessions: start the servers now, not at the first call
             open_upstream_sessions(upstreams)
 
@@ -433,7 +438,7 @@ def build_app(
         for nc, consumers in added:
             await asyncio.gather(*(consumer.stop() for consumer in consumers))
             await nc.close()
-        if any(runner.spec.mcp is not None for runner in runners.values()):
+        if any(runner.spec.mcp is not None for runner in runners):
             from toolgate.services.executor.upstream_mcp import close_sessions
 
             await close_sessions()
