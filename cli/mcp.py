@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import sys
 import time
@@ -512,34 +511,23 @@ def cmd_tools_accept(args: argparse.Namespace) -> int:
     except RegistryError as exc:
         staged.unlink()
         raise _fail(f"{what}: the served definition cannot be a tool: {exc}", 1) from None
+    from toolgate.cli.tools_registry import AcceptanceNotRecorded, record_acceptance
+
+    try:  # audited first (the gateway's events, into ClickHouse): no pin changes unrecorded
+        where = record_acceptance(
+            args.data_dir, args.name, spec.mcp, new_sha, who, changed, path, stamp
+        )
+    except AcceptanceNotRecorded as exc:
+        staged.unlink()
+        raise _fail(f"{what}: {exc}", 3) from None
     staged.replace(path)
-    record = {
-        "at": stamp,
-        "by": who,
-        "tool": args.name,
-        "server": spec.mcp.server,
-        "upstream_tool": spec.mcp.tool,
-        "file": str(path),
-        "previous_sha256": spec.mcp.definition_sha256,
-        "accepted_sha256": new_sha,
-        "fields_updated": changed,
-    }
-    log_path = acceptance_log(args.data_dir)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("a") as log:
-        log.write(json.dumps(record, sort_keys=True) + "\n")
     print(
         f"{args.name}: pinned definition {new_sha[:16]} in {path}"
         + (f" (updated {', '.join(changed)})" if changed else "")
-        + f"; accepted by {who}, recorded in {log_path}. Executors pick it up at their "
-        "next start (toolgate up)"
+        + f"; accepted by {who}, recorded in {where}. Serve it with `toolgate tools push "
+        f"{path.parent}` (or executors pick it up at their next start)"
     )
     return 0
-
-
-def acceptance_log(data_dir: Path) -> Path:
-    """Where `toolgate tools accept` records who accepted which definition."""
-    return data_dir / "audit" / "pin-acceptances.jsonl"
 
 
 def _registry_dirs(args: argparse.Namespace) -> list[Path]:
@@ -620,6 +608,9 @@ def register(commands: Any) -> None:
     from toolgate.cli.openapi import register as register_openapi  # import-openapi
 
     register_openapi(actions)
+    from toolgate.cli.tools_registry import register as register_served  # push, list
+
+    register_served(actions)
     for action, helptext in (
         ("diff", "show an upstream tool's served definition against the pinned one"),
         ("accept", "pin an upstream tool's served definition, after review"),

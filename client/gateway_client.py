@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 from nats.aio.client import Client
 from nats.js.errors import APIError, NotFoundError
 
@@ -43,6 +44,7 @@ from toolgate.contracts.calls import (
     ToolResult,
     failure,
 )
+from toolgate.contracts.registry_bundle import ToolListing
 from toolgate.runtime.creds import connect_options, identity_of_creds, nats_servers
 from toolgate.runtime.jetstream import LeanJetStream
 
@@ -54,6 +56,8 @@ _encoder = msgspec.json.Encoder()
 MESSAGE_TOO_LARGE_ERR_CODE = 10054
 SUBJECT_FULL_ERR_CODE = 10077
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# How long tool_listing waits for the gateway's answer.
+LISTING_TIMEOUT_S = 5.0
 
 
 class ResultTimeout(TimeoutError):
@@ -70,6 +74,10 @@ class ConnectFailed(ConnectionError):
         else:
             what = f"no NATS at {url}: is toolgate up running? (--nats-url) [{text}]"
         super().__init__(what)
+
+
+class ListingUnavailable(ConnectionError):
+    """The gateway did not answer this agent's tool listing request (or refused it)."""
 
 
 class IdentityUnknown(ValueError):
@@ -439,6 +447,26 @@ class GatewayClient:
             return None
         stamp = msg.headers.get("Nats-Time-Stamp") if msg.headers else None
         return notice, stamp
+
+    async def tool_listing(self, timeout: float = LISTING_TIMEOUT_S) -> ToolListing:
+        """The tools this agent may call, as the gateway serves them now (its own listing,
+        asked on its own subject: contracts/registry_bundle.py). ListingUnavailable if the
+        gateway does not answer or refuses."""
+        tenant, agent = self._identity()
+        try:
+            reply = await self._nc.request(
+                subjects.tools_listing_subject(tenant, agent), b"", timeout=timeout
+            )
+            listing = msgspec.json.decode(reply.data, type=ToolListing)
+        except (nats.errors.Error, TimeoutError, msgspec.DecodeError) as exc:
+            raise ListingUnavailable(
+                f"no tool listing from the gateway for {tenant}.{agent}: {exc!r} (is its "
+                "validator running? on a locked bus, creds minted before listings existed "
+                "need `toolgate agents add` again)"
+            ) from None
+        if listing.error is not None or (listing.tenant, listing.agent) != (tenant, agent):
+            raise ListingUnavailable(f"the gateway refused the listing: {listing.error}")
+        return listing
 
     async def _stored(self, tenant: str, agent: str, call_id: str) -> ToolResult | None:
         try:

@@ -225,6 +225,22 @@ class CallAbandoned(Event, frozen=True, kw_only=True):
     error: ToolError
 
 
+class PinAccepted(Event, frozen=True, kw_only=True):
+    """An operator accepted an upstream MCP tool's changed definition after review
+    (`toolgate tools accept NAME`): who, for which server and upstream tool, from which
+    pin to which. No call's event: `call_id` is empty, `tool` is the registry name. The
+    CLI publishes it as the operator before it writes the new pin, so no pin changes
+    unrecorded; the audit writes it to ClickHouse like any event (`approver`: who)."""
+
+    approver: str
+    server: str
+    upstream_tool: str
+    previous_sha256: str
+    accepted_sha256: str
+    fields_updated: list[str] = []
+    file: str = ""
+
+
 AnyEvent = (
     ArgumentsValidated
     | ArgumentsRejected
@@ -242,6 +258,7 @@ AnyEvent = (
     | MessageDeadLettered
     | CallAbandoned
     | CallRetried
+    | PinAccepted
 )
 
 TERMINAL_EVENTS: tuple[type[Event], ...] = (

@@ -574,11 +574,20 @@ class Registry:
 
 def load_tool_file(path: Path) -> ToolSpec:
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+    except OSError as exc:
         raise RegistryError(f"{path}: cannot read: {exc}") from exc
+    return load_tool_text(text, str(path))
+
+
+def load_tool_text(text: str, where: str) -> ToolSpec:
+    """One tool file's text (`where` names it in errors: a path, or a pushed file's name)."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{where}: cannot read: {exc}") from exc
     if not isinstance(raw, dict):
-        raise RegistryError(f"{path}: expected a mapping at the top level")
+        raise RegistryError(f"{where}: expected a mapping at the top level")
     try:
         return ToolSpec.model_validate(raw)
     except ValidationError as exc:
@@ -586,7 +595,7 @@ def load_tool_file(path: Path) -> ToolSpec:
             f"field '{'.'.join(str(p) for p in err['loc']) or '<root>'}': {err['msg']}"
             for err in exc.errors()
         )
-        raise RegistryError(f"{path}: {problems}") from exc
+        raise RegistryError(f"{where}: {problems}") from exc
 
 
 def tool_dirs(dirs: Iterable[Path] = (), builtin_tools: bool = True) -> list[Path]:

@@ -53,6 +53,13 @@ RATE_LIMITS_BUCKET: Final = "toolgate_rate_limits"
 # (tenant, agent, call_id) -> the end user's access token, sealed (AES-GCM) by the
 # validator for the executor alone (runtime/user_tokens.py); never the token in clear.
 USER_TOKENS_BUCKET: Final = "toolgate_user_tokens"
+# The served tool registry (`toolgate tools push`, runtime/served_registry.py), and the
+# validator's record of the last one it accepted (its high-water mark: only it writes it).
+REGISTRY_BUCKET: Final = "toolgate_registry"
+REGISTRY_ACCEPTED_BUCKET: Final = "toolgate_registry_accepted"
+# An agent asks for its own tool listing on TOOLS_PREFIX.<tenant>.<agent> (request/reply;
+# the validator answers, taking who asks from the subject the server let it publish on).
+TOOLS_PREFIX: Final = "toolgate.tools"
 
 # Every call of every agent (what the validator and the audit consume).
 CALLS_FILTER: Final = f"{CALLS_PREFIX}.*.*"
@@ -81,6 +88,23 @@ def identity_of_calls_subject(subject: str) -> tuple[str, str] | None:
 def agent_results_prefix(tenant: str, agent: str) -> str:
     """Everything under here belongs to this agent alone."""
     return f"{RESULTS_PREFIX}.{tenant}.{agent}"
+
+
+def tools_listing_subject(tenant: str, agent: str) -> str:
+    """Where an agent asks for the tools it may call (only its own: a locked bus lets it
+    publish on no other agent's)."""
+    return f"{TOOLS_PREFIX}.{tenant}.{agent}"
+
+
+def identity_of_tools_subject(subject: str) -> tuple[str, str] | None:
+    """(tenant, agent) of a tools_listing_subject, or None if it is not one."""
+    prefix = TOOLS_PREFIX + "."
+    if not subject.startswith(prefix):
+        return None
+    parts = subject[len(prefix) :].split(".")
+    if len(parts) != 2 or not all(is_identity_token(p) for p in parts):
+        return None
+    return parts[0], parts[1]
 
 
 def results_subject(tenant: str, agent: str, call_id: str) -> str:

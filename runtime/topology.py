@@ -46,6 +46,23 @@ def policy_accepted_bucket_config(replicas: int = 1) -> KeyValueConfig:
     )
 
 
+def registry_bucket_config(replicas: int = 1) -> KeyValueConfig:
+    """The pushed registry bundles (`toolgate tools push`), with a short history."""
+    return KeyValueConfig(
+        bucket=subjects.REGISTRY_BUCKET, history=16, storage=StorageType.FILE, replicas=replicas
+    )
+
+
+def registry_accepted_bucket_config(replicas: int = 1) -> KeyValueConfig:
+    """The validator's record of the last registry bundle it accepted (one value)."""
+    return KeyValueConfig(
+        bucket=subjects.REGISTRY_ACCEPTED_BUCKET,
+        history=1,
+        storage=StorageType.FILE,
+        replicas=replicas,
+    )
+
+
 def rate_limits_bucket_config(replicas: int = 1) -> KeyValueConfig:
     return KeyValueConfig(
         bucket=subjects.RATE_LIMITS_BUCKET,
@@ -189,6 +206,8 @@ class Topology:
             ),
             policies_bucket_config(self.replicas),
             policy_accepted_bucket_config(self.replicas),
+            registry_bucket_config(self.replicas),
+            registry_accepted_bucket_config(self.replicas),
             rate_limits_bucket_config(self.replicas),
             # End users' access tokens, sealed for the executor (runtime/user_tokens.py):
             # kept while a call may wait for a human, deleted when the tool has run.

@@ -7,11 +7,12 @@ NATS's own decentralized auth does the isolating (see DESIGN.md and
   service role is a user of it whose permissions come from
   `infra/nats/permissions.yaml` (its allow lists, as data).
 - each agent of each tenant (`toolgate agents add TENANT AGENT`) is an account
-  of its own with exactly three imports from TOOLGATE: the service
+  of its own with exactly four imports from TOOLGATE: the service
   `toolgate.calls.<tenant>.<agent>` (publish a call, get the publish ack), the
   stream `toolgate.results.<tenant>.<agent>.>` (its live results) and the
   service `$JS.API.DIRECT.GET.TOOLGATE_RESULTS.toolgate.results.<tenant>.<agent>.>`
-  (re-read a stored result of its own). Its single user may publish and
+  (re-read a stored result of its own) and the service
+  `toolgate.tools.<tenant>.<agent>` (ask for its own tool listing). Its single user may publish and
   subscribe to nothing else. Replies cannot cross accounts, so nothing an
   agent publishes can land in another's subjects or in toolgate's streams.
 - account `APPROVERS` imports only the approvals service's request subjects
@@ -60,6 +61,8 @@ AGENT_CREDS_DIR = "agents"
 AUTH_DIR = "auth"
 AUTH_CONFIG = "nats-auth.conf"
 RESOLVER_DIR = "resolver"
+# The names of tools ever pushed (`toolgate tools push`): the executor's creds grant them.
+PUSHED_TOOLS_FILE = "pushed-tools.json"
 TOOLGATE_ACCOUNT = "TOOLGATE"
 APPROVERS_ACCOUNT = "APPROVERS"
 # The MCP front door (services/mcp_front): its own account, importing only agents' subjects.
@@ -344,6 +347,12 @@ def _agent_imports(toolgate_account: str, tenant: str, agent: str) -> list[dict[
             "account": toolgate_account,
             "subject": f"{direct_get}.{results}.>",
         },
+        {
+            "name": "tools",
+            "type": "service",
+            "account": toolgate_account,
+            "subject": subjects.tools_listing_subject(tenant, agent),
+        },
     ]
 
 
@@ -351,7 +360,11 @@ def agent_permissions(tenant: str, agent: str) -> tuple[list[str], list[str]]:
     """(publish, subscribe) allow lists of an agent's user: its own subjects, nothing else."""
     results = subjects.agent_results_prefix(tenant, agent)
     direct_get = subjects.direct_get_prefix(subjects.RESULTS_STREAM)
-    publish = [subjects.calls_subject(tenant, agent), f"{direct_get}.{results}.>"]
+    publish = [
+        subjects.calls_subject(tenant, agent),
+        f"{direct_get}.{results}.>",
+        subjects.tools_listing_subject(tenant, agent),
+    ]
     subscribe = [f"{DEFAULT_INBOX}.>", f"{results}.>"]
     return publish, subscribe
 
@@ -369,6 +382,7 @@ def _toolgate_exports() -> list[dict[str, Any]]:
             "subject": f"{direct_get}.{subjects.RESULTS_PREFIX}.>",
         },
         {"name": "approvals", "type": "service", "subject": f"{subjects.APPROVALS_PREFIX}.>"},
+        {"name": "tools", "type": "service", "subject": f"{subjects.TOOLS_PREFIX}.>"},
     ]
 
 
@@ -761,6 +775,23 @@ def _user_creds(
     _write_private(path, text)
 
 
+def pushed_tools(data_dir: Path) -> list[str]:
+    """The tool names `toolgate tools push` recorded for this data dir (none: [])."""
+    try:
+        found = json.loads((Path(data_dir) / AUTH_DIR / PUSHED_TOOLS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [name for name in found if isinstance(name, str)] if isinstance(found, list) else []
+
+
+def record_pushed_tools(data_dir: Path, names: Iterable[str]) -> None:
+    """Remember pushed tool names, so every later rendering of the executor's creds (this
+    push's, `toolgate up`'s) grants their durables."""
+    known = sorted({*pushed_tools(data_dir), *names})
+    _private_dir(Path(data_dir) / AUTH_DIR)
+    _write_private(Path(data_dir) / AUTH_DIR / PUSHED_TOOLS_FILE, json.dumps(known))
+
+
 def create_credentials(
     data_dir: Path, tools: Iterable[str] | None = None, permissions_file: Path = PERMISSIONS_FILE
 ) -> Credentials:
@@ -776,6 +807,8 @@ def create_credentials(
         from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
 
         tools = load_registry(BUILTIN_TOOLS_DIR).names()
+    # And the tools pushed since (`toolgate tools push`): the executor consumes them too.
+    tools = sorted({*tools, *pushed_tools(data_dir)})
     document = load_permissions(permissions_file)
     roles = role_permissions(document, tools)
     keys = AuthKeys.load(data_dir)

@@ -1,8 +1,10 @@
 """GatewaySession: one agent's connection to the gateway, as the framework integrations use it.
 
 It holds a `GatewayClient` (the agent's identity is its creds file), the
-registry the agent's tool listing comes from, and the end user and session
-the calls are made for. Frameworks call tools from sync and async code, on
+agent's tool listing (by default asked of the gateway over NATS, so an agent on
+another machine sees the registry the gateway serves, pushed or not; local files
+only when told: `local_registry=True`), and the end user and session the calls
+are made for. Frameworks call tools from sync and async code, on
 event loops of their own; a NATS connection lives on one loop. So a session
 knows its loop and runs every gateway step there: awaited directly from that
 loop, handed over from another loop or from a plain thread
@@ -31,6 +33,7 @@ from toolgate.contracts.calls import (
     failure,
 )
 from toolgate.contracts.registry import Registry, ToolSpec, load_registry, tool_dirs
+from toolgate.contracts.registry_bundle import registry_of_listing
 from toolgate.runtime import settings as env
 
 from .core import (
@@ -111,19 +114,31 @@ class GatewaySession:
         user: str,
         session: str,
         registry: Registry | None = None,
+        local_registry: bool = False,
         **options: Any,
     ) -> GatewaySession:
         """Connect on the running loop. `nats_url`/`creds` default to what `toolgate up`
-        recorded in this folder ($TOOLGATE_NATS_URL / $TOOLGATE_NATS_CREDS say otherwise)."""
+        recorded in this folder ($TOOLGATE_NATS_URL / $TOOLGATE_NATS_CREDS say otherwise).
+
+        The tools shown are the agent's own listing as the gateway serves it now (asked
+        over NATS: `GatewayClient.tool_listing`), unless `registry` is given, or
+        `local_registry` is true (then the registry `toolgate up` recorded here is read
+        from local files, `recorded_registry`)."""
         url = nats_url or env.env_nats_url()
         creds = creds or env.env_nats_creds("agent")
         if creds is None:
             raise SessionError("no agent creds: give creds= (toolgate agents add TENANT AGENT)")
         client = await GatewayClient.connect(url, creds)
         try:
+            if registry is None:
+                registry = (
+                    recorded_registry()
+                    if local_registry
+                    else registry_of_listing(await client.tool_listing())
+                )
             return cls(
                 client,
-                registry or recorded_registry(),
+                registry,
                 user=user,
                 session=session,
                 loop=asyncio.get_running_loop(),
@@ -142,17 +157,25 @@ class GatewaySession:
         user: str,
         session: str,
         registry: Registry | None = None,
+        local_registry: bool = False,
         **options: Any,
     ) -> GatewaySession:
         """Connect on a loop thread of the session's own: for frameworks driven synchronously
-        (`agent.invoke`, `graph.invoke`). `close()` stops the thread."""
+        (`agent.invoke`, `graph.invoke`). `close()` stops the thread. The tools: as
+        `connect` says."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="toolgate-session", daemon=True)
         thread.start()
         try:
             made = asyncio.run_coroutine_threadsafe(
                 cls.connect(
-                    nats_url, creds, user=user, session=session, registry=registry, **options
+                    nats_url,
+                    creds,
+                    user=user,
+                    session=session,
+                    registry=registry,
+                    local_registry=local_registry,
+                    **options,
                 ),
                 loop,
             ).result()
@@ -187,6 +210,12 @@ class GatewaySession:
             self._thread.join()
             self.loop.close()
             self._thread = None
+
+    async def refresh_tools(self) -> list[ToolSpec]:
+        """Ask the gateway for this agent's listing again (a registry pushed since); the
+        session shows those tools from now on."""
+        self.registry = registry_of_listing(await self.run(self.client.tool_listing()))
+        return self.tools()
 
     async def aclose(self) -> None:
         await self.run(self.client.close())

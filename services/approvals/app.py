@@ -39,6 +39,7 @@ from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
 from toolgate.contracts.registry import Registry, ToolSpec
 from toolgate.runtime import bus
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.approvals import protocol
 from toolgate.services.approvals.approvers import ApproverBook
@@ -423,8 +424,9 @@ def build_app(
 ) -> FastStream:
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
+    served = ServedRegistry(settings)  # the pushed registry, followed
     service = ApprovalsService(
-        publisher, ApproverBook(settings.data_dir), clock, registry=settings.load_registry()
+        publisher, ApproverBook(settings.data_dir), clock, registry=served.current
     )
     source = subjects.event_filter(ApprovalRequested)
 
@@ -474,6 +476,8 @@ def build_app(
         await broker.connect()
         service.store = await ApprovalStore.open(broker.connection.jetstream())
         max_payload = broker.connection.max_payload or DEFAULT_MAX_PAYLOAD
+        await start_registry(served, broker.connection.jetstream())
+        served.follow(lambda registry: setattr(service, "registry", registry))
         service.max_reply_bytes = max(max_payload - protocol.REPLY_HEADROOM_BYTES, 4096)
 
     @app.after_startup
@@ -482,6 +486,7 @@ def build_app(
 
     @app.on_shutdown
     async def stop_sweeper() -> None:
+        await served.stop()
         for task in sweeper:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -30,6 +30,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.runtime import bus
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.attacher.logic import ResultBuilder
 
@@ -44,7 +45,8 @@ log = logging.getLogger("toolgate.attacher")
 
 
 def build_app(settings: GatewaySettings) -> FastStream:
-    builder = ResultBuilder(settings.load_registry())
+    served = ServedRegistry(settings)  # the pushed registry, followed
+    builder = served.derive(ResultBuilder)
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
 
@@ -56,7 +58,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             event = decode_event(msg.data)
             if event.principal is None:
                 raise ValueError(f"{type(event).__name__} has no principal: no result subject")
-            result = builder.result_for(event)
+            result = builder().result_for(event)
             attached_id = derive_event_id(event.event_id, "attached")
             if not await publisher.publish_result(result, event.principal, message_id=attached_id):
                 log.warning(
@@ -110,5 +112,15 @@ def build_app(settings: GatewaySettings) -> FastStream:
         await bus.settle(msg, delivery, work, give_up)
 
     app = FastStream(broker)
+
+    @app.on_startup
+    async def follow_registry() -> None:
+        await broker.connect()
+        await start_registry(served, bus.jetstream(broker))
+
+    @app.on_shutdown
+    async def stop_following() -> None:
+        await served.stop()
+
     bus.run_consumers(app, broker)
     return app

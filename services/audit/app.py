@@ -25,7 +25,9 @@ from typing import Any
 from faststream import FastStream
 
 from toolgate.contracts import subjects
+from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
@@ -98,7 +100,8 @@ def build_sink(
     flush_s: float = FLUSH_S,
 ) -> tuple[FastStream, AuditWriter]:
     """The app and its writer (whose counters the tests and the benchmark read)."""
-    builder = RowBuilder(settings.load_registry(), settings.max_call_bytes)
+    served = ServedRegistry(settings)  # the pushed registry, followed
+    builder = RowBuilder(served.current, settings.max_call_bytes)
     worker = bus.worker_name(SERVICE)
     writer = AuditWriter(
         ClickHouseTarget.from_url(login_url(clickhouse_url, "writer", settings.data_dir)),
@@ -117,6 +120,12 @@ def build_sink(
     async def start_pumps() -> None:
         nc = await broker.connect()
         js = nc.jetstream()
+        await start_registry(served, js)
+
+        def use_registry(registry: Registry) -> None:
+            writer.builder = RowBuilder(registry, settings.max_call_bytes)
+
+        served.follow(use_registry)
 
         async def publish_seal(checkpoint: Checkpoint) -> None:
             await js.publish(
@@ -152,6 +161,7 @@ def build_sink(
         # Let a batch in hand finish; one stuck waiting for ClickHouse gives up
         # (it stays un-acked and is redelivered).
         writer.stopping = True
+        await served.stop()
         for watcher in watchers:
             watcher.cancel()
         if pumps:

@@ -17,6 +17,12 @@ token (`ToolContext.subject_token`), opened from the sealed copy the validator
 stored (runtime/user_tokens.py); a token missing or expired by then ends the call
 (USER_TOKEN_REQUIRED / USER_TOKEN_EXPIRED) without running the tool. The sealed
 copy is deleted once the call has ended.
+
+The registry is the one the gateway serves (runtime/served_registry.py): a pushed
+version changes how a tool runs without a restart, and an executor of every tool (no
+--tools) starts consuming a newly pushed tool's durable at once, on a connection of
+its own opened with its creds file as it is then (`toolgate tools push` re-issues it
+on a locked bus with the new durable's permissions).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
+import nats
 from faststream import FastStream
 from faststream.nats import NatsBroker
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
@@ -47,10 +55,12 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.contracts.registry import ToolSpec
+from toolgate.contracts.registry import McpUpstream, Registry, ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
 from toolgate.runtime import bus, telemetry
+from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.oidc import unverified_expiry
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
 from toolgate.runtime.user_tokens import SealBroken, SealedTokens, ensure_seal_key
@@ -301,7 +311,10 @@ class ToolRunner:
 def build_app(
     settings: GatewaySettings, tools: list[str] | None = None, concurrency: int = 8
 ) -> FastStream:
-    registry = settings.load_registry()
+    # The pushed registry, followed (runtime/served_registry.py): an executor of every tool
+    # (no --tools) starts consuming a pushed tool's calls as soon as it is served.
+    served = ServedRegistry(settings)
+    registry = served.local
     names = tools or registry.names()
     unknown = [name for name in names if registry.get(name) is None]
     if unknown:
@@ -311,6 +324,21 @@ def build_app(
     publisher = bus.Publisher(broker)
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
     runners: list[ToolRunner] = []
+    added: list[tuple[Client, list[bus.PullConsumer]]] = []  # pushed tools' consumers
+    stores: list[tuple[OutcomeStore, SealedTokens | None]] = []  # bound once connected
+
+    def consumer_for(runner: ToolRunner) -> bus.DurableConsumer:
+        # An inline tool holds no thread while its call waits on NATS round
+        # trips: it gets the stages' usual slots, not the thread budget.
+        slots = max(concurrency, bus.CONCURRENCY) if is_inline(runner.function) else concurrency
+        config = bus.consumer_config(
+            durable_for(runner.spec.name),
+            subjects.event_filter(CallAuthorized, runner.spec.name),
+            runner.ack_wait_s,
+            max(concurrency * 4, 64),
+        )
+        return bus.DurableConsumer(subjects.EVENTS_STREAM, config, runner.handle, slots)
+
     for name in names:
         spec = registry.get(name)
         assert spec is not None
@@ -331,6 +359,51 @@ def build_app(
             ack_wait_s=runner.ack_wait_s,
         )(runner.handle)
 
+    def bind(runner: ToolRunner) -> None:
+        outcomes, tokens = stores[0]
+        runner.outcomes = outcomes
+        if runner.spec.acts_for_user:
+            runner.user_tokens = tokens
+
+    async def follow(served_now: Registry) -> None:
+        """A new registry version: changed tools run as now declared; an executor of every
+        tool starts consuming each new one (a connection of its own, logged in with the
+        creds file as it is now: `toolgate tools push` re-issues it with the new tools'
+        durables on a locked bus)."""
+        new: list[ToolRunner] = []
+        known = {runner.spec.name: runner for runner in runners}
+        for spec in served_now:
+            runner = known.get(spec.name)
+            if runner is not None:
+                if runner.spec != spec:
+                    runner.function = resolve_function(spec)
+                    runner.spec = spec
+                    if spec.mcp is not None:
+                        open_upstream_sessions([spec.mcp])
+                continue
+            if tools:
+                continue  # an executor of named tools runs only those
+            runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+            bind(runner)
+            new.append(runner)
+        if not new:
+            return
+        nc = await nats.connect(
+            nats_servers(settings.nats_url),
+            name=worker,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=1,
+            **connect_options(settings.nats_creds),
+        )
+        consumers = []
+        for runner in new:
+            consumers.append(await bus.PullConsumer(nc, consumer_for(runner)).start())
+            runners.append(runner)
+            if runner.spec.mcp is not None:
+                open_upstream_sessions([runner.spec.mcp])
+            log.info("executor: now running %s (%s)", runner.spec.name, served.describe())
+        added.append((nc, consumers))
+
     app = FastStream(broker)
 
     @app.on_startup
@@ -342,15 +415,18 @@ def build_app(
         if settings.oidc_issuer:
             sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
+        stores.append((OutcomeStore(kv), tokens))
         for runner in runners:
-            runner.outcomes = OutcomeStore(kv)
-            if runner.spec.acts_for_user:
-                runner.user_tokens = tokens
+            bind(runner)
         upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
         if upstreams:  # kept sessions: start the servers now, not at the first call
-            from toolgate.services.executor.upstream_mcp import open_sessions
+            open_upstream_sessions(upstreams)
 
-            open_sessions(upstreams)
+    @app.after_startup
+    async def follow_registry() -> None:
+        await start_registry(served, bus.jetstream(broker))
+        await follow(served.current)
+        served.on_change(follow)
 
     bus.run_consumers(app, broker)
 
@@ -358,9 +434,19 @@ def build_app(
     async def close_upstream_sessions() -> None:
         # After the consumers stopped (hooks run in order): kept MCP sessions end with
         # the executor (stdio servers are stopped).
+        await served.stop()
+        for nc, consumers in added:
+            await asyncio.gather(*(consumer.stop() for consumer in consumers))
+            await nc.close()
         if any(runner.spec.mcp is not None for runner in runners):
             from toolgate.services.executor.upstream_mcp import close_sessions
 
             await close_sessions()
 
     return app
+
+
+def open_upstream_sessions(upstreams: list[McpUpstream]) -> None:
+    from toolgate.services.executor.upstream_mcp import open_sessions
+
+    open_sessions(upstreams)

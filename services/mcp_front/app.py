@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+import msgspec
 import nats
 import nats.errors
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
@@ -72,8 +73,10 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
 from toolgate.client.gateway_client import GatewayClient, ResultTimeout, new_call_id
+from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice, Principal, ToolCall, ToolResult
 from toolgate.contracts.registry import Registry
+from toolgate.contracts.registry_bundle import ListedTool, ToolListing, listed_tool
 from toolgate.runtime import telemetry
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.http_server import SlowClientLimits, uvicorn_config
@@ -94,6 +97,8 @@ WATCH_AFTER_S = 1.0
 # Set in the ASGI scope of a request answered in one JSON body (no stream).
 SINGLE_ANSWER_SCOPE_KEY = "toolgate.single_answer"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# How long the door waits for an agent's tool listing (the validator answers it).
+LISTING_TIMEOUT_S = 5.0
 
 
 # Slow clients (runtime/http_server.py): a request head within 10 s, a body within 30 s,
@@ -160,6 +165,45 @@ class FrontDoor:
     retries: logic.Retries = field(default_factory=logic.Retries)
     # How long a task (a call's result) is kept: the results stream's retention.
     task_ttl_s: int | None = int(Topology().retention_s)
+    # Each agent's listing as last served (tools_for).
+    listings: dict[tuple[str, str], dict[str, ListedTool]] = field(default_factory=dict)
+    listing_warned: bool = False
+
+    async def tools_for(
+        self, identity: tuple[str, str], refresh: bool = True
+    ) -> dict[str, ListedTool]:
+        """The tools this agent may call, as the gateway serves them now: its own listing,
+        asked for as that agent (contracts/registry_bundle.py), kept for its later calls.
+        Without an answer (no validator listens yet): the door's local registry, said once."""
+        known = self.listings.get(identity)
+        if known is not None and not refresh:
+            return known
+        try:
+            reply = await self.nc.request(
+                subjects.tools_listing_subject(*identity), b"", timeout=LISTING_TIMEOUT_S
+            )
+            listing = msgspec.json.decode(reply.data, type=ToolListing)
+            if listing.error is not None:
+                raise ValueError(listing.error)
+            tools = {tool.name: tool for tool in listing.tools}
+        except Exception as exc:
+            if not self.listing_warned:
+                self.listing_warned = True
+                log.warning(
+                    "no tool listing from the gateway (%r): the door's local registry is shown",
+                    exc,
+                )
+            tools = {spec.name: listed_tool(spec) for spec in self.registry.visible_to(identity[1])}
+        self.listings[identity] = tools
+        return tools
+
+    async def tool_named(self, identity: tuple[str, str], name: str) -> ListedTool | None:
+        """One tool of the agent's listing; a name it did not list asks the gateway again
+        (a tool pushed since)."""
+        tool = (await self.tools_for(identity, refresh=False)).get(name)
+        if tool is None:
+            tool = (await self.tools_for(identity)).get(name)
+        return tool
 
     def client_for(self, identity: tuple[str, str]) -> GatewayClient:
         # One GatewayClient per agent over the one connection: it publishes on that
@@ -198,16 +242,16 @@ def build_server(door: FrontDoor) -> Server[Any]:
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        _, agent = identity_of(ctx)
-        return types.ListToolsResult(tools=logic.listing_for(door.registry, agent))
+        tools = await door.tools_for(identity_of(ctx))
+        return types.ListToolsResult(tools=[logic.tool_of(tool) for tool in tools.values()])
 
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | dict[str, Any]:
         tenant, agent = identity_of(ctx)
         meta = dict(params.meta or {})
-        spec = door.registry.get(params.name)
-        if spec is None or not spec.agent_allowed(agent):
+        spec = await door.tool_named((tenant, agent), params.name)
+        if spec is None:
             # Not in this agent's listing: for this client the tool does not exist.
             log.info("%s.%s asked for unknown or hidden tool %r", tenant, agent, params.name)
             raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
@@ -392,7 +436,7 @@ def build_server(door: FrontDoor) -> Server[Any]:
             updated_at=logic.iso_now(),
             ttl_s=door.task_ttl_s,
             message=f"toolgate status: {result.status}",
-            result=logic.call_result(result, door.registry.get(tool)),
+            result=logic.call_result(result, await door.tool_named((tenant, agent), tool)),
         )
 
     async def tasks_get(ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
@@ -435,11 +479,11 @@ def build_server(door: FrontDoor) -> Server[Any]:
         # The SDK checks a call's Mcp-Param-* headers against the tool's schema; without
         # this it would run the whole tools/list handler for every call to find it.
         token = get_access_token()
-        spec = door.registry.get(name)
-        if token is None or spec is None:
+        if token is None:
             return None
-        _, _, agent = token.client_id.partition(".")
-        return spec.input_schema if spec.agent_allowed(agent) else None
+        tenant, _, agent = token.client_id.partition(".")
+        spec = (door.listings.get((tenant, agent)) or {}).get(name)
+        return spec.input_schema if spec is not None else None
 
     server: Server[Any] = Server(
         "toolgate",

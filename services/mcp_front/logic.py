@@ -17,6 +17,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from toolgate.contracts.calls import PendingNotice, ToolResult, is_valid_call_id
 from toolgate.contracts.registry import Registry, ToolSpec
+from toolgate.contracts.registry_bundle import ListedTool, listed_tool
+from toolgate.contracts.registry_bundle import passes_content as registry_passes_content
 
 # A client names its own call_id in the request's `_meta` to make a retry safe:
 # the same call_id returns the recorded result instead of running the tool again.
@@ -48,36 +50,27 @@ class BadMeta(ValueError):
     """A `_meta` value the front door cannot use: an invalid-params protocol error."""
 
 
-def annotations_of(spec: ToolSpec) -> types.ToolAnnotations:
+def annotations_of(spec: ToolSpec | ListedTool) -> types.ToolAnnotations:
     """MCP's hints, from the registry: what the tool does, never what it claims."""
+    listed = spec if isinstance(spec, ListedTool) else listed_tool(spec)
     return types.ToolAnnotations(
-        read_only_hint=spec.read_only,
+        read_only_hint=listed.read_only,
         # MCP's default assumption for a tool that writes: it may destroy.
-        destructive_hint=not spec.read_only,
-        idempotent_hint=spec.idempotent or spec.read_only,
-        open_world_hint=spec.mcp is not None
-        or spec.http is not None
-        or spec.action_class in ("send", "publish"),
+        destructive_hint=not listed.read_only,
+        idempotent_hint=listed.idempotent or listed.read_only,
+        open_world_hint=listed.open_world,
     )
 
 
-def passes_content(spec: ToolSpec) -> bool:
-    """Whether the tool's result is an upstream's MCP content, passed through as it came:
-    an upstream (`mcp:`) tool that declares no output schema of its own, so the import gave
-    it the content-blocks one (`{"content": [...]}`, the executor's `output_of`)."""
-    if spec.mcp is None:
-        return False
-    schema = spec.output_schema
-    properties = schema.get("properties")
-    return (
-        schema.get("type") == "object"
-        and isinstance(properties, dict)
-        and list(properties) == ["content"]
-        and schema.get("required") == ["content"]
-    )
+def passes_content(spec: ToolSpec | ListedTool) -> bool:
+    """Whether the tool's result is an upstream's MCP content, passed through as it came
+    (contracts/registry_bundle.py `passes_content`)."""
+    if isinstance(spec, ListedTool):
+        return spec.content_passthrough
+    return registry_passes_content(spec)
 
 
-def tool_of(spec: ToolSpec) -> types.Tool:
+def tool_of(spec: ToolSpec | ListedTool) -> types.Tool:
     # MCP wants an object schema for outputSchema; a tool that returns anything else
     # lists none (its result still comes as text and is checked by the attacher). An
     # upstream's content passes through as content, so it lists none either (a listed
@@ -162,7 +155,9 @@ def error_body(result: ToolResult) -> dict[str, Any]:
     }
 
 
-def call_result(result: ToolResult, spec: ToolSpec | None = None) -> types.CallToolResult:
+def call_result(
+    result: ToolResult, spec: ToolSpec | ListedTool | None = None
+) -> types.CallToolResult:
     """A ToolResult as MCP answers it.
 
     `ok`: the data as structured content and the same JSON as text; for a tool whose

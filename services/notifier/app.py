@@ -62,6 +62,7 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus, telemetry
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import NOTIFIED_EVENTS, NOTIFIER_DELIVERIES_DURABLE
 from toolgate.services.notifier import logic
@@ -362,7 +363,8 @@ def build_app(
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     sender = HttpSender(options.timeout_s)
-    service = Notifier(publisher, settings.load_registry(), webhooks, options, sender, clock)
+    served = ServedRegistry(settings)  # the pushed registry, followed
+    service = Notifier(publisher, served.current, webhooks, options, sender, clock)
     registry = telemetry.registry()
     if registry is not None:
         service.metrics = NotifierMetrics(registry)
@@ -424,6 +426,8 @@ def build_app(
             )
 
         service.queue = queue
+        await start_registry(served, js)
+        served.follow(lambda registry: setattr(service, "registry", registry))
         try:
             service.records = await broker.connection.jetstream().key_value(
                 subjects.APPROVALS_BUCKET
@@ -440,6 +444,7 @@ def build_app(
     @app.on_shutdown
     async def close() -> None:
         await sender.close()
+        await served.stop()
 
     bus.run_consumers(app, broker)
     return app

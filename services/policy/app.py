@@ -60,6 +60,7 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import bus
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.policy import logic, versions
 from toolgate.services.policy.bundle import (
@@ -353,7 +354,7 @@ async def record(policy: ActivePolicy, stores: Stores) -> None:
 
 
 def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> FastStream:
-    registry = settings.load_registry()
+    served = ServedRegistry(settings)  # the pushed registry, followed (runtime/served_registry.py)
     policy = ActivePolicy(
         engine_from_files(read_bundle_dir(policy_dir or DEFAULT_BUNDLE_DIR)),
         settings.keys_dir,
@@ -382,6 +383,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
                 problem,
             )
         engine = policy.engine  # one bundle for the whole decision, even if a push lands
+        registry = served.current  # one registry too
         resources = await resolvers.look_up(engine, registry, call)
         decision = decide_safely(engine, registry, call, resources=resources)
         spec = registry.get(call.tool)
@@ -418,6 +420,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         # Decided again under the bundle active now, on the resources as they are now:
         # either may have changed since the request.
         engine = policy.engine
+        registry = served.current
         resources = await resolvers.look_up(engine, registry, event.call)
         decision = decide_safely(engine, registry, event.call, event.approvers, resources)
         return logic.after_approval(
@@ -476,13 +479,14 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             await broker.stop()
             raise
         await record(policy, stores)
+        await start_registry(served, js)
         stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
 
         async def on_entry(entry: ActiveEntry) -> None:
             policy.offer(entry)
             await record(policy, stores)  # also retries a record that failed before
 
-        stores.watching = asyncio.create_task(watch_active(policies_kv, on_entry))
+        stores.watching = asyncio.create_task(watch_active(policies_kv, on_entry, "policy bundle"))
 
     @app.on_shutdown
     async def stop_watching() -> None:
@@ -491,6 +495,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             with contextlib.suppress(asyncio.CancelledError):
                 await stores.watching
         await resolvers.aclose()
+        await served.stop()
 
     bus.run_consumers(app, broker)
     return app

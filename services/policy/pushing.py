@@ -10,48 +10,25 @@ behind a newer one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nats.js import JetStreamContext
-from nats.js.kv import KeyValue
 
-from toolgate.services.policy import versions
+from toolgate.runtime import bundle_versions
+from toolgate.runtime.bundle_versions import BucketState
 from toolgate.services.policy.bundle import bundle_version
 from toolgate.services.policy.bundle_store import (
-    ActiveEntry,
-    active_history,
-    fetch_accepted,
-    open_bucket,
     policies_bucket_config,
     policy_accepted_bucket_config,
-    push_bundle,
 )
-from toolgate.services.policy.signing import BundleRefused, StoredBundle, sign_bundle
+from toolgate.services.policy.signing import POLICY_BUNDLE, StoredBundle
 
-
-@dataclass(frozen=True)
-class BucketState:
-    """The active key's history (oldest first) and the policy service's high-water mark."""
-
-    kv: KeyValue
-    written: list[ActiveEntry]
-    accepted: StoredBundle | None
-
-    @property
-    def last_revision(self) -> int:
-        return self.written[-1].revision if self.written else 0
+__all__ = ["BucketState", "push_next_version", "read_state"]
 
 
 async def read_state(js: JetStreamContext) -> BucketState:
-    kv = await open_bucket(js, policies_bucket_config())
-    written = await active_history(kv)
-    accepted_kv = await open_bucket(js, policy_accepted_bucket_config())
-    try:
-        accepted = versions.decode_accepted(await fetch_accepted(accepted_kv))
-    except BundleRefused:
-        accepted = None  # unreadable: the policy service says so when it starts
-    return BucketState(kv, written, accepted)
+    return await bundle_versions.read_state(
+        js, policies_bucket_config(), policy_accepted_bucket_config()
+    )
 
 
 async def push_next_version(
@@ -61,6 +38,6 @@ async def push_next_version(
 
     nats.js.errors.KeyWrongLastSequenceError if the active key changed since `state`.
     """
-    number = versions.next_number(state.written, state.accepted, private_key.public_key())
-    bundle = sign_bundle(files, bundle_version(files), private_key, number=number, source=source)
-    return await push_bundle(state.kv, bundle, last_revision=state.last_revision), bundle
+    return await bundle_versions.push_next_version(
+        POLICY_BUNDLE, state, files, bundle_version(files), source, private_key
+    )

@@ -25,9 +25,15 @@ from collections.abc import Iterable, Sequence
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from toolgate.runtime import bundle_versions
 from toolgate.services.policy.bundle import bundle_version
 from toolgate.services.policy.bundle_store import ActiveEntry
-from toolgate.services.policy.signing import BundleRefused, StoredBundle, open_stored
+from toolgate.services.policy.signing import (
+    POLICY_BUNDLE,
+    BundleRefused,
+    StoredBundle,
+    open_stored,
+)
 
 # The `source` of a bundle by how it was made (signed with it).
 PUSHED_FROM = "pushed from {directory}"
@@ -53,12 +59,7 @@ def decode_accepted(value: bytes | None) -> StoredBundle | None:
 
     BundleRefused if it is there but not readable.
     """
-    if not value:
-        return None
-    try:
-        return msgspec.json.decode(value, type=StoredBundle)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        raise BundleRefused(f"it is not readable: {' '.join(str(exc).split())}") from exc
+    return bundle_versions.decode_accepted(value)
 
 
 def newer_problem(candidate: StoredBundle, active: StoredBundle | None) -> str | None:
@@ -79,17 +80,7 @@ def verified(
     written: Iterable[ActiveEntry], public_key: Ed25519PublicKey | None
 ) -> list[tuple[int, StoredBundle]]:
     """(revision, bundle) of each written value that is signed by `public_key`."""
-    found: list[tuple[int, StoredBundle]] = []
-    if public_key is None:
-        return found
-    for entry in written:
-        if entry.deleted or not entry.value:
-            continue
-        try:
-            found.append((entry.revision, open_stored(entry.value, public_key)))
-        except BundleRefused:
-            continue  # not the operator's: it counts for nothing
-    return found
+    return bundle_versions.verified(POLICY_BUNDLE, written, public_key)
 
 
 def next_number(
@@ -97,10 +88,7 @@ def next_number(
 ) -> int:
     """One more than any version the operator's key signed in the bucket's history, and
     than the one the policy service last accepted (whatever the bucket says now)."""
-    numbers = [stored.number for _, stored in verified(written, public_key)]
-    if accepted is not None:
-        numbers.append(accepted.number)
-    return max(numbers, default=0) + 1
+    return bundle_versions.next_number(POLICY_BUNDLE, written, accepted, public_key)
 
 
 def find_version(

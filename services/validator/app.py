@@ -21,6 +21,12 @@ room, or nak'ed for later when the room is full. The slot is given back when
 the call's `ResultAttached` (or `ApprovalRequested`) goes by, heard on a plain
 subscription to those subjects; a call that sends nothing downstream gives it
 back at once.
+
+The registry is the one the gateway serves (runtime/served_registry.py): followed
+without a restart when `toolgate tools push` stores a newer signed version; the
+validator alone records the last version accepted. It also answers each agent's
+request for its own tool listing on `toolgate.tools.<tenant>.<agent>` (queue group
+`validator`): the agent is the subject's, as for calls.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
+from toolgate.contracts.registry_bundle import ToolListing, listing_for
 from toolgate.runtime import bus
 from toolgate.runtime.oidc import (
     OidcConfig,
@@ -54,6 +61,7 @@ from toolgate.runtime.oidc import (
     TokenVerifier,
     bearer_token,
 )
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.user_tokens import SealedTokens, ensure_seal_key
 from toolgate.services.validator.admission import (
@@ -162,7 +170,9 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> lis
 
 
 def build_app(settings: GatewaySettings) -> FastStream:
-    checker = CallChecker(settings.load_registry(), settings.max_call_bytes)
+    # The served registry (runtime/served_registry.py): the validator keeps its high-water mark.
+    served = ServedRegistry(settings, records=True)
+    checker = served.derive(lambda registry: CallChecker(registry, settings.max_call_bytes))
     broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
     publisher = bus.Publisher(broker)
     claims: list[CallIdClaims] = []  # bound once the broker is connected
@@ -191,7 +201,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             nonlocal inside
             identity = identity_of(delivery.subject)
             outcome: CheckOutcome = (
-                checker.check(raw, identity)
+                checker().check(raw, identity)
                 if identity is not None
                 else Undeliverable(f"{delivery.subject!r} is not a calls subject")
             )
@@ -199,7 +209,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             if verifier is not None and isinstance(outcome, Validated):
                 token = bearer_token((msg.headers or {}).get("Authorization"))
                 check = await check_token(verifier, token)
-                spec = checker.registry.get(outcome.call.tool)
+                spec = checker().registry.get(outcome.call.tool)
                 verdict = user_verdict(outcome, spec, check, settings.oidc_tenant_claim)
                 outcome = verdict.outcome
                 if not verdict.token_for_tool:
@@ -225,7 +235,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             inside = isinstance(outcome, Validated | Rejected)
 
         async def give_up(exc: Exception) -> None:
-            call = call_named(checker, raw, delivery)
+            call = call_named(checker(), raw, delivery)
             if call and not await owns_call(claims[0], call, delivery):
                 call = {}  # a duplicate: the call is the first message's to end, not this one's
             await bus.give_up_on(publisher, SERVICE, delivery, raw, exc, call=call)
@@ -243,9 +253,18 @@ def build_app(settings: GatewaySettings) -> FastStream:
         if key is not None:
             admission.finished(key)
 
+    async def on_listing(msg: Msg) -> None:
+        # The agent is who the server let publish on this subject (its own, on a locked bus).
+        if msg.reply:  # a plain publish asks nothing
+            await msg.respond(listing_reply(served, msg.subject))
+
     @app.on_startup
     async def bind_claims() -> None:
         nc = await broker.connect()
+        await start_registry(served, bus.jetstream(broker))
+        await nc.subscribe(
+            f"{subjects.TOOLS_PREFIX}.*.*", queue=SERVICE, cb=on_listing, pending_msgs_limit=-1
+        )
         claims.append(CallIdClaims(await bus.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET)))
         if verifier is not None:
             kv = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
@@ -261,9 +280,22 @@ def build_app(settings: GatewaySettings) -> FastStream:
     @app.on_shutdown  # before the consumers stop: waiting calls go back at once
     async def close_gate() -> None:
         admission.close()
+        await served.stop()
 
     bus.run_consumers(app, broker)
     return app
+
+
+def listing_reply(served: ServedRegistry, subject: str) -> bytes:
+    """The ToolListing of the agent whose tools subject this is (contracts/registry_bundle.py)."""
+    identity = subjects.identity_of_tools_subject(subject)
+    if identity is None:
+        listing = ToolListing(
+            tenant="", agent="", version="", number=0, tools=[], error="not an agent's subject"
+        )
+    else:
+        listing = listing_for(served.current, identity[0], identity[1], served.number)
+    return msgspec.json.encode(listing)
 
 
 def oidc_verifier(settings: GatewaySettings) -> TokenVerifier | None:

@@ -244,6 +244,7 @@ def test_agent_creds_name_the_agent_and_allow_only_its_own_subjects(tmp_path: Pa
     assert claims["pub"]["allow"] == [
         subjects.calls_subject(*ACME),
         f"{subjects.direct_get_prefix(subjects.RESULTS_STREAM)}.{results}.>",
+        subjects.tools_listing_subject(*ACME),
     ]
     assert sorted(claims["sub"]["allow"]) == sorted(["_INBOX.>", f"{results}.>"])
     # Adding an agent again gives the same identity back; a bad name is refused.

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,9 +211,12 @@ async def test_a_list_changed_with_a_changed_definition_is_refused_saying_what_c
 
 
 def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> None:
+    """...and who accepted it lands in the audit (ClickHouse), for auditors to query."""
     upstream = Upstream().start()
     data_dir = tmp_path / "data"
+    gateway = Gateway(data_dir, make_test_registry(tmp_path / "served"), with_audit=True)
     try:
+        gateway.start()
         done = toolgate(
             "tools", "import-mcp", upstream.url, "--prefix", "up", "--out", str(tmp_path / "r")
         )
@@ -236,10 +240,48 @@ def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> N
         # The top-level description was still the upstream's: it follows the accepted one.
         assert entry.description.startswith("Look up the value stored under a key. IMPORTANT")
         assert "ops-1 accepted definition" in (tmp_path / "r" / "up_lookup.yaml").read_text()
-        record = json.loads((data_dir / "audit" / "pin-acceptances.jsonl").read_text())
-        assert record["by"] == "ops-1" and record["accepted_sha256"].startswith(served)
+        assert "recorded in the audit (event PinAccepted" in accepted.stdout
+        auditor = gateway.audit_client("auditor")
+        rows: list[Any] = []
+        for _ in range(1200):  # the audit writes in batches: poll, bounded (gives up only)
+            rows = auditor.query(
+                "SELECT approver, tool, JSONExtractString(payload, 'accepted_sha256'), "
+                "JSONExtractString(payload, 'previous_sha256') "
+                "FROM events WHERE event_type = 'PinAccepted'"
+            ).result_rows
+            if rows:
+                break
+            time.sleep(0.1)
+        assert len(rows) == 1, rows
+        who, tool, accepted_sha, previous_sha = rows[0]
+        assert (who, tool) == ("ops-1", "up_lookup")
+        assert str(accepted_sha).startswith(served) and previous_sha != accepted_sha
         again = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"))
         assert "serves the pinned definition" in again.stdout
+    finally:
+        upstream.stop()
+        gateway.stop()
+
+
+def test_accept_without_a_gateway_to_audit_it_pins_nothing(tmp_path: Path) -> None:
+    upstream = Upstream().start()
+    try:
+        registry = tmp_path / "r"
+        done = toolgate(
+            "tools", "import-mcp", upstream.url, "--prefix", "up", "--out", str(registry)
+        )
+        assert done.returncode == 0, done.stderr
+        upstream.stop()
+        upstream = Upstream(changed=True, port=upstream.port).start()
+        before = (registry / "up_lookup.yaml").read_text()
+        refused = toolgate(
+            "tools", "accept", "up_lookup", "--registry", str(registry),
+            "--data-dir", str(tmp_path / "nothing-up-here"),
+        )  # fmt: skip
+        assert refused.returncode == 3, refused.stderr
+        assert "cannot record the acceptance in the audit" in refused.stderr
+        assert (registry / "up_lookup.yaml").read_text() == before
+        assert not list(registry.glob("*.accepting"))
     finally:
         upstream.stop()
 

@@ -285,6 +285,7 @@ def test_the_front_door_account_imports_only_the_token_holders_subjects(tmp_path
         "$JS.API.DIRECT.GET.TOOLGATE_RESULTS.toolgate.results.acme.researcher.>",
         "toolgate.calls.acme.researcher",
         "toolgate.results.acme.researcher.>",
+        "toolgate.tools.acme.researcher",
     ]
     revoke_agent(tmp_path, "acme", "researcher")
     assert imported() == []
