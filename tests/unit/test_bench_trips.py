@@ -73,7 +73,13 @@ def test_the_table_gives_counts_per_call_and_round_trips() -> None:
     lines = table([Counted("seq", 10, counts, {"TOOLGATE_EVENTS": 10}, 1.0)])
     text = "\n".join(lines)
     assert "TOOLGATE_EVENTS: CallAuthorized" in text and "1.00" in text
-    assert (
-        "round trips a call waits on (publish acks + awaited acks + other requests): seq 1.00"
-        in (text)
+    assert "requests answered per call (publish acks, awaited acks, other requests): seq 1.00" in (
+        text
     )
+
+
+def test_counting_nothing_is_refused_as_bad_input(capsys: Any) -> None:
+    from toolgate.cli.main import main
+
+    assert main(["bench", "trips", "-n", "0", "--burst", "0"]) == 2
+    assert "toolgate bench trips:" in capsys.readouterr().err
