@@ -958,6 +958,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from toolgate.bench.fairness import run_fairness
 
         return run_fairness(args)
+    if args.target == "trips":
+        from toolgate.bench.trips import cmd_bench_trips
+
+        return cmd_bench_trips(args)
     if args.target == "policy":
         from toolgate.bench.policy import run_policy_bench
 
@@ -1340,7 +1344,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "target",
         nargs="?",
-        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness", "soak"],
+        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness", "soak", "trips"],
         default="pipeline",
     )
     bench.add_argument(

@@ -7,6 +7,7 @@ platform's client, and the MCP front door's): nothing here needs FastStream.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
@@ -70,6 +71,22 @@ class LeanJetStream(JetStreamContext):
     ) -> PubAck:
         if msg_ttl is not None:
             return await super().publish(subject, payload, timeout, stream, headers, msg_ttl)
+        return await (await self.send(subject, payload, timeout, stream, headers))
+
+    async def send(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float | None = None,
+        stream: str | None = None,
+        headers: dict[str, Any] | None = None,
+    ) -> Coroutine[Any, Any, PubAck]:
+        """Publish now; what it returns, awaited, is the publish ack (or its error).
+
+        Messages sent one after the other go out in that order on this connection,
+        and their acks can be awaited together: several stored messages for one
+        round trip (`Publisher.emit_all`). The returned coroutine must be awaited
+        (its reply is forgotten then, or when it times out)."""
         if not self._reply_prefix:
             if self._listening is None:
                 self._listening = asyncio.ensure_future(self._listen())
@@ -97,6 +114,16 @@ class LeanJetStream(JetStreamContext):
             await self._nc.publish(
                 subject, payload, reply=self._reply_prefix + token, headers=headers or None
             )
+        except BaseException:
+            timer.cancel()
+            self._replies.pop(token, None)
+            raise
+        return self._acked(token, reply, timer)
+
+    async def _acked(
+        self, token: str, reply: asyncio.Future[Msg], timer: asyncio.TimerHandle
+    ) -> PubAck:
+        try:
             msg = await reply
         finally:
             timer.cancel()
