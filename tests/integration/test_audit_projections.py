@@ -21,7 +21,7 @@ from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.schema import apply_schema, load_ddl
 from toolgate.services.audit.sql_console import run_readonly
 
-PROJECTION = "per_call"
+PER_CALL, BY_EVENT_TYPE = "per_call", "by_event_type"
 BEFORE = 6  # the last DDL version before the projection
 
 
@@ -57,14 +57,15 @@ def wait_for_mutations(client) -> None:  # type: ignore[no-untyped-def]
 def parts_without_projection(client) -> int:  # type: ignore[no-untyped-def]
     return client.query(
         "SELECT count() FROM system.parts WHERE database = currentDatabase() "
-        "AND table = 'event_log' AND active AND NOT has(projections, {p:String})",
-        parameters={"p": PROJECTION},
+        "AND table = 'event_log' AND active "
+        "AND NOT (has(projections, {a:String}) AND has(projections, {b:String}))",
+        parameters={"a": PER_CALL, "b": BY_EVENT_TYPE},
     ).result_rows[0][0]
 
 
-def reads_projection(client, sql: str) -> bool:  # type: ignore[no-untyped-def]
+def reads_projection(client, sql: str, projection: str) -> bool:  # type: ignore[no-untyped-def]
     plan = "\n".join(r[0] for r in client.query(f"EXPLAIN {sql}").result_rows)
-    return f"ReadFromMergeTree ({PROJECTION})" in plan
+    return f"ReadFromMergeTree ({projection})" in plan
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_an_old_store_gets_the_projection_and_every_query_answers_the_same(old_s
     assert answers(client) == before
 
 
-def test_queries_over_calls_read_the_projection(old_store):
+def test_queries_read_the_projection_their_where_reaches(old_store):
     target = ClickHouseTarget.from_url(old_store)
     apply_schema(target)
     client = target.client()
@@ -102,7 +103,15 @@ def test_queries_over_calls_read_the_projection(old_store):
     over_calls = {t: q for t, q in documented_queries().items() if "FROM calls" in q}
     assert len(over_calls) >= 4
     for title, sql in over_calls.items():
-        assert reads_projection(client, sql), title
+        assert reads_projection(client, sql, PER_CALL), title
+    # by_event_type is not asserted here: on these few rows it ties with the table in
+    # granules and the table wins; at scale it reads a few percent (bench audit-queries).
+    sorting = client.query(
+        "SELECT sorting_key FROM system.projections WHERE database = currentDatabase() "
+        "AND table = 'event_log' AND name = {p:String}",
+        parameters={"p": BY_EVENT_TYPE},
+    ).result_rows
+    assert sorting == [(["event_type", "occurred_at"],)]
 
 
 def test_new_rows_get_the_projection_as_they_are_written(old_store, tmp_path):
