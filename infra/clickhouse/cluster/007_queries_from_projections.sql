@@ -15,7 +15,8 @@
 -- `x != ''` on a String (not on a LowCardinality) to that before it matches a projection.
 --
 -- An existing store gets it at the next start: ADD adds it to new parts, MATERIALIZE
--- (a mutation, in the background: start-up does not wait) builds it for the old ones.
+-- (a mutation, in the background: start-up does not wait for it, whatever the server's
+-- mutations_sync; chdb-core's is 1) builds it for the old ones.
 -- Cluster: on each shard's local table (a call's events all live on one shard).
 ALTER TABLE event_log_local ON CLUSTER '${cluster}' ADD PROJECTION IF NOT EXISTS per_call
 (
@@ -48,7 +49,8 @@ ALTER TABLE event_log_local ON CLUSTER '${cluster}' ADD PROJECTION IF NOT EXISTS
     GROUP BY tenant, agent, call_id
 );
 
-ALTER TABLE event_log_local ON CLUSTER '${cluster}' MATERIALIZE PROJECTION per_call;
+ALTER TABLE event_log_local ON CLUSTER '${cluster}' MATERIALIZE PROJECTION per_call
+    SETTINGS mutations_sync = 0, alter_sync = 0;
 
 -- The queries over `events` filter on event_type (denials, approvals, dead letters, calls
 -- given up on): a few percent of the rows, spread over every granule of a table sorted by
@@ -67,4 +69,5 @@ ALTER TABLE event_log_local ON CLUSTER '${cluster}' ADD PROJECTION IF NOT EXISTS
     ORDER BY event_type, occurred_at
 );
 
-ALTER TABLE event_log_local ON CLUSTER '${cluster}' MATERIALIZE PROJECTION by_event_type;
+ALTER TABLE event_log_local ON CLUSTER '${cluster}' MATERIALIZE PROJECTION by_event_type
+    SETTINGS mutations_sync = 0, alter_sync = 0;
