@@ -16,12 +16,35 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_audit_queries import documented_queries, record, stories
+from tests.integration.test_audit_queries import (
+    T0,
+    WRITER,
+    Story,
+    documented_queries,
+    record,
+    stories,
+)
+from toolgate.contracts.calls import success
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.schema import apply_schema, load_ddl
 from toolgate.services.audit.sql_console import run_readonly
 
 PER_CALL, BY_EVENT_TYPE = "per_call", "by_event_type"
+# The texts of the queries 007 rewrote (QUERIES.md before it): an auditor's saved copy
+# must keep answering the same rows as the new text.
+ORIGINAL = {
+    "High-risk calls that executed without an approval (must be zero rows)": (
+        "SELECT tenant, agent, call_id, tool, risk, user, started_at, approvers, "
+        "approval_decided_at FROM calls WHERE risk IN ('high', 'critical') AND executed "
+        "AND (NOT approved OR approval_decided_at IS NULL OR started_at < approval_decided_at) "
+        "ORDER BY started_at"
+    ),
+    "Calls whose result was `invalid_tool_result`": (
+        "SELECT tenant, agent, call_id, tool, user, final_error_code, attached_at, "
+        "round(execute_ms, 3) AS execute_ms FROM calls "
+        "WHERE final_status = 'invalid_tool_result' ORDER BY attached_at DESC"
+    ),
+}
 BEFORE = 6  # the last DDL version before the projection
 
 
@@ -32,9 +55,11 @@ def _normal(value: Any) -> Any:
     return value
 
 
-def answers(client) -> dict[str, list[tuple[Any, ...]]]:  # type: ignore[no-untyped-def]
+def answers(client, original: bool = False) -> dict[str, list[tuple[Any, ...]]]:  # type: ignore[no-untyped-def]
     found = {}
-    for title, sql in documented_queries().items():
+    queries = documented_queries()
+    assert set(ORIGINAL) <= set(queries)
+    for title, sql in (queries | ORIGINAL if original else queries).items():
         _, rows = run_readonly(client, sql)
         found[title] = [tuple(_normal(v) for v in row) for row in rows]
     return found
@@ -77,7 +102,10 @@ def old_store(clickhouse_server, tmp_path, monkeypatch) -> str:  # type: ignore[
     every = load_ddl()
     assert [f.version for f in every][:BEFORE] == list(range(1, BEFORE + 1))
     monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every[:BEFORE])
-    asyncio.run(record(url, tmp_path / "keys", stories()))  # the sink applies 1-6
+    ok = {"payload": "fine"}
+    s = Story("wire-unapproved", "wire_money", WRITER, T0)
+    planted = s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok))
+    asyncio.run(record(url, tmp_path / "keys", [*stories(), planted]))  # the sink applies 1-6
     monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every)
     return url
 
@@ -86,13 +114,14 @@ def test_an_old_store_gets_the_projection_and_every_query_answers_the_same(old_s
     target = ClickHouseTarget.from_url(old_store)
     client = target.client()
     assert parts_without_projection(client) > 0
-    before = answers(client)
-    assert any(before.values())  # the stories give most queries rows to compare
+    before = answers(client, original=True)  # the texts as they were, on the old DDL
+    assert all(before[title] for title in ORIGINAL)  # rows to compare, not two empty lists
 
     assert apply_schema(target) == [f.version for f in load_ddl() if f.version > BEFORE]
     wait_for_mutations(client)
     assert parts_without_projection(client) == 0  # built for the parts already there
     assert answers(client) == before
+    assert answers(client, original=True) == before
 
 
 def test_queries_read_the_projection_their_where_reaches(old_store):

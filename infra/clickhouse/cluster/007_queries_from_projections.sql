@@ -71,3 +71,23 @@ ALTER TABLE event_log_local ON CLUSTER '${cluster}' ADD PROJECTION IF NOT EXISTS
 
 ALTER TABLE event_log_local ON CLUSTER '${cluster}' MATERIALIZE PROJECTION by_event_type
     SETTINGS mutations_sync = 0, alter_sync = 0;
+
+-- `events` (006's, the same columns in the same order) grouped by risk and status too:
+-- every copy of an event carries the same ones, so it is still one row per event, and a
+-- WHERE on them now reaches the table instead of filtering after the grouping. The calls
+-- queries of QUERIES.md that pick a few calls (high risk, invalid results) name them
+-- first with such a filter, then read only those calls from `calls`.
+CREATE OR REPLACE VIEW events ON CLUSTER '${cluster}' AS
+SELECT
+    event_id, call_id, event_type, occurred_at, service, tenant,
+    any(user) AS user, agent, any(session) AS session, any(task_id) AS task_id, tool,
+    risk, any(decision) AS decision, status,
+    any(error_code) AS error_code, any(arguments_sha256) AS arguments_sha256,
+    any(result_sha256) AS result_sha256, any(policy_version) AS policy_version,
+    any(approver) AS approver, any(duration_ms) AS duration_ms, note,
+    any(payload) AS payload, any(source_stream) AS source_stream,
+    any(source_seq) AS source_seq, min(recorded_at) AS recorded_at
+FROM event_log
+GROUP BY call_id, event_id, event_type, occurred_at, service, tenant, agent, tool, note, risk,
+    status
+SETTINGS optimize_aggregation_in_order = 1;
