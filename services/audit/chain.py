@@ -77,7 +77,7 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     SQL, without pulling rows out. Strings as stored, the time as microseconds
     since the epoch, the duration as the bits of its float, NULL as `N`.
     """
-    out = []
+    out: list[bytes] = []
     append = out.append  # the sink's costliest loop per row: kept flat
     for column in CONTENT_COLUMNS:
         value = row[column]
