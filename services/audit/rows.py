@@ -19,10 +19,9 @@ excerpt: nothing tells which tool's secret it may carry.
 
 from __future__ import annotations
 
-import calendar
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -109,9 +108,16 @@ def clamp_time(value: datetime) -> datetime:
     return min(max(value, _MIN_TIME), _MAX_TIME)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def to_micros(value: datetime) -> int:
-    """Microseconds since the epoch; a naive datetime (as read back) is UTC."""
-    return calendar.timegm(value.utctimetuple()) * 1_000_000 + value.microsecond
+    """Microseconds since the epoch; a naive datetime (as read back) is UTC. (A timedelta
+    division: exact, and several times cheaper per row than calendar.timegm.)"""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
 
 
 def _fingerprint(data: bytes) -> dict[str, Any]:

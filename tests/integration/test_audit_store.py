@@ -160,6 +160,7 @@ def test_cluster_ddl_parses(clickhouse_server):
                 or "Distributed" in formatted
                 or "VIEW" in formatted
                 or "ADD INDEX" in formatted
+                or ("PROJECTION" in formatted and "ON CLUSTER" in formatted)
             ), ddl.name
 
 

@@ -41,7 +41,7 @@ def _load(client, database: str, ddl_set: str) -> None:
             client.command(statement, settings={"database": database})
 
 
-def _shape(client, database: str) -> tuple[dict[str, list[tuple[str, str]]], set, dict]:
+def _shape(client, database: str) -> tuple[dict[str, list[tuple[str, str]]], set, dict, set]:
     columns: dict[str, list[tuple[str, str]]] = {}
     for table, name, type_ in client.query(
         "SELECT table, name, type FROM system.columns WHERE database = {d:String} "
@@ -65,7 +65,15 @@ def _shape(client, database: str) -> tuple[dict[str, list[tuple[str, str]]], set
             parameters={"d": database},
         ).result_rows
     }
-    return columns, indexes, keys
+    projections = {
+        (table.removesuffix("_local"), name, type_, tuple(sorting), query)
+        for table, name, type_, sorting, query in client.query(
+            "SELECT table, name, type, sorting_key, query FROM system.projections "
+            "WHERE database = {d:String}",
+            parameters={"d": database},
+        ).result_rows
+    }
+    return columns, indexes, keys, projections
 
 
 def test_single_and_cluster_ddl_make_the_same_tables_and_columns(clickhouse_server):
@@ -75,8 +83,8 @@ def test_single_and_cluster_ddl_make_the_same_tables_and_columns(clickhouse_serv
     single, cluster = (f"ddl_{kind}_{uuid.uuid4().hex[:8]}" for kind in ("single", "cluster"))
     _load(client, single, "single")
     _load(client, cluster, "cluster")
-    single_columns, single_indexes, single_keys = _shape(client, single)
-    sharded_columns, sharded_indexes, sharded_keys = _shape(client, cluster)
+    single_columns, single_indexes, single_keys, single_projections = _shape(client, single)
+    sharded_columns, sharded_indexes, sharded_keys, sharded_projections = _shape(client, cluster)
 
     # Each MergeTree table of the cluster is X_local (the shard's rows) under X (Distributed).
     for table, columns in list(sharded_columns.items()):
@@ -88,3 +96,5 @@ def test_single_and_cluster_ddl_make_the_same_tables_and_columns(clickhouse_serv
         assert sharded_columns[table] == columns, f"{table}: single and cluster columns differ"
     assert sharded_indexes == single_indexes
     assert sharded_keys == single_keys
+    assert sharded_projections == single_projections
+    assert {p[1] for p in single_projections} >= {"per_call"}

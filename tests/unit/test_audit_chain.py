@@ -208,3 +208,26 @@ def _key_id_of(path):  # type: ignore[no-untyped-def]
     from toolgate.services.audit.chain import ensure_seal_key
 
     return ensure_seal_key(path).public_key().public_bytes_raw().hex()
+
+
+def test_the_bytes_a_link_hashes_are_pinned():
+    """Stored chains must keep verifying: the content encoding and the inserted time text
+    are pinned byte for byte, whatever makes them faster (an aware time in any zone, or a
+    naive one as read back, is the same instant)."""
+    from datetime import timedelta, timezone
+
+    from toolgate.services.audit.chain import content_bytes, time_text
+    from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
+
+    at = datetime(2026, 3, 1, 9, 0, 0, 5, tzinfo=UTC)
+    row = dict.fromkeys(CONTENT_COLUMNS, "")
+    row.update(event_id="é1", occurred_at=at, duration_ms=1.25, source_seq=7, note=None)
+    # As computed by the encoding every stored chain was written with.
+    expected = (
+        b"3:\xc3\xa910:0:16:1772355600000005" + b"0:" * 15 + b"19:46083083187068600321:N0:0:1:7"
+    )
+    assert content_bytes(row) == expected
+    for same in (at, at.astimezone(timezone(timedelta(hours=-5))), at.replace(tzinfo=None)):
+        assert to_micros(same) == 1772355600000005
+        assert time_text(same) == "2026-03-01 09:00:00.000005"
+    assert time_text(datetime(1900, 1, 2, tzinfo=UTC)) == "1900-01-02 00:00:00.000000"

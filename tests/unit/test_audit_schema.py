@@ -17,8 +17,11 @@ def test_every_statement_is_idempotent():
     for ddl_set in DDL_SETS:
         for ddl in load_ddl(ddl_set):
             for statement in ddl.statements("c1"):
-                assert "IF NOT EXISTS" in statement or statement.startswith(
-                    "CREATE OR REPLACE VIEW"
+                # MATERIALIZE PROJECTION run twice builds the projection twice: harmless.
+                assert (
+                    "IF NOT EXISTS" in statement
+                    or statement.startswith("CREATE OR REPLACE VIEW")
+                    or " MATERIALIZE PROJECTION " in statement
                 ), (ddl_set, ddl.name, statement[:60])
 
 

@@ -1,0 +1,156 @@
+"""The auditor's queries over `calls` answer from the `per_call` projection (DDL 007), with
+the very rows they answered before it; a store made by the older DDL gets it at start.
+
+A store is filled with the known stories of test_audit_queries under the DDL as it was
+before 007 (what an existing data dir holds), every QUERIES.md query is answered, then
+the schema is applied as a sink's start applies it: 007 adds the projection and builds it
+for the parts already there. Each query must then answer the same rows, and the queries
+over `calls` must read the projection rather than the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.integration.test_audit_queries import (
+    T0,
+    WRITER,
+    Story,
+    documented_queries,
+    record,
+    stories,
+)
+from toolgate.contracts.calls import success
+from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.services.audit.schema import apply_schema, load_ddl
+from toolgate.services.audit.sql_console import run_readonly
+
+PER_CALL, BY_EVENT_TYPE = "per_call", "by_event_type"
+# The texts of the queries 007 rewrote (QUERIES.md before it): an auditor's saved copy
+# must keep answering the same rows as the new text.
+ORIGINAL = {
+    "High-risk calls that executed without an approval (must be zero rows)": (
+        "SELECT tenant, agent, call_id, tool, risk, user, started_at, approvers, "
+        "approval_decided_at FROM calls WHERE risk IN ('high', 'critical') AND executed "
+        "AND (NOT approved OR approval_decided_at IS NULL OR started_at < approval_decided_at) "
+        "ORDER BY started_at"
+    ),
+    "Calls whose result was `invalid_tool_result`": (
+        "SELECT tenant, agent, call_id, tool, user, final_error_code, attached_at, "
+        "round(execute_ms, 3) AS execute_ms FROM calls "
+        "WHERE final_status = 'invalid_tool_result' ORDER BY attached_at DESC"
+    ),
+}
+BEFORE = 6  # the last DDL version before the projection
+
+
+def _normal(value: Any) -> Any:
+    """Arrays from groupUniqArray come in no defined order: compare them sorted."""
+    if isinstance(value, list | tuple):
+        return sorted((_normal(v) for v in value), key=repr)
+    return value
+
+
+def answers(client, original: bool = False) -> dict[str, list[tuple[Any, ...]]]:  # type: ignore[no-untyped-def]
+    found = {}
+    queries = documented_queries()
+    assert set(ORIGINAL) <= set(queries)
+    for title, sql in (queries | ORIGINAL if original else queries).items():
+        _, rows = run_readonly(client, sql)
+        found[title] = [tuple(_normal(v) for v in row) for row in rows]
+    return found
+
+
+def wait_for_mutations(client) -> None:  # type: ignore[no-untyped-def]
+    """MATERIALIZE PROJECTION runs in the background: wait until it is done (or failed)."""
+    for _ in range(600):
+        pending = client.query(
+            "SELECT count(), any(latest_fail_reason) FROM system.mutations "
+            "WHERE database = currentDatabase() AND NOT is_done"
+        ).result_rows[0]
+        if pending[0] == 0:
+            return
+        assert not pending[1], pending[1]
+        asyncio.run(asyncio.sleep(0.1))
+    raise AssertionError("the projection was not materialized")
+
+
+def parts_without_projection(client) -> int:  # type: ignore[no-untyped-def]
+    return client.query(
+        "SELECT count() FROM system.parts WHERE database = currentDatabase() "
+        "AND table = 'event_log' AND active "
+        "AND NOT (has(projections, {a:String}) AND has(projections, {b:String}))",
+        parameters={"a": PER_CALL, "b": BY_EVENT_TYPE},
+    ).result_rows[0][0]
+
+
+def reads_projection(client, sql: str, projection: str) -> bool:  # type: ignore[no-untyped-def]
+    plan = "\n".join(r[0] for r in client.query(f"EXPLAIN {sql}").result_rows)
+    return f"ReadFromMergeTree ({projection})" in plan
+
+
+@pytest.fixture
+def old_store(clickhouse_server, tmp_path, monkeypatch) -> str:  # type: ignore[no-untyped-def]
+    """The URL of a store made and filled by the DDL before 007 (an existing data dir)."""
+    import toolgate.services.audit.schema as schema
+
+    url = clickhouse_server.url_for("admin", f"p_{uuid.uuid4().hex[:12]}")
+    every = load_ddl()
+    assert [f.version for f in every][:BEFORE] == list(range(1, BEFORE + 1))
+    monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every[:BEFORE])
+    ok = {"payload": "fine"}
+    s = Story("wire-unapproved", "wire_money", WRITER, T0)
+    planted = s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok))
+    asyncio.run(record(url, tmp_path / "keys", [*stories(), planted]))  # the sink applies 1-6
+    monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every)
+    return url
+
+
+def test_an_old_store_gets_the_projection_and_every_query_answers_the_same(old_store):
+    target = ClickHouseTarget.from_url(old_store)
+    client = target.client()
+    assert parts_without_projection(client) > 0
+    before = answers(client, original=True)  # the texts as they were, on the old DDL
+    assert all(before[title] for title in ORIGINAL)  # rows to compare, not two empty lists
+
+    assert apply_schema(target) == [f.version for f in load_ddl() if f.version > BEFORE]
+    wait_for_mutations(client)
+    assert parts_without_projection(client) == 0  # built for the parts already there
+    assert answers(client) == before
+    assert answers(client, original=True) == before
+
+
+def test_queries_read_the_projection_their_where_reaches(old_store):
+    target = ClickHouseTarget.from_url(old_store)
+    apply_schema(target)
+    client = target.client()
+    wait_for_mutations(client)
+    over_calls = {t: q for t, q in documented_queries().items() if "FROM calls" in q}
+    assert len(over_calls) >= 4
+    for title, sql in over_calls.items():
+        assert reads_projection(client, sql, PER_CALL), title
+    # by_event_type is not asserted here: on these few rows it ties with the table in
+    # granules and the table wins; at scale it reads a few percent (bench audit-queries).
+    sorting = client.query(
+        "SELECT sorting_key FROM system.projections WHERE database = currentDatabase() "
+        "AND table = 'event_log' AND name = {p:String}",
+        parameters={"p": BY_EVENT_TYPE},
+    ).result_rows
+    assert sorting == [(["event_type", "occurred_at"],)]
+
+
+def test_new_rows_get_the_projection_as_they_are_written(old_store, tmp_path):
+    target = ClickHouseTarget.from_url(old_store)
+    apply_schema(target)
+    client = target.client()
+    wait_for_mutations(client)
+    before = answers(client)
+    # The same stories again, by another sink: every event twice, in parts written after
+    # the projection existed. The views dedupe them; the projection must agree.
+    asyncio.run(record(old_store, tmp_path / "keys2", stories()))
+    assert parts_without_projection(client) == 0
+    assert answers(client) == before
