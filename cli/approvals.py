@@ -214,7 +214,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 async def _client(args: argparse.Namespace) -> Any:
     """The approvals client over one connection made within --connect-timeout, or Failed."""
-    from toolgate.cli.main import connect_nats
+    from toolgate.cli.common import connect_nats
     from toolgate.services.approvals.client import ApprovalsClient
 
     nc = await connect_nats(args.nats_url, args.creds, args.connect_timeout)
@@ -230,7 +230,7 @@ def _needs_token(args: argparse.Namespace) -> bool:
 
 def _run(args: argparse.Namespace, work: Any) -> int:
     """Run `work(client)`; report a refusal or a missing service as the exit code."""
-    from toolgate.cli.main import check_creds, check_nats_url
+    from toolgate.cli.common import check_creds, check_nats_url
     from toolgate.services.approvals.client import Refused, ServiceUnavailable
 
     check_nats_url(args.nats_url)
@@ -364,7 +364,7 @@ def cmd_add_approver(args: argparse.Namespace) -> int:
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
-    from toolgate.cli.main import (
+    from toolgate.cli.common import (
         Failed,
         check_creds,
         check_nats_url,

@@ -550,8 +550,8 @@ def _active_bundle(args: argparse.Namespace, data_dir: Path) -> ActiveBundle:
     import nats.errors
     from nats.js.errors import Error as JetStreamError
 
-    from toolgate.cli.main import Failed as NoNats
-    from toolgate.cli.main import connect_nats
+    from toolgate.cli.common import Failed as NoNats
+    from toolgate.cli.common import connect_nats
     from toolgate.cli.redecide import load_active_bundle
     from toolgate.runtime.creds import identity_of_creds
     from toolgate.services.policy.app import PolicyStateError

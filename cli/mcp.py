@@ -35,7 +35,7 @@ CONTENT_OUTPUT_SCHEMA: dict[str, Any] = {
 
 
 def _fail(line: str, code: int) -> Any:
-    from toolgate.cli.main import Failed
+    from toolgate.cli.common import Failed
 
     return Failed(line, code)
 
@@ -116,7 +116,7 @@ def cmd_agents_token(args: argparse.Namespace) -> int:
     told = push_front_door_account(args, data_dir)
     print(token)
     if told is not None and not args.offline:
-        from toolgate.cli.main import not_told
+        from toolgate.cli.agents import not_told
 
         raise not_told(f"a new token of agent {args.tenant}.{args.agent} was minted", told)
     mcp_url = env.read_context(data_dir).get("mcp_url") or "the MCP URL toolgate up printed"
@@ -133,13 +133,13 @@ def cmd_agents_token(args: argparse.Namespace) -> int:
 def push_front_door_account(args: argparse.Namespace, data_dir: Path) -> str | None:
     """Tell the running server which agents the front door may act for (its account's
     imports): None once done, else why not (no server: its next start preloads it)."""
-    from toolgate.cli.main import NEVER_UP, _push_account
+    from toolgate.cli.agents import NEVER_UP, push_account
     from toolgate.stack import nats_auth
 
     if not (data_dir / nats_auth.AUTH_DIR).is_dir():
         return f"{NEVER_UP}: nothing in {data_dir / nats_auth.AUTH_DIR}"
     _, token = nats_auth.mcp_front_account_jwt(nats_auth.AuthKeys.load(data_dir), data_dir)
-    return _push_account(args, data_dir, token)
+    return push_account(args, data_dir, token)
 
 
 def registry_name(prefix: str, tool: str) -> str:

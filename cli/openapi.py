@@ -431,7 +431,7 @@ def import_operations(
 
 
 def _fail(line: str, code: int) -> Any:
-    from toolgate.cli.main import Failed
+    from toolgate.cli.common import Failed
 
     return Failed(line, code)
 

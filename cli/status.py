@@ -212,7 +212,7 @@ async def gather(
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from toolgate.cli.main import check_creds, check_nats_url, connect_nats
+    from toolgate.cli.common import check_creds, check_nats_url, connect_nats
 
     check_nats_url(args.nats_url)
     check_creds(args.creds)

@@ -123,13 +123,14 @@ class TestCommandLine:
         assert not (tmp_path / "data").exists()  # nothing was started
 
     def test_up_gives_every_service_the_oidc_flags_and_records_them(self) -> None:
-        from toolgate.cli.main import _oidc_args, build_parser
+        from toolgate.cli.main import build_parser
+        from toolgate.cli.serve import oidc_args
         from toolgate.stack.supervisor import Stack
 
         args = build_parser().parse_args(
             ["up", "--oidc-issuer", "https://id.example.com", "--oidc-audience", "tg"]
         )
-        flags = _oidc_args(args)
+        flags = oidc_args(args)
         assert flags[:4] == ["--oidc-issuer", "https://id.example.com", "--oidc-audience", "tg"]
         stack = Stack(data_dir=Path("unused"), oidc_args=flags)
         assert stack.oidc_settings() == {
