@@ -58,7 +58,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
-from toolgate.runtime import call_context, telemetry
+from toolgate.runtime import call_context, emits, telemetry
 from toolgate.runtime.creds import broker_options, nats_servers
 from toolgate.runtime.jetstream import LeanJetStream
 from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
@@ -471,6 +471,7 @@ class Publisher:
         return self._js
 
     async def emit(self, event: Event) -> None:
+        emits.check(type(event).__name__)
         await self._jetstream().publish(
             subjects.subject_of(event),
             encode_event(event),
@@ -483,6 +484,7 @@ class Publisher:
         self, result: ToolResult, principal: Principal, message_id: str
     ) -> bool:
         """Store the call's one result; False if it already has one (it is never replaced)."""
+        emits.check("ToolResult")
         return await self._publish_once(
             _json.encode(result),
             subjects.results_subject(principal.tenant, principal.agent, result.call_id),
@@ -492,6 +494,7 @@ class Publisher:
     async def publish_pending(
         self, notice: PendingNotice, principal: Principal, message_id: str
     ) -> bool:
+        emits.check("PendingNotice")
         return await self._publish_once(
             _json.encode(notice),
             subjects.pending_subject(principal.tenant, principal.agent, notice.call_id),
@@ -515,6 +518,7 @@ class Publisher:
         subject, body = (result, stored) if stored is not None else (pending, notice)
         if body is None:
             return ""
+        emits.check("ToolResult" if stored is not None else "PendingNotice")
         await self._broker.connection.publish(subject, body)
         return "result" if stored is not None else "pending"
 

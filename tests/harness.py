@@ -28,12 +28,16 @@ from toolgate.contracts.events import (
     encode_event,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
+from toolgate.runtime import emits
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.topology import handlers
 from toolgate.stack.nats_auth import add_agent, push_account_jwts
 from toolgate.stack.supervisor import SERVICES, ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# A stage that publishes what its row of the handler table does not list fails its
+# work in every test (and the services the tests start: they inherit the environment).
+os.environ.setdefault(emits.STRICT_ENV, "1")
 TEST_TOOLS_DIR = REPO_ROOT / "tests" / "tools" / "registry"
 
 
