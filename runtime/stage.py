@@ -9,18 +9,19 @@ handler publishes is checked against the row's `emits`: runtime/emits.py),
 runs the work, and settles the message: ack once the work's outputs are
 stored, nak for a retry, or, after MAX_ATTEMPTS failures, give up (a dead
 letter with the reason and, unless the stage says otherwise, the end of the
-call the message names) and term (runtime/bus.py: `settle`, `give_up_on`).
+call the message names) and term (runtime/settling.py `settle`, runtime/giving_up.py
+`give_up_on`).
 
     runner = StageRunner(SERVICE, settings)
     retried = runner.durable_for(subjects.event_filter(CallRetried))
     runner.add(Stage(retried, on_retried, end_call=False))
     app = runner.app()
     ...  # start-up hooks that bind what the work uses
-    runner.run_consumers(app)  # after them: consumers start once the app has
+    runner.run_consumers(app)  # consumers start once those hooks have run
     return app
 
 A message in hand longer than a third of its AckWait is kept with
-`in_progress` by the consumer (runtime/bus.py: `PullConsumer`): one heartbeat
+`in_progress` by the consumer (runtime/consumers.py: `PullConsumer`): one heartbeat
 for every stage, a long tool call's included.
 """
 
@@ -36,15 +37,15 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 
 from toolgate.contracts.events import Event, decode_event
-from toolgate.runtime import bus, emits
+from toolgate.runtime import consumers, emits, giving_up, process, publishing, settling
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import Handler, rows_of
 
-Work = Callable[[Msg, bus.Delivery], Awaitable[None]]
-GiveUp = Callable[[Msg, bus.Delivery, Exception], Awaitable[None]]
+Work = Callable[[Msg, settling.Delivery], Awaitable[None]]
+GiveUp = Callable[[Msg, settling.Delivery, Exception], Awaitable[None]]
 # Entered before the work: yields False when the message is not to be worked on now
 # (the gate settled it itself, e.g. nak'ed it for later).
-Gate = Callable[[Msg, bus.Delivery], AbstractAsyncContextManager[bool]]
+Gate = Callable[[Msg, settling.Delivery], AbstractAsyncContextManager[bool]]
 
 E = TypeVar("E", bound=Event)
 
@@ -68,7 +69,7 @@ class Stage:
     end_call: bool = True
     gate: Gate | None = None
     settles_itself: bool = False
-    concurrency: int = bus.CONCURRENCY
+    concurrency: int = consumers.CONCURRENCY
     max_ack_pending: int = 1000
     ack_wait_s: float | None = None  # None: the stage's (runtime/topology.py)
 
@@ -80,10 +81,10 @@ class StageRunner:
         self, service: str, settings: GatewaySettings, tools: list[str] | None = None
     ) -> None:
         self.service = service
-        self.broker: NatsBroker = bus.make_broker(
-            settings.nats_url, bus.worker_name(service), settings.nats_creds
+        self.broker: NatsBroker = process.make_broker(
+            settings.nats_url, process.worker_name(service), settings.nats_creds
         )
-        self.publisher = bus.Publisher(self.broker)
+        self.publisher = publishing.Publisher(self.broker)
         self.rows: dict[str, Handler] = {row.durable: row for row in rows_of(service, tools)}
         self.stages: dict[str, Stage] = {}
 
@@ -97,7 +98,7 @@ class StageRunner:
         if stage.durable in self.stages:
             raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
         self.stages[stage.durable] = stage
-        bus.durable_subscriber(
+        consumers.durable_subscriber(
             self.broker,
             row.filter_subject,
             row.stream,
@@ -130,14 +131,14 @@ class StageRunner:
                 f"{self.service}: the handler table lists durable(s) with no stage: "
                 f"{', '.join(missing)}"
             )
-        bus.run_consumers(app, self.broker)
+        consumers.run_consumers(app, self.broker)
 
-    def _handler(self, stage: Stage, row: Handler) -> bus.Handler:
+    def _handler(self, stage: Stage, row: Handler) -> consumers.Handler:
         publisher, service = self.publisher, self.service
 
         async def handle(msg: Msg) -> None:
             emits.handling(row)  # this task's publishes are checked against the row
-            delivery = bus.delivery_of(msg)
+            delivery = settling.delivery_of(msg)
             if stage.settles_itself:
                 await stage.work(msg, delivery)
                 return
@@ -149,16 +150,16 @@ class StageRunner:
                 if stage.give_up is not None:
                     await stage.give_up(msg, delivery, exc)
                     return
-                await bus.give_up_on(
+                await giving_up.give_up_on(
                     publisher, service, delivery, msg.data, exc, end_call=stage.end_call
                 )
 
             if stage.gate is None:
-                await bus.settle(msg, delivery, work, give_up)
+                await settling.settle(msg, delivery, work, give_up)
                 return
             async with stage.gate(msg, delivery) as admitted:
                 if admitted:
-                    await bus.settle(msg, delivery, work, give_up)
+                    await settling.settle(msg, delivery, work, give_up)
 
         return handle
 

@@ -38,7 +38,7 @@ from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
 from toolgate.contracts.registry import Registry, ToolSpec
-from toolgate.runtime import bus
+from toolgate.runtime import giving_up, publishing, settling
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner, event_of
 from toolgate.services.approvals import protocol
@@ -143,7 +143,7 @@ class ApprovalsService:
 
     def __init__(
         self,
-        publisher: bus.Publisher,
+        publisher: publishing.Publisher,
         book: ApproverBook,
         clock: Clock = utc_now,
         registry: Registry | None = None,
@@ -428,19 +428,19 @@ def build_app(
         publisher, ApproverBook(settings.data_dir), clock, registry=settings.load_registry()
     )
 
-    async def on_requested(msg: Msg, delivery: bus.Delivery) -> None:
+    async def on_requested(msg: Msg, delivery: settling.Delivery) -> None:
         event = event_of(msg.data, ApprovalRequested)
         try:
             await service.on_requested(event)
         except InvalidIdentity as exc:  # no retry can mend it: dead-letter it now
             log.error("approval request %s refused: %s", event.event_id, exc)
-            await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+            await publisher.emit(giving_up.dead_letter(SERVICE, delivery, msg.data, exc))
 
-    async def give_up(msg: Msg, delivery: bus.Delivery, exc: Exception) -> None:
+    async def give_up(msg: Msg, delivery: settling.Delivery, exc: Exception) -> None:
         # A stored approval still ends the call (approvers vote, the sweeper expires
         # it): telling the agent now that the tool did not run could be wrong later.
         stored = await service.holds_approval_for(msg.data)
-        await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=not stored)
+        await giving_up.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=not stored)
 
     durable = runner.durable_for(subjects.event_filter(ApprovalRequested))
     runner.add(Stage(durable, on_requested, give_up=give_up))

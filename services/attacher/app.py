@@ -28,7 +28,7 @@ from toolgate.contracts.events import (
     derive_event_id,
     utc_now,
 )
-from toolgate.runtime import bus
+from toolgate.runtime import settling
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner
 from toolgate.services.attacher.logic import ResultBuilder
@@ -47,7 +47,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
     runner = StageRunner(SERVICE, settings)
     publisher = runner.publisher
 
-    async def on_terminal(msg: Msg, delivery: bus.Delivery) -> None:
+    async def on_terminal(msg: Msg, delivery: settling.Delivery) -> None:
         """One handler body for every terminal event type."""
         event = decode_event(msg.data)
         if event.principal is None:
@@ -71,7 +71,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
             )
         )
 
-    async def on_retried(msg: Msg, delivery: bus.Delivery) -> None:
+    async def on_retried(msg: Msg, delivery: settling.Delivery) -> None:
         event = decode_event(msg.data)
         if not isinstance(event, CallRetried) or event.principal is None:
             raise ValueError(f"{type(event).__name__} on the retries' subject")

@@ -25,7 +25,7 @@ from typing import Any
 from faststream import FastStream
 
 from toolgate.contracts import subjects
-from toolgate.runtime import bus
+from toolgate.runtime import consumers, process
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
@@ -99,14 +99,14 @@ def build_sink(
 ) -> tuple[FastStream, AuditWriter]:
     """The app and its writer (whose counters the tests and the benchmark read)."""
     builder = RowBuilder(settings.load_registry(), settings.max_call_bytes)
-    worker = bus.worker_name(SERVICE)
+    worker = process.worker_name(SERVICE)
     writer = AuditWriter(
         ClickHouseTarget.from_url(login_url(clickhouse_url, "writer", settings.data_dir)),
         builder,
         ensure_seal_key(settings.keys_dir),
         worker,
     )
-    broker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
+    broker = process.make_broker(settings.nats_url, worker, settings.nats_creds)
     app = FastStream(broker)
     pumps: list[asyncio.Task[None]] = []
     watchers: list[asyncio.Task[None]] = []
@@ -133,10 +133,10 @@ def build_sink(
         await writer.publish_seals()  # the genesis, signed before the bus was there
         watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
         for stream, source in SOURCES:
-            await bus.ensure_consumer(
+            await consumers.ensure_consumer(
                 nc,
                 stream,
-                bus.consumer_config(
+                consumers.consumer_config(
                     SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING
                 ),
             )

@@ -21,15 +21,12 @@ copy is deleted once the call has ended.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
@@ -49,10 +46,11 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
-from toolgate.runtime import bus, telemetry
+from toolgate.runtime import consumers, process, publishing, settling, telemetry
 from toolgate.runtime.oidc import unverified_expiry
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
+from toolgate.runtime.stage import Stage, StageRunner
+from toolgate.runtime.topology import executor_ack_wait
 from toolgate.runtime.user_tokens import SealBroken, SealedTokens, ensure_seal_key
 from toolgate.services.executor.logic import (
     Conclude,
@@ -73,10 +71,6 @@ SERVICE = "executor"
 log = logging.getLogger("toolgate.executor")
 
 
-def durable_for(tool: str) -> str:
-    return f"executor-{tool}"
-
-
 def outcome_key(event: CallAuthorized) -> str:
     """Outcomes are kept per (tenant, agent, call_id): another agent's call_id is another call."""
     principal = event.call.principal
@@ -91,7 +85,7 @@ class ToolRunner:
         spec: ToolSpec,
         function: ToolFunction,
         settings: GatewaySettings,
-        publisher: bus.Publisher,
+        publisher: publishing.Publisher,
         pool: ThreadPoolExecutor,
         worker: str,
     ) -> None:
@@ -108,18 +102,8 @@ class ToolRunner:
         # The sealed user tokens (an OIDC issuer is configured and the tool acts for users).
         self.user_tokens: SealedTokens | None = None
 
-    async def handle(self, msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
-
-        async def work() -> None:
-            await self._process(msg, delivery)
-
-        async def give_up(exc: Exception) -> None:
-            await bus.give_up_on(self.publisher, SERVICE, delivery, msg.data, exc)
-
-        await bus.settle(msg, delivery, work, give_up)
-
-    async def _process(self, msg: Msg, delivery: bus.Delivery) -> None:
+    async def process(self, msg: Msg, delivery: settling.Delivery) -> None:
+        """A stage's work (runtime/stage.py): the runner settles the message after it."""
         assert self.outcomes is not None
         try:
             event = decode_event(msg.data)
@@ -200,7 +184,7 @@ class ToolRunner:
             )
         )
         with telemetry.tool_span(self.spec.name, event.call_id) as run:  # GenAI execute_tool
-            outcome = await self._run_with_heartbeat(msg, event, subject_token)
+            outcome = await self._run(event, subject_token)
             run.finished(outcome.status, outcome.error.code if outcome.error else None)
         await self._finish(event, delivery, outcome, attempt)
 
@@ -209,9 +193,9 @@ class ToolRunner:
             state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
         )
 
-    async def _run_with_heartbeat(
-        self, msg: Msg, event: CallAuthorized, subject_token: str | None = None
-    ) -> ToolOutcome:
+    async def _run(self, event: CallAuthorized, subject_token: str | None = None) -> ToolOutcome:
+        # While it runs, the consumer keeps the message with `in_progress` (runtime/consumers.py:
+        # PullConsumer), so a tool slower than its AckWait is not handed to another worker.
         ctx = ToolContext(
             call_id=event.call_id,
             tool=self.spec.name,
@@ -221,25 +205,10 @@ class ToolRunner:
             settings=self.spec.settings,
             subject_token=subject_token,
         )
-
-        if is_inline(self.function):  # returns at once: nothing to keep alive
-            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
-
-        async def heartbeat() -> None:
-            # Tell JetStream we are still working, so a long tool is not redelivered.
-            while True:
-                await asyncio.sleep(heartbeat_interval(self.ack_wait_s))
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-
-        beating = asyncio.create_task(heartbeat())
-        try:
-            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
-        finally:
-            beating.cancel()
+        return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
 
     async def _finish(
-        self, event: CallAuthorized, delivery: bus.Delivery, outcome: ToolOutcome, attempt: int
+        self, event: CallAuthorized, delivery: settling.Delivery, outcome: ToolOutcome, attempt: int
     ) -> None:
         assert self.outcomes is not None
         common = dict(
@@ -270,7 +239,9 @@ class ToolRunner:
         if self.user_tokens is not None:  # the tool has run (or never will): not kept
             await self.user_tokens.forget(outcome_key(event))
 
-    async def _replay(self, stored: bytes, event: CallAuthorized, delivery: bus.Delivery) -> None:
+    async def _replay(
+        self, stored: bytes, event: CallAuthorized, delivery: settling.Delivery
+    ) -> None:
         recorded = decode_event(stored)
         event_id = derive_event_id(delivery.message_id, "outcome")
         # The same stored message redelivered gets the same id (a duplicate the
@@ -285,7 +256,7 @@ class ToolRunner:
             )
         )
 
-    async def _refuse_raw(self, delivery: bus.Delivery, reason: str) -> None:
+    async def _refuse_raw(self, delivery: settling.Delivery, reason: str) -> None:
         await self.publisher.emit(
             ExecutionRefused(
                 event_id=derive_event_id(delivery.message_id, "refused"),
@@ -306,59 +277,58 @@ def build_app(
     unknown = [name for name in names if registry.get(name) is None]
     if unknown:
         raise SystemExit(f"executor: no such tool(s) in the registry: {', '.join(unknown)}")
-    worker = bus.worker_name(SERVICE)
-    broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    worker = process.worker_name(SERVICE)
+    runner = StageRunner(SERVICE, settings, tools=names)
+    broker, publisher = runner.broker, runner.publisher
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
-    runners: list[ToolRunner] = []
+    tool_runners: list[ToolRunner] = []
     for name in names:
         spec = registry.get(name)
         assert spec is not None
-        runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
-        runners.append(runner)
-        source = subjects.event_filter(CallAuthorized, name)
-        bus.durable_subscriber(
-            broker,
-            source,
-            subjects.EVENTS_STREAM,
-            durable_for(name),
-            # An inline tool holds no thread while its call waits on NATS round
-            # trips: it gets the stages' usual slots, not the thread budget.
-            concurrency=max(concurrency, bus.CONCURRENCY)
-            if is_inline(runner.function)
-            else concurrency,
-            max_ack_pending=max(concurrency * 4, 64),
-            ack_wait_s=runner.ack_wait_s,
-        )(runner.handle)
+        tool_runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+        tool_runners.append(tool_runner)
+        runner.add(
+            Stage(
+                runner.durable_for(subjects.event_filter(CallAuthorized, name)),
+                tool_runner.process,
+                # An inline tool holds no thread while its call waits on NATS round
+                # trips: it gets the stages' usual slots, not the thread budget.
+                concurrency=max(concurrency, consumers.CONCURRENCY)
+                if is_inline(tool_runner.function)
+                else concurrency,
+                max_ack_pending=max(concurrency * 4, 64),
+                ack_wait_s=tool_runner.ack_wait_s,
+            )
+        )
 
-    app = FastStream(broker)
+    app = runner.app()
 
     @app.on_startup
     async def bind_outcome_store() -> None:
         # Connect before the subscribers start, so no message meets an unbound store.
         await broker.connect()
-        kv = await bus.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
+        kv = await publishing.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
         tokens = None
         if settings.oidc_issuer:
-            sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
+            sealed = await publishing.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
-        for runner in runners:
-            runner.outcomes = OutcomeStore(kv)
-            if runner.spec.acts_for_user:
-                runner.user_tokens = tokens
-        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
+        for tool_runner in tool_runners:
+            tool_runner.outcomes = OutcomeStore(kv)
+            if tool_runner.spec.acts_for_user:
+                tool_runner.user_tokens = tokens
+        upstreams = [r.spec.mcp for r in tool_runners if r.spec.mcp is not None]
         if upstreams:  # kept sessions: start the servers now, not at the first call
             from toolgate.services.executor.upstream_mcp import open_sessions
 
             open_sessions(upstreams)
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
 
     @app.on_shutdown
     async def close_upstream_sessions() -> None:
         # After the consumers stopped (hooks run in order): kept MCP sessions end with
         # the executor (stdio servers are stopped).
-        if any(runner.spec.mcp is not None for runner in runners):
+        if any(r.spec.mcp is not None for r in tool_runners):
             from toolgate.services.executor.upstream_mcp import close_sessions
 
             await close_sessions()

@@ -58,7 +58,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import Registry
-from toolgate.runtime import bus
+from toolgate.runtime import settling
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner, event_of
 from toolgate.services.policy import logic, versions
@@ -368,7 +368,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
 
     signer = logic.Signer(private_key, ttl)
 
-    async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
+    async def on_validated(event: ArgumentsValidated, delivery: settling.Delivery) -> Event:
         call, now = event.call, utc_now()
         problem = logic.hash_problem(event)
         if problem is not None:
@@ -401,7 +401,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             resources,
         )
 
-    async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
+    async def on_granted(event: ApprovalGranted, delivery: settling.Delivery) -> Event | None:
         if not event.quorum_reached:
             return None  # one vote of several: the approvals service counts them
         problem = logic.hash_problem(event)
@@ -425,9 +425,9 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
 
     def stage(
         event_type: type[Event],
-        outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]],
+        outcome: Callable[[Any, settling.Delivery], Awaitable[Event | None]],
     ) -> Stage:
-        async def work(msg: Msg, delivery: bus.Delivery) -> None:
+        async def work(msg: Msg, delivery: settling.Delivery) -> None:
             event = event_of(msg.data, event_type)
             result = await outcome(event, delivery)
             if result is not None:

@@ -23,7 +23,7 @@ from toolgate.contracts.events import (
     MessageDeadLettered,
     utc_now,
 )
-from toolgate.runtime import bus, emits
+from toolgate.runtime import emits, publishing
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner
 from toolgate.runtime.topology import GIVE_UP_EMITS, handlers
@@ -97,7 +97,7 @@ async def test_an_undeclared_emit_fails_the_work_when_strict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(emits.STRICT_ENV, "1")
-    publisher = bus.Publisher(None)  # type: ignore[arg-type]  # refused before any I/O
+    publisher = publishing.Publisher(None)  # type: ignore[arg-type]  # refused before any I/O
     emits.handling(row("executor-<tool>"))  # type: ignore[arg-type]
     try:
         with pytest.raises(emits.UndeclaredEmit, match="executor-<tool> published CallDenied"):
