@@ -27,6 +27,7 @@ from faststream import FastStream
 from toolgate.contracts import subjects
 from toolgate.runtime import consumers, process
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import rows_of
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
@@ -45,11 +46,6 @@ FLUSH_S = 1.0
 ACK_WAIT_S = 10.0
 MAX_ACK_PENDING = 20_000
 LAG_CHECK_S = 10.0
-
-SOURCES = (
-    (subjects.CALLS_STREAM, subjects.CALLS_FILTER),
-    (subjects.EVENTS_STREAM, f"{subjects.EVENTS_PREFIX}.>"),
-)
 
 
 async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: float) -> None:
@@ -132,18 +128,24 @@ def build_sink(
         writer.publish_seal = publish_seal
         await writer.publish_seals()  # the genesis, signed before the bus was there
         watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
-        for stream, source in SOURCES:
+        # Its durables are its rows of the handler table (runtime/topology.py). Not stages
+        # of the runner (runtime/stage.py): a batch of messages is one ClickHouse insert,
+        # acked (and kept in progress) as a whole (writer.py).
+        for row in rows_of(SERVICE):
             await consumers.ensure_consumer(
                 nc,
-                stream,
+                row.stream,
                 consumers.consumer_config(
-                    SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING
+                    row.durable,
+                    row.filter_subject,
+                    ack_wait_s=ACK_WAIT_S,
+                    max_ack_pending=MAX_ACK_PENDING,
                 ),
             )
-            batches = await PullBatches(nc, stream, SERVICE).start()
+            batches = await PullBatches(nc, row.stream, row.durable).start()
             pumps.append(
                 asyncio.create_task(
-                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{stream}"
+                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{row.stream}"
                 )
             )
 
