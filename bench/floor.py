@@ -9,7 +9,7 @@ no audit. The last hop publishes to `toolgate_bench.out.<call_id>`, where the
 bench's client waits, as an agent waits on its results subject.
 
 A batch is handled concurrently and the next fetch waits for it (the
-services' pull loops, toolgate.runtime.bus.PullConsumer, do not wait: they
+services' pull loops, toolgate.runtime.consumers.PullConsumer, do not wait: they
 ask again as handler slots free up). Run as a process of its own
 (`python -m toolgate.bench.floor`), so its CPU is counted apart from the
 client's; it prints `ready` once every hop is subscribed.
@@ -44,7 +44,9 @@ STREAM = "TOOLGATE_BENCH_FLOOR"
 SUBJECT_PREFIX = "toolgate_bench"
 CALL_HEADER = "Tg-Call-Id"
 HOPS = 4
-BATCH = 16  # messages per fetch (the services ask for their free slots: runtime.bus.CONCURRENCY)
+BATCH = (
+    16  # messages per fetch (the services ask for their free slots: runtime.consumers.CONCURRENCY)
+)
 
 
 def hop_subject(index: int) -> str:
@@ -68,7 +70,7 @@ def stream_config() -> StreamConfig:
 
 
 def consumer_config(index: int) -> ConsumerConfig:
-    # The services' consumer shape (toolgate.runtime.bus.consumer_config).
+    # The services' consumer shape (toolgate.runtime.consumers.consumer_config).
     return ConsumerConfig(
         durable_name=f"bench-hop{index}",
         filter_subject=hop_subject(index),

@@ -62,7 +62,8 @@ from toolgate.contracts.calls import Principal
 from toolgate.runtime.creds import connect_options, identity_of_creds
 from toolgate.runtime.settings import env_nats_creds
 from toolgate.stack.processes import die_with_parent
-from toolgate.stack.supervisor import AUDIT_SERVICE, SERVICES, Stack
+from toolgate.stack.services import AUDIT, PIPELINE
+from toolgate.stack.supervisor import Stack
 
 PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
 # The services one call passes through: validator, policy, executor, attacher.
@@ -76,7 +77,7 @@ DRAIN_TIMEOUT_S = 120.0
 QUIET_TIMEOUT_S = 30.0
 STARTUP_QUIET_TIMEOUT_S = 60.0
 # Rows of the CPU table, in this order; others (if any) follow.
-PROCESS_ORDER = (*SERVICES, AUDIT_SERVICE, "nats-server", "clickhouse", "floor hops", "client")
+PROCESS_ORDER = (*PIPELINE, AUDIT, "nats-server", "clickhouse", "floor hops", "client")
 
 
 def principal_for(creds: Path | None) -> Principal:
@@ -600,7 +601,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 args.nats_url,
                 agent,
                 admin,
-                procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
+                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
                 "a running gateway",
             )
             results = _run(args, target, run, Path(tmp))

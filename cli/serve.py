@@ -23,21 +23,13 @@ from toolgate.cli.common import (
     quiet_nats_tracebacks,
 )
 from toolgate.cli.mcp import add_serve_flags
-from toolgate.runtime import bus
+from toolgate.runtime import process
 from toolgate.runtime import settings as env
 from toolgate.runtime.call_context import SERVICE_LOG_FORMAT, log_calls
 from toolgate.runtime.outside_text import log_visibly
+from toolgate.stack.services import SERVICES
 
-SERVICE_NAMES = (
-    "validator",
-    "policy",
-    "executor",
-    "attacher",
-    "approvals",
-    "notifier",
-    "audit",
-    "mcp",
-)
+SERVICE_NAMES = tuple(SERVICES)  # one registry of services (stack/services.py)
 
 
 def add_runtime(parser: argparse.ArgumentParser, recorded: bool = True) -> None:
@@ -201,7 +193,7 @@ async def _ignore(exc: Exception) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.creds is None:  # this service's own role, as `toolgate up` recorded it
         # (the front door's role is mcp_front: an account of its own, see infra/nats)
-        args.creds = env.env_nats_creds("mcp_front" if args.name == "mcp" else args.name)
+        args.creds = env.env_nats_creds(SERVICES[args.name].role)
     check_nats_url(args.nats_url)
     check_creds(args.creds)
     if args.name == "policy" and args.policy is None:
@@ -209,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.policy = Path(recorded) if isinstance(recorded, str) else None
     settings = _settings(args)
     settings.load_registry()  # a bad registry ends it now, not after NATS is found
-    webhooks = _notifier_webhooks(args) if args.name == "notifier" else []
+    args.notifier_webhooks = _notifier_webhooks(args) if args.name == "notifier" else []
     logging.basicConfig(level=logging.INFO, format=SERVICE_LOG_FORMAT.format(service=args.name))
     log_visibly()  # log lines quote calls, users and upstream errors: shown escaped
     log_calls()  # a line logged while a call's message is handled names the call
@@ -219,40 +211,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # Metrics when there is an endpoint to serve them; traces when an OTLP endpoint is set.
     telemetry.configure(args.name, metrics=args.http_port is not None)
-    if args.name == "mcp":
+    build = SERVICES[args.name].build
+    if build is None:  # the MCP front door: not a stage app
         from toolgate.cli.mcp import serve_mcp
 
         return serve_mcp(args, settings)
-    if args.name == "validator":
-        from toolgate.services.validator.app import build_app
-
-        app = build_app(settings)
-    elif args.name == "policy":
-        from toolgate.services.policy.app import build_app as build_policy
-
-        app = build_policy(settings, policy_dir=args.policy)
-    elif args.name == "executor":
-        from toolgate.services.executor.app import build_app as build_executor
-
-        tools = [t for t in (args.tools or "").split(",") if t]
-        app = build_executor(settings, tools=tools or None, concurrency=args.concurrency)
-    elif args.name == "audit":
-        from toolgate.services.audit.app import build_app as build_audit
-
-        app = build_audit(settings, args.clickhouse_url)
-    elif args.name == "approvals":
-        from toolgate.services.approvals.app import build_app as build_approvals
-
-        app = build_approvals(settings, sweep_interval_s=args.sweep_interval)
-    elif args.name == "notifier":
-        from toolgate.services.notifier.app import build_app as build_notifier
-
-        app = build_notifier(settings, webhooks, _notifier_options(args))
-    else:
-        from toolgate.services.attacher.app import build_app as build_attacher
-
-        app = build_attacher(settings)
-    bus.tune_gc_for_a_service()
+    app = build(settings, args)
+    process.tune_gc_for_a_service()
     run = app.run()
     if args.http_port is not None:  # health and metrics beside the service
         from toolgate.cli.status import monitor_for
@@ -267,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             clickhouse_url=getattr(args, "clickhouse_url", None),
         )
         run = serving(monitor, run, args.http_port, args.http_host)
-    bus.run_service(run)
+    process.run_service(run)
     return 0
 
 
@@ -279,18 +244,6 @@ def _notifier_webhooks(args: argparse.Namespace) -> list[Any]:
         return load_webhooks(args.webhooks)
     except WebhookConfigError as exc:
         raise Failed(f"toolgate serve notifier: {exc} (--webhooks)", 2) from None
-
-
-def _notifier_options(args: argparse.Namespace) -> Any:
-    from toolgate.services.notifier.app import Options
-
-    return Options(
-        inbox_url=args.inbox_url,
-        reminder_share=args.reminder_at,
-        retry_base_s=args.retry_base,
-        give_up_after_s=args.give_up_after,
-        timeout_s=args.webhook_timeout,
-    )
 
 
 def add_notifier_flags(serve: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from toolgate.contracts import subjects
 from toolgate.runtime import settings as env
 from toolgate.runtime.health import HealthMonitor, probe
-from toolgate.runtime.topology import handlers
+from toolgate.runtime.topology import handlers, rows_of
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -51,12 +51,7 @@ def monitor_for(
     """The health monitor of one service: its dependencies, its durables, its gauges."""
     from toolgate.runtime import telemetry
 
-    durables = [
-        (h.stream, h.durable)
-        for h in handlers(tools, with_audit=True)
-        if h.service == service
-        and (service != "executor" or h.durable.removeprefix("executor-") in tools)
-    ]
+    durables = [(h.stream, h.durable) for h in rows_of(service, tools)]
     durables = list(dict.fromkeys(durables))
     gauges: list[Callable[[Any], Awaitable[None]]] = []
     if service == "approvals":

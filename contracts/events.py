@@ -215,7 +215,7 @@ class CallAbandoned(Event, frozen=True, kw_only=True):
     """A stage gave up on this call: the call ends in an error result, not in silence.
 
     Emitted beside the MessageDeadLettered a stage records when its attempts run
-    out (runtime/bus.py `give_up_on`), whenever the message it gave up on names
+    out (runtime/giving_up.py `give_up_on`), whenever the message it gave up on names
     the call (its call_id and principal). Terminal: the attacher turns it into
     the call's result (`execution_error`/`GATEWAY_GAVE_UP`), unless the call
     already has one.

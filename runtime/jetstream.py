@@ -1,6 +1,6 @@
 """LeanJetStream: nats-py's JetStream context with a leaner `publish`.
 
-Shared by the services (through `runtime.bus`) and by `GatewayClient` (every
+Shared by the services (through `runtime.publishing`) and by `GatewayClient` (every
 platform's client, and the MCP front door's): nothing here needs FastStream.
 """
 

@@ -335,15 +335,27 @@ async def refresh_ack_waits(
 NOTIFIED_EVENTS = ("ApprovalRequested", "ApprovalGranted", "ApprovalDenied", "ApprovalExpired")
 
 
+# What a stage's runner publishes for any durable when it gives up on a message
+# (runtime/stage.py): not listed per row.
+GIVE_UP_EMITS = ("MessageDeadLettered", "CallAbandoned")
+
+
 @dataclass(frozen=True)
 class Handler:
-    """One durable consumer: which service reads what, and what it emits."""
+    """One durable consumer: which service reads what, and what it emits.
+
+    `emits`: the names of the messages its handler publishes (event types, `ToolResult`,
+    `PendingNotice`, the notifier's `Job`), checked as it publishes (runtime/emits.py)
+    and against the service's code (tests/unit/test_stage_emits.py); besides these, any
+    durable may give up on a message (GIVE_UP_EMITS). `note`: more, in words, for the docs.
+    """
 
     service: str
     stream: str
     durable: str
     filter_subject: str
     emits: tuple[str, ...]
+    note: str = ""
 
 
 def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
@@ -405,7 +417,8 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
             subjects.EVENTS_STREAM,
             "attacher-CallRetried",
             f"{evt}.CallRetried.*",
-            ("ToolResult or PendingNotice, again (not stored)",),
+            ("ToolResult", "PendingNotice"),
+            "the stored ToolResult or PendingNotice again (not stored again)",
         ),
         *(
             Handler(
@@ -413,7 +426,8 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
                 subjects.EVENTS_STREAM,
                 f"notifier-{kind}",
                 f"{evt}.{kind}.*",
-                ("a delivery per webhook (TOOLGATE_NOTIFICATIONS)",),
+                ("Job",),
+                "a delivery per webhook that hears the tenant (TOOLGATE_NOTIFICATIONS)",
             )
             for kind in NOTIFIED_EVENTS
         ),
@@ -422,7 +436,8 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
             subjects.NOTIFICATIONS_STREAM,
             NOTIFIER_DELIVERIES_DURABLE,
             f"{subjects.NOTIFY_PREFIX}.>",
-            ("a signed webhook POST; MessageDeadLettered when given up",),
+            (),
+            "a signed webhook POST; MessageDeadLettered when given up",
         ),
     ]
     if with_audit:
@@ -431,3 +446,8 @@ def handlers(tools: list[str], with_audit: bool = False) -> list[Handler]:
             Handler("audit", subjects.EVENTS_STREAM, "audit", f"{evt}.>", ()),
         ]
     return table
+
+
+def rows_of(service: str, tools: list[str] | None = None) -> list[Handler]:
+    """One service's rows (the executor's: a row per tool of `tools`)."""
+    return [h for h in handlers(tools or [], with_audit=True) if h.service == service]

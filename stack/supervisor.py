@@ -46,6 +46,7 @@ from toolgate.stack.processes import (
     port_is_free,
     stop_process,
 )
+from toolgate.stack.services import AUDIT, MCP, NOTIFIER, PIPELINE, SERVICES
 
 log = logging.getLogger("toolgate.up")
 # How long streams and buckets may wait for a just-started JetStream to take them.
@@ -53,14 +54,9 @@ JETSTREAM_READY_S = 30.0
 
 # How often `toolgate up` asks each service's /healthz.
 HEALTH_CHECK_S = 5.0
-SERVICES = ("validator", "policy", "executor", "attacher", "approvals")
 # The identity `toolgate up` mints for first use (`toolgate agents add` makes more).
 DEFAULT_TENANT = "default"
 DEFAULT_AGENT = "researcher"
-# The audit sink is not one of SERVICES (the pipeline's hops): it only reads.
-AUDIT_SERVICE = "audit"
-# Nor is the notifier: it tells webhooks about approvals and decides nothing.
-NOTIFIER_SERVICE = "notifier"
 # `toolgate up --example NAME`: a package toolgate.infra.examples.NAME with REGISTRY_DIR,
 # POLICY_DIR (None, or relative: under the data dir), AGENTS ((tenant, agent) to mint),
 # TRY (a command to show) and prepare(data_dir) (its data).
@@ -331,7 +327,7 @@ class Stack:
                 ).start()
         asyncio.run(self.apply_topology())
         asyncio.run(self.settle_policy())
-        for name in SERVICES:
+        for name in PIPELINE:  # the pipeline's hops first (stack/services.py)
             extra = self.executor_args if name == "executor" else []
             if name == "policy" and self.policy_dir is not None:
                 extra = ["--policy", str(self.policy_dir)]
@@ -344,7 +340,7 @@ class Stack:
                     self.data_dir,
                     self.registry_dirs,
                     [*extra, *self.http_args(port), *self.oidc_args],
-                    creds=self.creds_of(name),
+                    creds=self.creds_of(SERVICES[name].role),
                     builtin_tools=self.builtin_tools,
                 ),
                 self.data_dir / "logs" / f"{name}.log",
@@ -582,17 +578,17 @@ class Stack:
             extra += ["--webhooks", str(self.webhooks_path)]
         port = free_port()
         service = ServiceProcess(
-            NOTIFIER_SERVICE,
+            NOTIFIER,
             serve_command(
-                NOTIFIER_SERVICE,
+                NOTIFIER,
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
                 [*extra, *self.http_args(port)],
-                creds=self.creds_of(NOTIFIER_SERVICE),
+                creds=self.creds_of(SERVICES[NOTIFIER].role),
                 builtin_tools=self.builtin_tools,
             ),
-            self.data_dir / "logs" / f"{NOTIFIER_SERVICE}.log",
+            self.data_dir / "logs" / f"{NOTIFIER}.log",
             http_port=port if self.with_http else None,
         )
         service.start()
@@ -628,17 +624,17 @@ class Stack:
         port = self.front_door_port()
         self.mcp_url = f"http://127.0.0.1:{port}/mcp"
         service = ServiceProcess(
-            "mcp",
+            MCP,
             serve_command(
-                "mcp",
+                MCP,
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
                 ["--port", str(port), *self.oidc_args],
-                creds=self.creds_of("mcp_front"),
+                creds=self.creds_of(SERVICES[MCP].role),
                 builtin_tools=self.builtin_tools,
             ),
-            self.data_dir / "logs" / "mcp.log",
+            self.data_dir / "logs" / f"{MCP}.log",
         )
         service.start()
         self.services.append(service)
@@ -656,17 +652,17 @@ class Stack:
             self.record_context()  # before the sink starts: it finds its login there
         port = free_port()
         service = ServiceProcess(
-            AUDIT_SERVICE,
+            AUDIT,
             serve_command(
-                AUDIT_SERVICE,
+                AUDIT,
                 self.url,
                 self.data_dir,
                 self.registry_dirs,
                 ["--clickhouse-url", self.audit_url, *self.http_args(port)],
-                creds=self.creds_of(AUDIT_SERVICE),
+                creds=self.creds_of(SERVICES[AUDIT].role),
                 builtin_tools=self.builtin_tools,
             ),
-            self.data_dir / "logs" / f"{AUDIT_SERVICE}.log",
+            self.data_dir / "logs" / f"{AUDIT}.log",
             http_port=port if self.with_http else None,
         )
         service.start()

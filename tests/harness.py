@@ -28,12 +28,17 @@ from toolgate.contracts.events import (
     encode_event,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR
+from toolgate.runtime import emits
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.topology import handlers
 from toolgate.stack.nats_auth import add_agent, push_account_jwts
-from toolgate.stack.supervisor import SERVICES, ServiceProcess, Stack
+from toolgate.stack.services import PIPELINE
+from toolgate.stack.supervisor import ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# A stage that publishes what its row of the handler table does not list fails its
+# work in every test (and the services the tests start: they inherit the environment).
+os.environ.setdefault(emits.STRICT_ENV, "1")
 TEST_TOOLS_DIR = REPO_ROOT / "tests" / "tools" / "registry"
 
 
@@ -182,7 +187,7 @@ class Gateway:
         return connect(self.audit_url(role))
 
     def all_alive(self) -> bool:
-        return all(s.alive() for s in self.stack.services if s.name in SERVICES)
+        return all(s.alive() for s in self.stack.services if s.name in PIPELINE)
 
 
 async def publish_event(url: str, event: Event, **options: Any) -> None:

@@ -38,9 +38,10 @@ from toolgate.contracts import subjects
 from toolgate.contracts.calls import PendingNotice
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
 from toolgate.contracts.registry import Registry, ToolSpec
-from toolgate.runtime import bus
+from toolgate.runtime import giving_up, publishing, settling
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.stage import Stage, StageRunner, event_of
 from toolgate.services.approvals import protocol
 from toolgate.services.approvals.approvers import ApproverBook
 from toolgate.services.approvals.logic import (
@@ -143,7 +144,7 @@ class ApprovalsService:
 
     def __init__(
         self,
-        publisher: bus.Publisher,
+        publisher: publishing.Publisher,
         book: ApproverBook,
         clock: Clock = utc_now,
         registry: Registry | None = None,
@@ -422,35 +423,29 @@ def build_app(
     sweep_interval_s: float = DEFAULT_SWEEP_INTERVAL_S,
     clock: Clock = utc_now,
 ) -> FastStream:
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    runner = StageRunner(SERVICE, settings)
+    broker, publisher = runner.broker, runner.publisher
     served = ServedRegistry(settings)  # the pushed registry, followed
     service = ApprovalsService(
         publisher, ApproverBook(settings.data_dir), clock, registry=served.current
     )
-    source = subjects.event_filter(ApprovalRequested)
 
-    @bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, SERVICE)
-    async def on_requested(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
+    async def on_requested(msg: Msg, delivery: settling.Delivery) -> None:
+        event = event_of(msg.data, ApprovalRequested)
+        try:
+            await service.on_requested(event)
+        except InvalidIdentity as exc:  # no retry can mend it: dead-letter it now
+            log.error("approval request %s refused: %s", event.event_id, exc)
+            await publisher.emit(giving_up.dead_letter(SERVICE, delivery, msg.data, exc))
 
-        async def work() -> None:
-            event = decode_event(msg.data)
-            if not isinstance(event, ApprovalRequested):
-                raise TypeError(f"expected ApprovalRequested, got {type(event).__name__}")
-            try:
-                await service.on_requested(event)
-            except InvalidIdentity as exc:  # no retry can mend it: dead-letter it now
-                log.error("approval request %s refused: %s", event.event_id, exc)
-                await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+    async def give_up(msg: Msg, delivery: settling.Delivery, exc: Exception) -> None:
+        # A stored approval still ends the call (approvers vote, the sweeper expires
+        # it): telling the agent now that the tool did not run could be wrong later.
+        stored = await service.holds_approval_for(msg.data)
+        await giving_up.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=not stored)
 
-        async def give_up(exc: Exception) -> None:
-            # A stored approval still ends the call (approvers vote, the sweeper expires
-            # it): telling the agent now that the tool did not run could be wrong later.
-            stored = await service.holds_approval_for(msg.data)
-            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=not stored)
-
-        await bus.settle(msg, delivery, work, give_up)
+    durable = runner.durable_for(subjects.event_filter(ApprovalRequested))
+    runner.add(Stage(durable, on_requested, give_up=give_up))
 
     @broker.subscriber(
         protocol.SERVICE_SUBJECTS, queue=protocol.QUEUE_GROUP, decoder=_message_itself
@@ -467,7 +462,7 @@ def build_app(
             )
         return protocol.encode(result)
 
-    app = FastStream(broker)
+    app = runner.app()
     sweeper: list[asyncio.Task[None]] = []
 
     @app.on_startup
@@ -492,5 +487,5 @@ def build_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
     return app

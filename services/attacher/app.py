@@ -21,7 +21,6 @@ from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.events import (
-    TERMINAL_EVENTS,
     CallRetried,
     ResultAttached,
     carried_fields,
@@ -29,13 +28,13 @@ from toolgate.contracts.events import (
     derive_event_id,
     utc_now,
 )
-from toolgate.runtime import bus
-from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime import publishing, settling
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime.stage import Stage, StageRunner
 from toolgate.services.attacher.logic import ResultBuilder
 
 SERVICE = "attacher"
-RETRIED_DURABLE = f"{SERVICE}-{CallRetried.__name__}"
 ANSWERED_AGAIN = {
     "result": "its stored result sent again",
     "pending": "its pending notice sent again (the result follows when it lands)",
@@ -47,80 +46,62 @@ log = logging.getLogger("toolgate.attacher")
 def build_app(settings: GatewaySettings) -> FastStream:
     served = ServedRegistry(settings)  # the pushed registry, followed
     builder = served.derive(ResultBuilder)
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    runner = StageRunner(SERVICE, settings)
+    publisher = runner.publisher
 
-    async def on_terminal(msg: Msg) -> None:
+    async def on_terminal(msg: Msg, delivery: settling.Delivery) -> None:
         """One handler body for every terminal event type."""
-        delivery = bus.delivery_of(msg)
-
-        async def work() -> None:
-            event = decode_event(msg.data)
-            if event.principal is None:
-                raise ValueError(f"{type(event).__name__} has no principal: no result subject")
-            result = builder().result_for(event)
-            attached_id = derive_event_id(event.event_id, "attached")
-            if not await publisher.publish_result(result, event.principal, message_id=attached_id):
-                log.warning(
-                    "call %s: a result is already stored; %s not attached",
-                    event.call_id,
-                    type(event).__name__,
-                )
-                return
-            await publisher.emit(
-                ResultAttached(
-                    event_id=attached_id,
-                    occurred_at=utc_now(),
-                    service=SERVICE,
-                    result=result,
-                    **carried_fields(event),
-                )
-            )
-
-        async def give_up(exc: Exception) -> None:
-            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
-
-        await bus.settle(msg, delivery, work, give_up)
-
-    for event_type in TERMINAL_EVENTS:
-        durable = f"{SERVICE}-{event_type.__name__}"
-        source = subjects.event_filter(event_type)
-        bus.durable_subscriber(broker, source, subjects.EVENTS_STREAM, durable)(on_terminal)
-
-    @bus.durable_subscriber(
-        broker, subjects.event_filter(CallRetried), subjects.EVENTS_STREAM, RETRIED_DURABLE
-    )
-    async def on_retried(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
-
-        async def work() -> None:
-            event = decode_event(msg.data)
-            if not isinstance(event, CallRetried) or event.principal is None:
-                raise ValueError(f"{type(event).__name__} on the retries' subject")
-            sent = await publisher.answer_again(event.principal, event.call_id)
-            log.info(
-                "call %s of %s.%s retried: %s",
+        event = decode_event(msg.data)
+        if event.principal is None:
+            raise ValueError(f"{type(event).__name__} has no principal: no result subject")
+        result = builder().result_for(event)
+        attached_id = derive_event_id(event.event_id, "attached")
+        if not await publisher.publish_result(result, event.principal, message_id=attached_id):
+            log.warning(
+                "call %s: a result is already stored; %s not attached",
                 event.call_id,
-                event.principal.tenant,
-                event.principal.agent,
-                ANSWERED_AGAIN[sent],
+                type(event).__name__,
             )
+            return
+        await publisher.emit(
+            ResultAttached(
+                event_id=attached_id,
+                occurred_at=utc_now(),
+                service=SERVICE,
+                result=result,
+                **carried_fields(event),
+            )
+        )
 
-        async def give_up(exc: Exception) -> None:  # a retry it cannot answer: no call ends
-            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=False)
+    async def on_retried(msg: Msg, delivery: settling.Delivery) -> None:
+        event = decode_event(msg.data)
+        if not isinstance(event, CallRetried) or event.principal is None:
+            raise ValueError(f"{type(event).__name__} on the retries' subject")
+        sent = await publisher.answer_again(event.principal, event.call_id)
+        log.info(
+            "call %s of %s.%s retried: %s",
+            event.call_id,
+            event.principal.tenant,
+            event.principal.agent,
+            ANSWERED_AGAIN[sent],
+        )
 
-        await bus.settle(msg, delivery, work, give_up)
+    # A retry it cannot answer: no call ends.
+    retried = runner.durable_for(subjects.event_filter(CallRetried))
+    runner.add(Stage(retried, on_retried, end_call=False))
+    for durable in runner.unstaged():  # one per terminal event type (TERMINAL_EVENTS)
+        runner.add(Stage(durable, on_terminal))
 
-    app = FastStream(broker)
+    app = runner.app()
 
     @app.on_startup
     async def follow_registry() -> None:
-        await broker.connect()
-        await start_registry(served, bus.jetstream(broker))
+        await runner.broker.connect()
+        await start_registry(served, publishing.jetstream(runner.broker))
 
     @app.on_shutdown
     async def stop_following() -> None:
         await served.stop()
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
     return app

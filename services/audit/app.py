@@ -26,9 +26,10 @@ from faststream import FastStream
 
 from toolgate.contracts import subjects
 from toolgate.contracts.registry import Registry
-from toolgate.runtime import bus
+from toolgate.runtime import consumers, process
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import rows_of
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
@@ -47,11 +48,6 @@ FLUSH_S = 1.0
 ACK_WAIT_S = 10.0
 MAX_ACK_PENDING = 20_000
 LAG_CHECK_S = 10.0
-
-SOURCES = (
-    (subjects.CALLS_STREAM, subjects.CALLS_FILTER),
-    (subjects.EVENTS_STREAM, f"{subjects.EVENTS_PREFIX}.>"),
-)
 
 
 async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: float) -> None:
@@ -102,14 +98,14 @@ def build_sink(
     """The app and its writer (whose counters the tests and the benchmark read)."""
     served = ServedRegistry(settings)  # the pushed registry, followed
     builder = RowBuilder(served.current, settings.max_call_bytes)
-    worker = bus.worker_name(SERVICE)
+    worker = process.worker_name(SERVICE)
     writer = AuditWriter(
         ClickHouseTarget.from_url(login_url(clickhouse_url, "writer", settings.data_dir)),
         builder,
         ensure_seal_key(settings.keys_dir),
         worker,
     )
-    broker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
+    broker = process.make_broker(settings.nats_url, worker, settings.nats_creds)
     app = FastStream(broker)
     pumps: list[asyncio.Task[None]] = []
     watchers: list[asyncio.Task[None]] = []
@@ -141,18 +137,24 @@ def build_sink(
         writer.publish_seal = publish_seal
         await writer.publish_seals()  # the genesis, signed before the bus was there
         watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
-        for stream, source in SOURCES:
-            await bus.ensure_consumer(
+        # Its durables are its rows of the handler table (runtime/topology.py). Not stages
+        # of the runner (runtime/stage.py): a batch of messages is one ClickHouse insert,
+        # acked (and kept in progress) as a whole (writer.py).
+        for row in rows_of(SERVICE):
+            await consumers.ensure_consumer(
                 nc,
-                stream,
-                bus.consumer_config(
-                    SERVICE, source, ack_wait_s=ACK_WAIT_S, max_ack_pending=MAX_ACK_PENDING
+                row.stream,
+                consumers.consumer_config(
+                    row.durable,
+                    row.filter_subject,
+                    ack_wait_s=ACK_WAIT_S,
+                    max_ack_pending=MAX_ACK_PENDING,
                 ),
             )
-            batches = await PullBatches(nc, stream, SERVICE).start()
+            batches = await PullBatches(nc, row.stream, row.durable).start()
             pumps.append(
                 asyncio.create_task(
-                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{stream}"
+                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{row.stream}"
                 )
             )
 

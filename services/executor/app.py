@@ -28,7 +28,6 @@ on a locked bus with the new durable's permissions).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 import nats
 from faststream import FastStream
-from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -57,12 +55,13 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import McpUpstream, Registry, ToolSpec
 from toolgate.contracts.tooling import ToolContext, is_inline
-from toolgate.runtime import bus, telemetry
+from toolgate.runtime import consumers, process, publishing, settling, telemetry
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.oidc import unverified_expiry
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import executor_ack_wait, heartbeat_interval
+from toolgate.runtime.stage import Stage, StageRunner
+from toolgate.runtime.topology import executor_ack_wait
 from toolgate.runtime.user_tokens import SealBroken, SealedTokens, ensure_seal_key
 from toolgate.services.executor.logic import (
     Conclude,
@@ -70,7 +69,6 @@ from toolgate.services.executor.logic import (
     Replay,
     ToolFunction,
     ToolOutcome,
-    is_expired,
     refusal_reason,
     resolve_function,
     run_tool,
@@ -82,10 +80,6 @@ from toolgate.services.executor.outcomes import OutcomeRecord, OutcomeStore
 
 SERVICE = "executor"
 log = logging.getLogger("toolgate.executor")
-
-
-def durable_for(tool: str) -> str:
-    return f"executor-{tool}"
 
 
 def outcome_key(event: CallAuthorized) -> str:
@@ -102,7 +96,7 @@ class ToolRunner:
         spec: ToolSpec,
         function: ToolFunction,
         settings: GatewaySettings,
-        publisher: bus.Publisher,
+        publisher: publishing.Publisher,
         pool: ThreadPoolExecutor,
         worker: str,
     ) -> None:
@@ -119,18 +113,8 @@ class ToolRunner:
         # The sealed user tokens (an OIDC issuer is configured and the tool acts for users).
         self.user_tokens: SealedTokens | None = None
 
-    async def handle(self, msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
-
-        async def work() -> None:
-            await self._process(msg, delivery)
-
-        async def give_up(exc: Exception) -> None:
-            await bus.give_up_on(self.publisher, SERVICE, delivery, msg.data, exc)
-
-        await bus.settle(msg, delivery, work, give_up)
-
-    async def _process(self, msg: Msg, delivery: bus.Delivery) -> None:
+    async def process(self, msg: Msg, delivery: settling.Delivery) -> None:
+        """A stage's work (runtime/stage.py): the runner settles the message after it."""
         assert self.outcomes is not None
         try:
             event = decode_event(msg.data)
@@ -154,14 +138,9 @@ class ToolRunner:
             return
         sha = event.authorization.arguments_sha256
         key = outcome_key(event)
+        # The common case first: nobody has seen this call, claim it in one round trip.
         attempt = 1
-        if self.records_once and not is_expired(event, utc_now()):
-            if await self._run_then_record(msg, event, delivery, key):
-                return
-            claimed = False  # the call has a record already: read it
-        else:
-            # The common case first: nobody has seen this call, claim it in one round trip.
-            claimed = await self.outcomes.claim(key, self._started(sha, attempt))
+        claimed = await self.outcomes.claim(key, self._started(sha, attempt))
         if not claimed:
             found = await self.outcomes.get(key)
             if found is None:
@@ -180,7 +159,7 @@ class ToolRunner:
                 )
                 return
             if isinstance(step, Replay):
-                await self._replay(step.stored_event, event, delivery, record)
+                await self._replay(step.stored_event, event, delivery)
                 return
             if isinstance(step, Conclude):
                 await self._finish(event, delivery, step.outcome, step.attempt)
@@ -205,79 +184,29 @@ class ToolRunner:
             if problem is not None:
                 await self._finish(event, delivery, problem.outcome, attempt)
                 return
-        await self.publisher.emit(self._execution_started(event, delivery, attempt, self.worker))
-        outcome = await self._run(msg, event, subject_token)
-        await self._finish(event, delivery, outcome, attempt)
-
-    @property
-    def records_once(self) -> bool:
-        """Does a call of this tool get one outcome record (`_run_then_record`), not two?"""
-        return is_inline(self.function) and self.spec.idempotent and self.user_tokens is None
-
-    async def _run_then_record(
-        self, msg: Msg, event: CallAuthorized, delivery: bus.Delivery, key: str
-    ) -> bool:
-        """An inline, idempotent tool (`runs_inline`, `idempotent: true`): one outcome
-        record instead of two, and its start and end stored in one round trip.
-
-        Such a tool returns at once, on this task, and a second run has no effect the
-        first did not (its declaration). So it runs first, and its outcome is recorded
-        with a create (the call's first record, `done` at once: no `started` record
-        before it, as nothing but the end of the process can interrupt the run, and
-        then nothing was recorded: the redelivery runs it again, which an idempotent
-        tool allows). ExecutionStarted and the terminal event are published after the
-        record (durable first, as for every tool), together, and stored before the
-        input is acked; a crash between the record and them is replayed from the
-        record, ExecutionStarted included (`_replay`). False: the call has a record
-        already (an earlier delivery's, another message's): this run's outcome is
-        dropped and the record decides, as for any tool."""
-        assert self.outcomes is not None
-        started = self._execution_started(event, delivery, 1, self.worker)
-        outcome = await self._run(msg, event)
-        terminal = self._terminal(event, delivery, outcome)
-        if not await self.outcomes.claim(key, self._done(event, terminal, 1)):
-            return False
-        await self.publisher.emit_all([started, terminal])
-        return True
-
-    async def _run(
-        self, msg: Msg, event: CallAuthorized, subject_token: str | None = None
-    ) -> ToolOutcome:
-        with telemetry.tool_span(self.spec.name, event.call_id) as run:  # GenAI execute_tool
-            outcome = await self._run_with_heartbeat(msg, event, subject_token)
-            run.finished(outcome.status, outcome.error.code if outcome.error else None)
-        return outcome
-
-    @staticmethod
-    def _execution_started(
-        event: CallAuthorized, delivery: bus.Delivery, attempt: int, worker: str
-    ) -> ExecutionStarted:
-        return ExecutionStarted(
-            event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
-            occurred_at=utc_now(),
-            service=SERVICE,
-            attempt=attempt,
-            worker=worker,
-            **carried_fields(event),
+        await self.publisher.emit(
+            ExecutionStarted(
+                event_id=derive_event_id(delivery.message_id, f"started/{attempt}"),
+                occurred_at=utc_now(),
+                service=SERVICE,
+                attempt=attempt,
+                worker=self.worker,
+                **carried_fields(event),
+            )
         )
+        with telemetry.tool_span(self.spec.name, event.call_id) as run:  # GenAI execute_tool
+            outcome = await self._run(event, subject_token)
+            run.finished(outcome.status, outcome.error.code if outcome.error else None)
+        await self._finish(event, delivery, outcome, attempt)
 
     def _started(self, sha: str, attempt: int) -> OutcomeRecord:
         return OutcomeRecord(
             state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
         )
 
-    def _done(self, event: CallAuthorized, terminal: Event, attempt: int) -> OutcomeRecord:
-        return OutcomeRecord(
-            state="done",
-            arguments_sha256=event.authorization.arguments_sha256,
-            attempt=attempt,
-            worker=self.worker,
-            event=encode_event(terminal),
-        )
-
-    async def _run_with_heartbeat(
-        self, msg: Msg, event: CallAuthorized, subject_token: str | None = None
-    ) -> ToolOutcome:
+    async def _run(self, event: CallAuthorized, subject_token: str | None = None) -> ToolOutcome:
+        # While it runs, the consumer keeps the message with `in_progress` (runtime/consumers.py:
+        # PullConsumer), so a tool slower than its AckWait is not handed to another worker.
         ctx = ToolContext(
             call_id=event.call_id,
             tool=self.spec.name,
@@ -287,25 +216,12 @@ class ToolRunner:
             settings=self.spec.settings,
             subject_token=subject_token,
         )
+        return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
 
-        if is_inline(self.function):  # returns at once: nothing to keep alive
-            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
-
-        async def heartbeat() -> None:
-            # Tell JetStream we are still working, so a long tool is not redelivered.
-            while True:
-                await asyncio.sleep(heartbeat_interval(self.ack_wait_s))
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-
-        beating = asyncio.create_task(heartbeat())
-        try:
-            return await run_tool(self.function, event.call.arguments, ctx, self.spec, self.pool)
-        finally:
-            beating.cancel()
-
-    @staticmethod
-    def _terminal(event: CallAuthorized, delivery: bus.Delivery, outcome: ToolOutcome) -> Event:
+    async def _finish(
+        self, event: CallAuthorized, delivery: settling.Delivery, outcome: ToolOutcome, attempt: int
+    ) -> None:
+        assert self.outcomes is not None
         common = dict(
             event_id=derive_event_id(delivery.message_id, "outcome"),
             occurred_at=utc_now(),
@@ -319,46 +235,39 @@ class ToolRunner:
         else:
             assert outcome.error is not None
             terminal = ExecutionFailed(status=outcome.status, error=outcome.error, **common)
-        return terminal
-
-    async def _finish(
-        self, event: CallAuthorized, delivery: bus.Delivery, outcome: ToolOutcome, attempt: int
-    ) -> None:
-        assert self.outcomes is not None
-        terminal = self._terminal(event, delivery, outcome)
         # Durable first, published second: a crash between the two replays, never re-runs.
-        await self.outcomes.finish(outcome_key(event), self._done(event, terminal, attempt))
+        await self.outcomes.finish(
+            outcome_key(event),
+            OutcomeRecord(
+                state="done",
+                arguments_sha256=event.authorization.arguments_sha256,
+                attempt=attempt,
+                worker=self.worker,
+                event=encode_event(terminal),
+            ),
+        )
         await self.publisher.emit(terminal)
         if self.user_tokens is not None:  # the tool has run (or never will): not kept
             await self.user_tokens.forget(outcome_key(event))
 
     async def _replay(
-        self,
-        stored: bytes,
-        event: CallAuthorized,
-        delivery: bus.Delivery,
-        record: OutcomeRecord,
+        self, stored: bytes, event: CallAuthorized, delivery: settling.Delivery
     ) -> None:
         recorded = decode_event(stored)
         event_id = derive_event_id(delivery.message_id, "outcome")
         # The same stored message redelivered gets the same id (a duplicate the
         # stream and the audit drop); a re-published call gets a new, replayed event.
         replayed = event_id != recorded.event_id
-        terminal = msgspec.structs.replace(
-            recorded,
-            event_id=event_id,
-            replayed=replayed,
-            occurred_at=utc_now() if replayed else recorded.occurred_at,
+        await self.publisher.emit(
+            msgspec.structs.replace(
+                recorded,
+                event_id=event_id,
+                replayed=replayed,
+                occurred_at=utc_now() if replayed else recorded.occurred_at,
+            )
         )
-        if replayed or not self.records_once:
-            await self.publisher.emit(terminal)
-            return
-        # This very message recorded the outcome and may have died before publishing its
-        # start and end (`_run_then_record`): both again, under their own ids.
-        started = self._execution_started(event, delivery, record.attempt, record.worker)
-        await self.publisher.emit_all([started, terminal])
 
-    async def _refuse_raw(self, delivery: bus.Delivery, reason: str) -> None:
+    async def _refuse_raw(self, delivery: settling.Delivery, reason: str) -> None:
         await self.publisher.emit(
             ExecutionRefused(
                 event_id=derive_event_id(delivery.message_id, "refused"),
@@ -382,51 +291,40 @@ def build_app(
     unknown = [name for name in names if registry.get(name) is None]
     if unknown:
         raise SystemExit(f"executor: no such tool(s) in the registry: {', '.join(unknown)}")
-    worker = bus.worker_name(SERVICE)
-    broker: NatsBroker = bus.make_broker(settings.nats_url, worker, settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    worker = process.worker_name(SERVICE)
+    runner = StageRunner(SERVICE, settings, tools=names)
+    broker, publisher = runner.broker, runner.publisher
     pool = ThreadPoolExecutor(max_workers=concurrency * len(names) + 4, thread_name_prefix="tool")
-    runners: list[ToolRunner] = []
-    added: list[tuple[Client, list[bus.PullConsumer]]] = []  # pushed tools' consumers
+    tool_runners: list[ToolRunner] = []
+    added: list[tuple[Client, list[consumers.PullConsumer]]] = []  # pushed tools' consumers
     stores: list[tuple[OutcomeStore, SealedTokens | None]] = []  # bound once connected
 
-    def consumer_for(runner: ToolRunner) -> bus.DurableConsumer:
-        # An inline tool holds no thread while its call waits on NATS round
-        # trips: it gets the stages' usual slots, not the thread budget.
-        slots = max(concurrency, bus.CONCURRENCY) if is_inline(runner.function) else concurrency
-        config = bus.consumer_config(
-            durable_for(runner.spec.name),
-            subjects.event_filter(CallAuthorized, runner.spec.name),
-            runner.ack_wait_s,
-            max(concurrency * 4, 64),
+    def stage_for(tool_runner: ToolRunner) -> Stage:
+        name = tool_runner.spec.name
+        return Stage(
+            runner.durable_for(subjects.event_filter(CallAuthorized, name), tools=[name]),
+            tool_runner.process,
+            # An inline tool holds no thread while its call waits on NATS round
+            # trips: it gets the stages' usual slots, not the thread budget.
+            concurrency=max(concurrency, consumers.CONCURRENCY)
+            if is_inline(tool_runner.function)
+            else concurrency,
+            max_ack_pending=max(concurrency * 4, 64),
+            ack_wait_s=tool_runner.ack_wait_s,
         )
-        return bus.DurableConsumer(subjects.EVENTS_STREAM, config, runner.handle, slots)
 
     for name in names:
         spec = registry.get(name)
         assert spec is not None
-        runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
-        runners.append(runner)
-        source = subjects.event_filter(CallAuthorized, name)
-        bus.durable_subscriber(
-            broker,
-            source,
-            subjects.EVENTS_STREAM,
-            durable_for(name),
-            # An inline tool holds no thread while its call waits on NATS round
-            # trips: it gets the stages' usual slots, not the thread budget.
-            concurrency=max(concurrency, bus.CONCURRENCY)
-            if is_inline(runner.function)
-            else concurrency,
-            max_ack_pending=max(concurrency * 4, 64),
-            ack_wait_s=runner.ack_wait_s,
-        )(runner.handle)
+        tool_runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+        tool_runners.append(tool_runner)
+        runner.add(stage_for(tool_runner))
 
-    def bind(runner: ToolRunner) -> None:
+    def bind(tool_runner: ToolRunner) -> None:
         outcomes, tokens = stores[0]
-        runner.outcomes = outcomes
-        if runner.spec.acts_for_user:
-            runner.user_tokens = tokens
+        tool_runner.outcomes = outcomes
+        if tool_runner.spec.acts_for_user:
+            tool_runner.user_tokens = tokens
 
     async def follow(served_now: Registry) -> None:
         """A new registry version: changed tools run as now declared; an executor of every
@@ -434,21 +332,21 @@ def build_app(
         creds file as it is now: `toolgate tools push` re-issues it with the new tools'
         durables on a locked bus)."""
         new: list[ToolRunner] = []
-        known = {runner.spec.name: runner for runner in runners}
+        known = {tool_runner.spec.name: tool_runner for tool_runner in tool_runners}
         for spec in served_now:
-            runner = known.get(spec.name)
-            if runner is not None:
-                if runner.spec != spec:
-                    runner.function = resolve_function(spec)
-                    runner.spec = spec
+            tool_runner = known.get(spec.name)
+            if tool_runner is not None:
+                if tool_runner.spec != spec:
+                    tool_runner.function = resolve_function(spec)
+                    tool_runner.spec = spec
                     if spec.mcp is not None:
                         open_upstream_sessions([spec.mcp])
                 continue
             if tools:
                 continue  # an executor of named tools runs only those
-            runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
-            bind(runner)
-            new.append(runner)
+            tool_runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+            bind(tool_runner)
+            new.append(tool_runner)
         if not new:
             return
         nc = await nats.connect(
@@ -458,50 +356,51 @@ def build_app(
             reconnect_time_wait=1,
             **connect_options(settings.nats_creds),
         )
-        consumers = []
-        for runner in new:
-            consumers.append(await bus.PullConsumer(nc, consumer_for(runner)).start())
-            runners.append(runner)
-            if runner.spec.mcp is not None:
-                open_upstream_sessions([runner.spec.mcp])
-            log.info("executor: now running %s (%s)", runner.spec.name, served.describe())
-        added.append((nc, consumers))
+        started = []
+        for tool_runner in new:
+            consumer = runner.started_later(stage_for(tool_runner), [tool_runner.spec.name])
+            started.append(await consumers.PullConsumer(nc, consumer).start())
+            tool_runners.append(tool_runner)
+            if tool_runner.spec.mcp is not None:
+                open_upstream_sessions([tool_runner.spec.mcp])
+            log.info("executor: now running %s (%s)", tool_runner.spec.name, served.describe())
+        added.append((nc, started))
 
-    app = FastStream(broker)
+    app = runner.app()
 
     @app.on_startup
     async def bind_outcome_store() -> None:
         # Connect before the subscribers start, so no message meets an unbound store.
         await broker.connect()
-        kv = await bus.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
+        kv = await publishing.jetstream(broker).key_value(subjects.OUTCOMES_BUCKET)
         tokens = None
         if settings.oidc_issuer:
-            sealed = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
+            sealed = await publishing.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             tokens = SealedTokens(sealed, ensure_seal_key(settings.keys_dir))
         stores.append((OutcomeStore(kv), tokens))
-        for runner in runners:
-            bind(runner)
-        upstreams = [runner.spec.mcp for runner in runners if runner.spec.mcp is not None]
+        for tool_runner in tool_runners:
+            bind(tool_runner)
+        upstreams = [r.spec.mcp for r in tool_runners if r.spec.mcp is not None]
         if upstreams:  # kept sessions: start the servers now, not at the first call
             open_upstream_sessions(upstreams)
 
     @app.after_startup
     async def follow_registry() -> None:
-        await start_registry(served, bus.jetstream(broker))
+        await start_registry(served, publishing.jetstream(broker))
         await follow(served.current)
         served.on_change(follow)
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
 
     @app.on_shutdown
     async def close_upstream_sessions() -> None:
         # After the consumers stopped (hooks run in order): kept MCP sessions end with
         # the executor (stdio servers are stopped).
         await served.stop()
-        for nc, consumers in added:
-            await asyncio.gather(*(consumer.stop() for consumer in consumers))
+        for nc, started in added:
+            await asyncio.gather(*(consumer.stop() for consumer in started))
             await nc.close()
-        if any(runner.spec.mcp is not None for runner in runners):
+        if any(r.spec.mcp is not None for r in tool_runners):
             from toolgate.services.executor.upstream_mcp import close_sessions
 
             await close_sessions()

@@ -61,10 +61,11 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import Registry
-from toolgate.runtime import bus, telemetry
+from toolgate.runtime import emits, giving_up, publishing, settling, telemetry
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import NOTIFIED_EVENTS, NOTIFIER_DELIVERIES_DURABLE
+from toolgate.runtime.stage import Stage, StageRunner
+from toolgate.runtime.topology import NOTIFIER_DELIVERIES_DURABLE
 from toolgate.services.notifier import logic
 from toolgate.services.notifier.logic import SERVICE, ApprovalRecord, Job, Kind, Webhook
 from toolgate.services.notifier.sender import DEFAULT_TIMEOUT_S, HttpSender, Sender
@@ -152,7 +153,7 @@ class Notifier:
 
     def __init__(
         self,
-        publisher: bus.Publisher,
+        publisher: publishing.Publisher,
         registry: Registry,
         webhooks: list[Webhook],
         options: Options,
@@ -360,8 +361,8 @@ def build_app(
     clock: Clock = utc_now,
 ) -> FastStream:
     options = options or Options()
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    runner = StageRunner(SERVICE, settings)
+    broker, publisher = runner.broker, runner.publisher
     sender = HttpSender(options.timeout_s)
     served = ServedRegistry(settings)  # the pushed registry, followed
     service = Notifier(publisher, served.current, webhooks, options, sender, clock)
@@ -369,55 +370,45 @@ def build_app(
     if registry is not None:
         service.metrics = NotifierMetrics(registry)
 
-    async def on_event(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
+    async def on_event(msg: Msg, delivery: settling.Delivery) -> None:
+        await service.on_event(decode_event(msg.data))
 
-        async def work() -> None:
-            await service.on_event(decode_event(msg.data))
-
-        async def give_up(exc: Exception) -> None:  # a notification never ends a call
-            await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc, end_call=False)
-
-        await bus.settle(msg, delivery, work, give_up)
-
-    for kind in NOTIFIED_EVENTS:
-        bus.durable_subscriber(
-            broker, f"{subjects.EVENTS_PREFIX}.{kind}.*", subjects.EVENTS_STREAM, f"notifier-{kind}"
-        )(on_event)
-
-    @bus.durable_subscriber(
-        broker,
-        f"{subjects.NOTIFY_PREFIX}.>",
-        subjects.NOTIFICATIONS_STREAM,
-        DELIVERIES_DURABLE,
-        concurrency=DELIVERY_SLOTS,
-    )
-    async def on_delivery(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
+    async def on_delivery(msg: Msg, delivery: settling.Delivery) -> None:
         try:
             job = logic.job_decoder.decode(msg.data)
         except msgspec.DecodeError as exc:  # not ours: recorded, never retried
-            await bus.settle(msg, delivery, _raise(exc), _dead_letter(publisher, delivery, msg))
+            await settling.settle(
+                msg, delivery, _raise(exc), _dead_letter(publisher, delivery, msg)
+            )
             return
         try:
             outcome = await service.deliver(job)
         except Exception as exc:  # the bus (a dead letter, a KV read) did not answer
             log.warning("delivery %s of %s: %r; trying again", job.key, job.notification.call, exc)
-            await msg.nak(delay=bus.retry_delay(delivery.attempt))
+            await msg.nak(delay=settling.retry_delay(delivery.attempt))
             return
         if outcome.ack:
             await msg.ack()
         else:
             await msg.nak(delay=outcome.delay_s)
 
-    app = FastStream(broker)
+    # Its outcome is a webhook's answer: it acks or naks the message itself.
+    runner.add(
+        Stage(DELIVERIES_DURABLE, on_delivery, settles_itself=True, concurrency=DELIVERY_SLOTS)
+    )
+    for durable in runner.unstaged():  # one per NOTIFIED_EVENTS
+        # A notification never ends a call.
+        runner.add(Stage(durable, on_event, end_call=False))
+
+    app = runner.app()
 
     @app.on_startup
     async def bind() -> None:
         await broker.connect()
-        js = bus.jetstream(broker)
+        js = publishing.jetstream(broker)
 
         async def queue(job: Job, subject: str) -> None:
+            emits.check("Job")
             await js.publish(
                 subject,
                 logic.encode_job(job),
@@ -446,7 +437,7 @@ def build_app(
         await sender.close()
         await served.stop()
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
     return app
 
 
@@ -457,8 +448,8 @@ def _raise(exc: Exception) -> Callable[[], Any]:
     return work
 
 
-def _dead_letter(publisher: bus.Publisher, delivery: bus.Delivery, msg: Msg) -> Any:
+def _dead_letter(publisher: publishing.Publisher, delivery: settling.Delivery, msg: Msg) -> Any:
     async def give_up(exc: Exception) -> None:
-        await publisher.emit(bus.dead_letter(SERVICE, delivery, msg.data, exc))
+        await publisher.emit(giving_up.dead_letter(SERVICE, delivery, msg.data, exc))
 
     return give_up

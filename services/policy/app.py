@@ -55,13 +55,13 @@ from toolgate.contracts.events import (
     ArgumentsValidated,
     Event,
     ResourceSeen,
-    decode_event,
     utc_now,
 )
 from toolgate.contracts.registry import Registry
-from toolgate.runtime import bus
-from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime import settling
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime.stage import Stage, StageRunner, event_of
 from toolgate.services.policy import logic, versions
 from toolgate.services.policy.bundle import (
     DEFAULT_BUNDLE_DIR,
@@ -99,7 +99,6 @@ from toolgate.services.policy.signing import (
 )
 
 SERVICE = logic.SERVICE
-APPROVALS_DURABLE = "policy-approvals"
 # The exit status of a policy service that refuses to start (no trustworthy bundle).
 EXIT_REFUSED = 2
 
@@ -363,14 +362,14 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
     ensure_keypair(settings.keys_dir)
     private_key = load_private_key(settings.keys_dir)
     ttl = timedelta(seconds=settings.authorization_ttl_s)
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    runner = StageRunner(SERVICE, settings)
+    broker, publisher = runner.broker, runner.publisher
     stores = Stores()
     resolvers = Resolvers(settings.data_dir)
 
     signer = logic.Signer(private_key, ttl)
 
-    async def on_validated(event: ArgumentsValidated, delivery: bus.Delivery) -> Event:
+    async def on_validated(event: ArgumentsValidated, delivery: settling.Delivery) -> Event:
         call, now = event.call, utc_now()
         problem = logic.hash_problem(event)
         if problem is not None:
@@ -404,7 +403,7 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             resources,
         )
 
-    async def on_granted(event: ApprovalGranted, delivery: bus.Delivery) -> Event | None:
+    async def on_granted(event: ApprovalGranted, delivery: settling.Delivery) -> Event | None:
         if not event.quorum_reached:
             return None  # one vote of several: the approvals service counts them
         problem = logic.hash_problem(event)
@@ -427,33 +426,21 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             event, delivery.message_id, decision, signer, utc_now(), resources
         )
 
-    def subscribe(
+    def stage(
         event_type: type[Event],
-        durable: str,
-        outcome: Callable[[Any, bus.Delivery], Awaitable[Event | None]],
-    ) -> None:
-        @bus.durable_subscriber(
-            broker, subjects.event_filter(event_type), subjects.EVENTS_STREAM, durable
-        )
-        async def handle(msg: Msg) -> None:
-            delivery = bus.delivery_of(msg)
+        outcome: Callable[[Any, settling.Delivery], Awaitable[Event | None]],
+    ) -> Stage:
+        async def work(msg: Msg, delivery: settling.Delivery) -> None:
+            event = event_of(msg.data, event_type)
+            result = await outcome(event, delivery)
+            if result is not None:
+                await publisher.emit(result)
 
-            async def work() -> None:
-                event = decode_event(msg.data)
-                if not isinstance(event, event_type):
-                    raise TypeError(f"expected {event_type.__name__}, got {type(event).__name__}")
-                result = await outcome(event, delivery)
-                if result is not None:
-                    await publisher.emit(result)
+        return Stage(runner.durable_for(subjects.event_filter(event_type)), work)
 
-            async def give_up(exc: Exception) -> None:
-                await bus.give_up_on(publisher, SERVICE, delivery, msg.data, exc)
-
-            await bus.settle(msg, delivery, work, give_up)
-
-    subscribe(ArgumentsValidated, SERVICE, on_validated)
-    subscribe(ApprovalGranted, APPROVALS_DURABLE, on_granted)
-    app = PolicyApp(broker)
+    runner.add(stage(ArgumentsValidated, on_validated))
+    runner.add(stage(ApprovalGranted, on_granted))
+    app = runner.app(PolicyApp)
 
     @app.on_startup
     async def bind_stores() -> None:
@@ -497,5 +484,5 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         await resolvers.aclose()
         await served.stop()
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
     return app

@@ -31,8 +31,12 @@ request for its own tool listing on `toolgate.tools.<tenant>.<agent>` (queue gro
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -52,8 +56,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
-from toolgate.contracts.registry_bundle import ToolListing, listing_for
-from toolgate.runtime import bus
+from toolgate.runtime import consumers, giving_up, publishing, settling
 from toolgate.runtime.oidc import (
     OidcConfig,
     ProviderUnreachable,
@@ -61,12 +64,15 @@ from toolgate.runtime.oidc import (
     TokenVerifier,
     bearer_token,
 )
+from toolgate.contracts.registry_bundle import ToolListing, listing_for
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.stage import Stage, StageRunner
 from toolgate.runtime.user_tokens import SealedTokens, ensure_seal_key
 from toolgate.services.validator.admission import (
     DEFAULT_WAITING_TOTAL,
     FairAdmission,
+    Slot,
     in_flight_from_env,
 )
 from toolgate.services.validator.call_ids import CallIdClaims
@@ -99,6 +105,18 @@ class _CallOf(msgspec.Struct):
 _call_of = msgspec.json.Decoder(_CallOf)
 
 
+@dataclass
+class Held:
+    """A call's slot in fair admission, while its message is handled."""
+
+    slot: Slot
+    inside: bool = False  # did the call go downstream (its end frees the slot)?
+
+
+# The slot of the call this task handles (set by the admission gate, read by the work).
+_held: ContextVar[Held] = ContextVar("validator_held")
+
+
 def released_key(data: bytes) -> str | None:
     """tenant.agent.call_id of the call a release event names (None if it names none)."""
     try:
@@ -117,7 +135,7 @@ def identity_of(subject: str) -> Identity | None:
     return Identity(*found) if found else None
 
 
-def events_for(outcome: CheckOutcome, raw: bytes, delivery: bus.Delivery) -> list[Event]:
+def events_for(outcome: CheckOutcome, raw: bytes, delivery: settling.Delivery) -> list[Event]:
     def eid(kind: str) -> str:
         return derive_event_id(delivery.message_id, kind)
 
@@ -173,80 +191,85 @@ def build_app(settings: GatewaySettings) -> FastStream:
     # The served registry (runtime/served_registry.py): the validator keeps its high-water mark.
     served = ServedRegistry(settings, records=True)
     checker = served.derive(lambda registry: CallChecker(registry, settings.max_call_bytes))
-    broker = bus.make_broker(settings.nats_url, bus.worker_name(SERVICE), settings.nats_creds)
-    publisher = bus.Publisher(broker)
+    runner = StageRunner(SERVICE, settings)
+    broker, publisher = runner.broker, runner.publisher
     claims: list[CallIdClaims] = []  # bound once the broker is connected
     verifier = oidc_verifier(settings)
     sealed: list[SealedTokens] = []  # bound once the broker is connected (with an issuer)
     admission = FairAdmission(in_flight=in_flight_from_env())
 
-    @bus.durable_subscriber(
-        broker,
-        subjects.CALLS_FILTER,
-        subjects.CALLS_STREAM,
-        SERVICE,
-        concurrency=bus.CONCURRENCY + DEFAULT_WAITING_TOTAL,
-        max_ack_pending=MAX_ACK_PENDING,
-    )
-    async def on_call(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
-        raw: bytes = msg.data
-        slot = await admission.enter(delivery.subject, len(raw))
+    @contextlib.asynccontextmanager
+    async def admitted(msg: Msg, delivery: settling.Delivery) -> AsyncIterator[bool]:
+        slot = await admission.enter(delivery.subject, len(msg.data))
         if slot is None:  # its agent's room is full: later, and on to the next agent's
             await msg.nak(delay=admission.later(delivery.subject))
+            yield False
             return
-        inside = False  # did the call go downstream (its end frees the slot)?
-
-        async def work() -> None:
-            nonlocal inside
-            identity = identity_of(delivery.subject)
-            outcome: CheckOutcome = (
-                checker().check(raw, identity)
-                if identity is not None
-                else Undeliverable(f"{delivery.subject!r} is not a calls subject")
-            )
-            token: str | None = None
-            if verifier is not None and isinstance(outcome, Validated):
-                token = bearer_token((msg.headers or {}).get("Authorization"))
-                check = await check_token(verifier, token)
-                spec = checker().registry.get(outcome.call.tool)
-                verdict = user_verdict(outcome, spec, check, settings.oidc_tenant_claim)
-                outcome = verdict.outcome
-                if not verdict.token_for_tool:
-                    token = None
-            if isinstance(outcome, Validated | Rejected) and identity is not None:
-                key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
-                if not await claims[0].claim(key, delivery.message_id):
-                    log.info(
-                        "call %s: duplicate call_id from %s.%s, nothing runs again; "
-                        "the attacher answers it again",
-                        outcome_call_id(outcome),
-                        identity.tenant,
-                        identity.agent,
-                    )
-                    await publisher.emit(retried(outcome, delivery))
-                    return
-                if token is not None and isinstance(outcome, Validated):
-                    await sealed[0].put(key, token)  # before the call goes on: never after
-                # Bound before anything is emitted, so its end cannot come first.
-                admission.bind(slot, key)
-            for event in events_for(outcome, raw, delivery):
-                await publisher.emit(event)
-            inside = isinstance(outcome, Validated | Rejected)
-
-        async def give_up(exc: Exception) -> None:
-            call = call_named(checker(), raw, delivery)
-            if call and not await owns_call(claims[0], call, delivery):
-                call = {}  # a duplicate: the call is the first message's to end, not this one's
-            await bus.give_up_on(publisher, SERVICE, delivery, raw, exc, call=call)
-
+        held = Held(slot)
+        _held.set(held)
         try:
-            await bus.settle(msg, delivery, work, give_up)
+            yield True
         finally:
-            if not inside:
+            if not held.inside:
                 admission.release(slot)
 
-    app = FastStream(broker)
+    async def on_call(msg: Msg, delivery: settling.Delivery) -> None:
+        raw: bytes = msg.data
+        held = _held.get()
+        identity = identity_of(delivery.subject)
+        outcome: CheckOutcome = (
+            checker().check(raw, identity)
+            if identity is not None
+            else Undeliverable(f"{delivery.subject!r} is not a calls subject")
+        )
+        token: str | None = None
+        if verifier is not None and isinstance(outcome, Validated):
+            token = bearer_token((msg.headers or {}).get("Authorization"))
+            check = await check_token(verifier, token)
+            spec = checker().registry.get(outcome.call.tool)
+            verdict = user_verdict(outcome, spec, check, settings.oidc_tenant_claim)
+            outcome = verdict.outcome
+            if not verdict.token_for_tool:
+                token = None
+        if isinstance(outcome, Validated | Rejected) and identity is not None:
+            key = subjects.call_key(identity.tenant, identity.agent, outcome_call_id(outcome))
+            if not await claims[0].claim(key, delivery.message_id):
+                log.info(
+                    "call %s: duplicate call_id from %s.%s, nothing runs again; "
+                    "the attacher answers it again",
+                    outcome_call_id(outcome),
+                    identity.tenant,
+                    identity.agent,
+                )
+                await publisher.emit(retried(outcome, delivery))
+                return
+            if token is not None and isinstance(outcome, Validated):
+                await sealed[0].put(key, token)  # before the call goes on: never after
+            # Bound before anything is emitted, so its end cannot come first.
+            admission.bind(held.slot, key)
+        for event in events_for(outcome, raw, delivery):
+            await publisher.emit(event)
+        held.inside = isinstance(outcome, Validated | Rejected)
+
+    async def give_up(msg: Msg, delivery: settling.Delivery, exc: Exception) -> None:
+        raw: bytes = msg.data
+        call = call_named(checker(), raw, delivery)
+        if call and not await owns_call(claims[0], call, delivery):
+            call = {}  # a duplicate: the call is the first message's to end, not this one's
+        await giving_up.give_up_on(publisher, SERVICE, delivery, raw, exc, call=call)
+
+    runner.add(
+        Stage(
+            runner.durable_for(subjects.CALLS_FILTER),
+            on_call,
+            give_up=give_up,
+            gate=admitted,
+            concurrency=consumers.CONCURRENCY + DEFAULT_WAITING_TOTAL,
+            max_ack_pending=MAX_ACK_PENDING,
+        )
+    )
+
+    app = runner.app()
 
     async def on_release(msg: Msg) -> None:
         key = released_key(msg.data)
@@ -261,13 +284,15 @@ def build_app(settings: GatewaySettings) -> FastStream:
     @app.on_startup
     async def bind_claims() -> None:
         nc = await broker.connect()
-        await start_registry(served, bus.jetstream(broker))
+        await start_registry(served, publishing.jetstream(broker))
         await nc.subscribe(
             f"{subjects.TOOLS_PREFIX}.*.*", queue=SERVICE, cb=on_listing, pending_msgs_limit=-1
         )
-        claims.append(CallIdClaims(await bus.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET)))
+        claims.append(
+            CallIdClaims(await publishing.jetstream(broker).key_value(subjects.CALL_IDS_BUCKET))
+        )
         if verifier is not None:
-            kv = await bus.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
+            kv = await publishing.jetstream(broker).key_value(subjects.USER_TOKENS_BUCKET)
             sealed.append(SealedTokens(kv, ensure_seal_key(settings.keys_dir)))
         for kind in RELEASE_EVENTS:
             await nc.subscribe(
@@ -282,7 +307,7 @@ def build_app(settings: GatewaySettings) -> FastStream:
         admission.close()
         await served.stop()
 
-    bus.run_consumers(app, broker)
+    runner.run_consumers(app)
     return app
 
 
@@ -337,7 +362,7 @@ async def check_token(verifier: TokenVerifier, token: str | None) -> TokenCheck:
 _provider_warned = [-1e9]
 
 
-def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict[str, Any]:
+def call_named(checker: CallChecker, raw: bytes, delivery: settling.Delivery) -> dict[str, Any]:
     """The event fields of the call a message names (empty if it names none): what a
     give-up needs to end that call in an error result."""
     identity = identity_of(delivery.subject)
@@ -354,7 +379,9 @@ def call_named(checker: CallChecker, raw: bytes, delivery: bus.Delivery) -> dict
     return {}
 
 
-async def owns_call(claims: CallIdClaims, call: dict[str, Any], delivery: bus.Delivery) -> bool:
+async def owns_call(
+    claims: CallIdClaims, call: dict[str, Any], delivery: settling.Delivery
+) -> bool:
     """Does this message own the call it names (it claimed the call_id, now or before)?"""
     try:
         principal = call["principal"]
@@ -364,7 +391,7 @@ async def owns_call(claims: CallIdClaims, call: dict[str, Any], delivery: bus.De
         return False
 
 
-def retried(outcome: Validated | Rejected, delivery: bus.Delivery) -> CallRetried:
+def retried(outcome: Validated | Rejected, delivery: settling.Delivery) -> CallRetried:
     """The event that has the attacher answer a duplicate call_id again."""
     if isinstance(outcome, Validated):
         fields = call_fields(outcome.call)

@@ -7,7 +7,7 @@ import dataclasses
 import nats
 
 from toolgate.contracts import subjects
-from toolgate.runtime import bus
+from toolgate.runtime import consumers
 from toolgate.runtime.topology import (
     apply_topology,
     executor_ack_wait,
@@ -24,10 +24,13 @@ async def test_existing_durables_get_the_ack_wait_of_their_stage(
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     old = [
-        (subjects.CALLS_STREAM, bus.consumer_config("validator", subjects.CALLS_FILTER, 30.0)),
+        (
+            subjects.CALLS_STREAM,
+            consumers.consumer_config("validator", subjects.CALLS_FILTER, 30.0),
+        ),
         (
             subjects.EVENTS_STREAM,
-            bus.consumer_config(
+            consumers.consumer_config(
                 "executor-echo", f"{subjects.EVENTS_PREFIX}.CallAuthorized.echo", 30.0
             ),
         ),

@@ -23,7 +23,7 @@ from nats.js.api import StreamConfig
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.contracts.events import ExecutionStarted, encode_event, utc_now
-from toolgate.runtime import bus
+from toolgate.runtime import consumers, settling
 from toolgate.runtime.call_context import SERVICE_LOG_FORMAT, log_calls
 from toolgate.runtime.outside_text import VisibleLogFormatter
 from toolgate.stack.nats_server import EmbeddedNats
@@ -90,7 +90,7 @@ async def test_lines_logged_while_handling_a_call_name_it(
     acked: list[str] = []
 
     async def handler(msg: Msg) -> None:
-        delivery = bus.delivery_of(msg)
+        delivery = settling.delivery_of(msg)
 
         async def work() -> None:
             log.info("handling %s", msg.subject)
@@ -101,11 +101,11 @@ async def test_lines_logged_while_handling_a_call_name_it(
         async def give_up(exc: Exception) -> None:
             raise AssertionError("never gives up here")
 
-        await bus.settle(msg, delivery, work, give_up)
+        await settling.settle(msg, delivery, work, give_up)
 
-    config = bus.consumer_config("logtest", ">", ack_wait_s=10)
-    consumer = await bus.PullConsumer(
-        nc, bus.DurableConsumer(STREAM, config, handler, concurrency=4)
+    config = consumers.consumer_config("logtest", ">", ack_wait_s=10)
+    consumer = await consumers.PullConsumer(
+        nc, consumers.DurableConsumer(STREAM, config, handler, concurrency=4)
     ).start()
     await until(lambda: len(acked) == 3)
     await consumer.stop()

@@ -46,7 +46,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
-from toolgate.runtime import bus
+from toolgate.runtime import consumers
 from toolgate.runtime import creds as creds_reading
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import MAX_MESSAGE_BYTES, apply_topology
@@ -540,7 +540,7 @@ async def test_validator_consumes_its_durable_and_emits_validated(locked: Locked
         subjects.CALLS_FILTER,
         durable="validator",
         stream=subjects.CALLS_STREAM,
-        config=bus.consumer_config("validator", subjects.CALLS_FILTER),
+        config=consumers.consumer_config("validator", subjects.CALLS_FILTER),
     )
     [msg] = await sub.fetch(1, timeout=5)
     assert msg.subject == subjects.calls_subject(*ACME)
@@ -734,7 +734,7 @@ async def test_audit_reads_calls_and_events_and_publishes_nothing(locked: Locked
         subjects.CALLS_FILTER,
         durable="audit",
         stream=subjects.CALLS_STREAM,
-        config=bus.consumer_config("audit", subjects.CALLS_FILTER),
+        config=consumers.consumer_config("audit", subjects.CALLS_FILTER),
     )
     [msg] = await sub.fetch(1, timeout=5)
     await msg.ack_sync()
@@ -766,9 +766,9 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
     admin = (await locked.connect("admin")).jetstream()
     await admin.publish(subjects.calls_subject(*ACME), b"{}")
     await admin.publish(subjects.results_subject(*ACME, "c1"), b"{}")
-    consumers = every_consumer()
-    assert {role for role, *_ in consumers} == set(SERVICE_ROLES)
-    for role, stream, durable, filter_subject in consumers:
+    every = every_consumer()
+    assert {role for role, *_ in every} == set(SERVICE_ROLES)
+    for role, stream, durable, filter_subject in every:
         if stream == subjects.EVENTS_STREAM:
             await admin.publish(filter_subject.replace("*", "echo").replace(">", "X.echo"), b"{}")
         if stream == subjects.NOTIFICATIONS_STREAM:
@@ -778,7 +778,7 @@ async def test_each_service_can_create_and_drain_each_of_its_durables(locked: Lo
             filter_subject,
             durable=durable,
             stream=stream,
-            config=bus.consumer_config(durable, filter_subject),
+            config=consumers.consumer_config(durable, filter_subject),
         )
         msgs = await sub.fetch(1, timeout=5)
         await msgs[0].ack_sync()

@@ -1,4 +1,4 @@
-"""The services' hot path on a real nats-server: PullConsumer (runtime/bus.py) and
+"""The services' hot path on a real nats-server: PullConsumer (runtime/consumers.py) and
 LeanJetStream (runtime/jetstream.py).
 
 Every stage consumes through a PullConsumer and publishes through a
@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js.api import StreamConfig
 from nats.js.errors import APIError, NoStreamResponseError
 
-from toolgate.runtime import bus
+from toolgate.runtime import consumers, settling
 from toolgate.runtime.jetstream import LeanJetStream
 from toolgate.stack.nats_server import EmbeddedNats
 
@@ -44,10 +44,10 @@ async def publish(nc: Client, count: int) -> None:
 
 async def consume(
     nc: Client, handler: Callable[[Msg], Awaitable[None]], concurrency: int, ack_wait_s: float = 10
-) -> bus.PullConsumer:
-    config = bus.consumer_config("pulltest", SUBJECT, ack_wait_s=ack_wait_s)
-    return await bus.PullConsumer(
-        nc, bus.DurableConsumer(STREAM, config, handler, concurrency)
+) -> consumers.PullConsumer:
+    config = consumers.consumer_config("pulltest", SUBJECT, ack_wait_s=ack_wait_s)
+    return await consumers.PullConsumer(
+        nc, consumers.DurableConsumer(STREAM, config, handler, concurrency)
     ).start()
 
 
@@ -105,7 +105,7 @@ async def test_a_message_its_handler_gave_up_on_is_redelivered(nc: Client) -> No
     attempts: list[int] = []
 
     async def handler(msg: Msg) -> None:
-        attempts.append(bus.delivery_of(msg).attempt)
+        attempts.append(settling.delivery_of(msg).attempt)
         if len(attempts) == 1:
             raise RuntimeError("a bug: no ack, no nak")
         await msg.ack()

@@ -14,7 +14,7 @@ import nats
 
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import Principal, success
-from toolgate.runtime import bus
+from toolgate.runtime import process, publishing
 from toolgate.runtime.topology import Topology, apply_topology
 from toolgate.stack.nats_server import EmbeddedNats
 
@@ -26,10 +26,10 @@ async def test_a_full_subject_is_ours_only_if_it_holds_our_message(
 ) -> None:
     # The shortest duplicate window NATS allows, so a retry falls outside it.
     await apply_topology(nats_server.url, Topology(duplicate_window_s=0.1))
-    broker = bus.make_broker(nats_server.url, "test-results")
+    broker = process.make_broker(nats_server.url, "test-results")
     await broker.connect()
     try:
-        publisher = bus.Publisher(broker)
+        publisher = publishing.Publisher(broker)
         first = success("c1", {"n": 1})
         assert await publisher.publish_result(first, ALICE, message_id="attach-1") is True
         await asyncio.sleep(0.3)  # past the duplicate window: the stream now answers "full"

@@ -26,8 +26,8 @@ from toolgate.contracts.events import (
     encode_event,
     utc_now,
 )
-from toolgate.runtime.bus import MAX_ATTEMPTS
 from toolgate.runtime.creds import connect_options
+from toolgate.runtime.settling import MAX_ATTEMPTS
 from toolgate.services.executor.tools.save_evidence import read_evidence
 from toolgate.services.validator.logic import MAX_ARGUMENT_DEPTH
 

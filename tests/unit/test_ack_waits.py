@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toolgate.runtime import bus
+from toolgate.runtime import consumers
 from toolgate.runtime.topology import (
     DEFAULT_ACK_WAIT_S,
     EXECUTOR_ACK_MARGIN_S,
@@ -34,8 +34,8 @@ class TestStageAckWait:
         assert stage_ack_wait("audit") == DEFAULT_ACK_WAIT_S
 
     def test_consumer_config_takes_the_stage_value_unless_told(self) -> None:
-        assert bus.consumer_config("validator", "x.>").ack_wait == stage_ack_wait("validator")
-        assert bus.consumer_config("audit", "x.>", ack_wait_s=7.0).ack_wait == 7.0
+        assert consumers.consumer_config("validator", "x.>").ack_wait == stage_ack_wait("validator")
+        assert consumers.consumer_config("audit", "x.>", ack_wait_s=7.0).ack_wait == 7.0
 
 
 class TestExecutorAckWait:

@@ -23,3 +23,18 @@ def test_the_handler_table_in_the_docs_matches_the_code() -> None:
         for h in handlers(["<tool>"], with_audit=True)
     ]
     assert documented == expected
+
+
+def test_the_stage_example_is_the_policy_services_code() -> None:
+    """The "Writing a stage" example is an excerpt of services/policy/app.py: every line
+    of it (but the `...` of what is left out) is a line of the code."""
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Writing a stage", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = {
+        line.strip() for line in (REPO_ROOT / "services/policy/app.py").read_text().splitlines()
+    }
+    lines = [line.strip() for line in block.splitlines()]
+    excerpt = [line for line in lines if line and not line.startswith("...")]
+    assert len(excerpt) > 10
+    assert [line for line in excerpt if line not in code] == []

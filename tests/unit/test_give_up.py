@@ -1,5 +1,6 @@
 """When a stage gives up on a message: which errors it never gives up on, and how the
-call it names still ends in a result (runtime/bus.py `settle`, `abandoned`).
+call it names still ends in a result (runtime/settling.py `settle`,
+runtime/giving_up.py `abandoned`).
 
 `settle` decides from what JetStream says of the delivery and what `work`
 raised; the message here is a recorder of the ack it gets (the same calls on a
@@ -29,7 +30,7 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.contracts.registry import load_registry
-from toolgate.runtime import bus
+from toolgate.runtime import giving_up, settling
 from toolgate.services.attacher.logic import ResultBuilder
 from toolgate.services.audit.trace import STAGE, describe
 
@@ -56,9 +57,9 @@ class AckRecorder:
 _sequences = iter(range(1000, 10**9))
 
 
-def delivery(attempt: int, sequence: int | None = None) -> bus.Delivery:
+def delivery(attempt: int, sequence: int | None = None) -> settling.Delivery:
     """A delivery of a stored message (a new one unless `sequence` names it)."""
-    return bus.Delivery(
+    return settling.Delivery(
         stream_sequence=next(_sequences) if sequence is None else sequence,
         attempt=attempt,
         subject="toolgate.evt.ArgumentsValidated.echo",
@@ -66,7 +67,7 @@ def delivery(attempt: int, sequence: int | None = None) -> bus.Delivery:
 
 
 async def settle_failing(
-    exc: Exception, at: bus.Delivery, give_up: Any = None
+    exc: Exception, at: settling.Delivery, give_up: Any = None
 ) -> tuple[AckRecorder, list[Exception]]:
     msg, given_up = AckRecorder(), []
 
@@ -78,7 +79,7 @@ async def settle_failing(
         if give_up is not None:
             await give_up(reason)
 
-    await bus.settle(msg, at, work, record)  # type: ignore[arg-type]
+    await settling.settle(msg, at, work, record)  # type: ignore[arg-type]
     return msg, given_up
 
 
@@ -103,24 +104,24 @@ def validated() -> ArgumentsValidated:
     ],
 )
 async def test_an_unanswering_bus_is_retried_past_the_last_attempt(exc: Exception) -> None:
-    assert bus.is_transient(exc)
-    at = delivery(bus.MAX_ATTEMPTS + 3)
-    for _ in range(bus.MAX_ATTEMPTS + 3):
+    assert settling.is_transient(exc)
+    at = delivery(settling.MAX_ATTEMPTS + 3)
+    for _ in range(settling.MAX_ATTEMPTS + 3):
         msg, given_up = await settle_failing(exc, at)
         assert given_up == []
-        assert msg.acks == [("nak", bus.retry_delay(bus.MAX_ATTEMPTS + 3))]
+        assert msg.acks == [("nak", settling.retry_delay(settling.MAX_ATTEMPTS + 3))]
 
 
 @pytest.mark.parametrize(
     "exc", [ValueError("bad"), TypeError("expected X"), APIError(code=400, err_code=10999)]
 )
 async def test_other_errors_are_given_up_on_at_the_last_attempt(exc: Exception) -> None:
-    assert not bus.is_transient(exc)
+    assert not settling.is_transient(exc)
     sequence = next(_sequences)
-    for attempt in range(1, bus.MAX_ATTEMPTS):
+    for attempt in range(1, settling.MAX_ATTEMPTS):
         msg, given_up = await settle_failing(exc, delivery(attempt, sequence))
-        assert given_up == [] and msg.acks == [("nak", bus.retry_delay(attempt))]
-    msg, given_up = await settle_failing(exc, delivery(bus.MAX_ATTEMPTS, sequence))
+        assert given_up == [] and msg.acks == [("nak", settling.retry_delay(attempt))]
+    msg, given_up = await settle_failing(exc, delivery(settling.MAX_ATTEMPTS, sequence))
     assert given_up == [exc] and msg.acks == [("term", None)]
 
 
@@ -131,16 +132,16 @@ async def test_deliveries_an_outage_cost_do_not_count_towards_giving_up() -> Non
     for attempt in range(1, 21):
         await settle_failing(nats.errors.TimeoutError(), delivery(attempt, sequence))
     msg, given_up = await settle_failing(ValueError("a race"), delivery(21, sequence))
-    assert given_up == [] and msg.acks == [("nak", bus.retry_delay(1))]
+    assert given_up == [] and msg.acks == [("nak", settling.retry_delay(1))]
     # And a success forgets the message's failures.
     done = AckRecorder()
 
     async def works() -> None:
         return None
 
-    await bus.settle(done, delivery(22, sequence), works, None)  # type: ignore[arg-type]
+    await settling.settle(done, delivery(22, sequence), works, None)  # type: ignore[arg-type]
     assert done.acks == [("ack", None)]
-    assert bus.FAILURES.of(delivery(23, sequence)) == 0
+    assert settling.FAILURES.of(delivery(23, sequence)) == 0
 
 
 async def test_a_give_up_that_fails_keeps_the_message() -> None:
@@ -149,13 +150,13 @@ async def test_a_give_up_that_fails_keeps_the_message() -> None:
     async def cannot(reason: Exception) -> None:
         raise nats.errors.TimeoutError()
 
-    for attempt in range(1, bus.MAX_ATTEMPTS + 2):
+    for attempt in range(1, settling.MAX_ATTEMPTS + 2):
         msg, _ = await settle_failing(ValueError("bad"), delivery(attempt, sequence), cannot)
         assert [kind for kind, _ in msg.acks] == ["nak"]
 
 
 def test_failure_counts_are_bounded() -> None:
-    counts = bus.FailureCounts(limit=3)
+    counts = settling.FailureCounts(limit=3)
     first, *others = (delivery(1) for _ in range(4))
     counts.failed(first)
     counts.failed(first)
@@ -166,8 +167,8 @@ def test_failure_counts_are_bounded() -> None:
 
 
 def test_the_back_off_is_capped() -> None:
-    assert bus.retry_delay(1) == 0.5
-    assert bus.retry_delay(50) == 15.0
+    assert settling.retry_delay(1) == 0.5
+    assert settling.retry_delay(50) == 15.0
 
 
 @pytest.mark.parametrize(
@@ -181,22 +182,22 @@ def test_the_back_off_is_capped() -> None:
 def test_a_given_up_event_ends_its_call(service: str, retryable: bool, words: str) -> None:
     raw = encode_event(validated())
     sequence = next(_sequences)
-    end = bus.abandoned(service, delivery(bus.MAX_ATTEMPTS, sequence), raw)
+    end = giving_up.abandoned(service, delivery(settling.MAX_ATTEMPTS, sequence), raw)
     assert isinstance(end, CallAbandoned)
     assert (end.call_id, end.principal, end.tool) == (CALL.call_id, BOB, "echo")
     assert end.status == "execution_error"
     assert end.error.code == ErrorCode.GATEWAY_GAVE_UP
     assert end.error.retryable is retryable and words in end.error.message
     # A redelivery of the same stored message gives the same event: deduplicated.
-    again = bus.abandoned(service, delivery(bus.MAX_ATTEMPTS + 1, sequence), raw)
+    again = giving_up.abandoned(service, delivery(settling.MAX_ATTEMPTS + 1, sequence), raw)
     assert again is not None and again.event_id == end.event_id
     # And it decodes as what the attacher consumes.
     assert decode_event(encode_event(end)) == end
 
 
 def test_nothing_ends_a_call_the_message_does_not_name() -> None:
-    at = delivery(bus.MAX_ATTEMPTS)
-    assert bus.abandoned("policy", at, b"not json at all") is None
+    at = delivery(settling.MAX_ATTEMPTS)
+    assert giving_up.abandoned("policy", at, b"not json at all") is None
     no_principal = CallDenied(
         event_id="e-denied",
         call_id="c-1",
@@ -205,16 +206,18 @@ def test_nothing_ends_a_call_the_message_does_not_name() -> None:
         status="denied",
         error=ToolError(code="POLICY_DENIED", message="no"),
     )
-    assert bus.abandoned("attacher", at, encode_event(no_principal)) is None
-    assert bus.abandoned("validator", at, b"{}", call={}) is None
-    named = bus.abandoned("validator", at, b"{}", call={"call_id": "c-2", "principal": BOB})
+    assert giving_up.abandoned("attacher", at, encode_event(no_principal)) is None
+    assert giving_up.abandoned("validator", at, b"{}", call={}) is None
+    named = giving_up.abandoned("validator", at, b"{}", call={"call_id": "c-2", "principal": BOB})
     assert named is not None and named.call_id == "c-2" and named.error.retryable
 
 
 def test_giving_up_on_an_abandoned_call_does_not_abandon_it_again() -> None:
-    end = bus.abandoned("policy", delivery(bus.MAX_ATTEMPTS), encode_event(validated()))
+    end = giving_up.abandoned("policy", delivery(settling.MAX_ATTEMPTS), encode_event(validated()))
     assert end is not None
-    assert bus.abandoned("attacher", delivery(bus.MAX_ATTEMPTS), encode_event(end)) is None
+    assert (
+        giving_up.abandoned("attacher", delivery(settling.MAX_ATTEMPTS), encode_event(end)) is None
+    )
 
 
 class EmitRecorder:
@@ -231,9 +234,9 @@ async def test_give_up_records_the_dead_letter_under_the_call_then_ends_it() -> 
     sequence = next(_sequences)
 
     async def give_up(exc: Exception) -> None:
-        await bus.give_up_on(publisher, "policy", at, raw, exc)  # type: ignore[arg-type]
+        await giving_up.give_up_on(publisher, "policy", at, raw, exc)  # type: ignore[arg-type]
 
-    for attempt in range(1, bus.MAX_ATTEMPTS + 1):
+    for attempt in range(1, settling.MAX_ATTEMPTS + 1):
         at = delivery(attempt + 7, sequence)  # 7 deliveries lost to an outage before
         await settle_failing(TypeError("boom"), at, give_up)
     letter, end = publisher.emitted
@@ -250,14 +253,16 @@ async def test_give_up_records_the_dead_letter_under_the_call_then_ends_it() -> 
 async def test_a_call_something_else_will_end_gets_only_the_dead_letter() -> None:
     publisher = EmitRecorder()
     raw = encode_event(validated())
-    at = delivery(bus.MAX_ATTEMPTS)
-    await bus.give_up_on(publisher, "approvals", at, raw, ValueError("x"), end_call=False)  # type: ignore[arg-type]
+    at = delivery(settling.MAX_ATTEMPTS)
+    await giving_up.give_up_on(publisher, "approvals", at, raw, ValueError("x"), end_call=False)  # type: ignore[arg-type]
     (letter,) = publisher.emitted
     assert isinstance(letter, MessageDeadLettered) and letter.call_id == CALL.call_id
 
 
 def test_the_attacher_answers_an_abandoned_call_with_its_error() -> None:
-    end = bus.abandoned("executor", delivery(bus.MAX_ATTEMPTS), encode_event(validated()))
+    end = giving_up.abandoned(
+        "executor", delivery(settling.MAX_ATTEMPTS), encode_event(validated())
+    )
     assert end is not None
     result = ResultBuilder(load_registry()).result_for(end)
     assert (result.call_id, result.ok, result.status) == (CALL.call_id, False, "execution_error")
@@ -265,7 +270,9 @@ def test_the_attacher_answers_an_abandoned_call_with_its_error() -> None:
 
 
 def test_the_audit_trace_tells_who_gave_up_and_what_the_agent_was_told() -> None:
-    end = bus.abandoned("executor", delivery(bus.MAX_ATTEMPTS), encode_event(validated()))
+    end = giving_up.abandoned(
+        "executor", delivery(settling.MAX_ATTEMPTS), encode_event(validated())
+    )
     assert end is not None
     row = {
         "event_type": "CallAbandoned",
@@ -285,8 +292,8 @@ def test_the_audit_trace_tells_who_gave_up_and_what_the_agent_was_told() -> None
 CALLS_SUBJECT = "toolgate.calls.acme.researcher"
 
 
-def calls_delivery() -> bus.Delivery:
-    return bus.Delivery(stream_sequence=next(_sequences), attempt=5, subject=CALLS_SUBJECT)
+def calls_delivery() -> settling.Delivery:
+    return settling.Delivery(stream_sequence=next(_sequences), attempt=5, subject=CALLS_SUBJECT)
 
 
 def test_the_validator_names_the_call_of_a_call_message() -> None:
@@ -301,7 +308,7 @@ def test_the_validator_names_the_call_of_a_call_message() -> None:
         "researcher",
     )
     assert call_named(checker, b"not json", calls_delivery()) == {}
-    elsewhere = bus.Delivery(stream_sequence=1, attempt=5, subject="toolgate.evt.Other.echo")
+    elsewhere = settling.Delivery(stream_sequence=1, attempt=5, subject="toolgate.evt.Other.echo")
     assert call_named(checker, msgspec.json.encode(CALL), elsewhere) == {}
 
 
@@ -374,12 +381,12 @@ def test_a_failover_logs_a_line_a_second_not_a_line_a_message(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     now = [100.0]
-    trouble = bus.BusTroubleLog(every_s=1.0, clock=lambda: now[0])
+    trouble = settling.BusTroubleLog(every_s=1.0, clock=lambda: now[0])
     with caplog.at_level("WARNING", logger="toolgate"):
         for _ in range(500):  # every message in hand fails at once
             trouble.failed(delivery(1), nats.errors.TimeoutError())
         now[0] += 1.5
-        trouble.failed(delivery(bus.MAX_ATTEMPTS), nats.errors.TimeoutError())
+        trouble.failed(delivery(settling.MAX_ATTEMPTS), nats.errors.TimeoutError())
     lines = [r for r in caplog.records if "the bus did not answer" in r.getMessage()]
     assert len(lines) == 2
     assert lines[0].levelname == "WARNING" and "more since" not in lines[0].getMessage()

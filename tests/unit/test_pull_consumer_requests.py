@@ -1,4 +1,4 @@
-"""PullConsumer (runtime/bus.py) against a stand-in connection, so the order of
+"""PullConsumer (runtime/consumers.py) against a stand-in connection, so the order of
 events a loaded machine produces (a request's end arriving after the loop gave
 up on it, a handler slower than its AckWait) is played exactly, not waited for.
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from nats.aio.msg import Msg
 
-from toolgate.runtime import bus
+from toolgate.runtime import consumers
 from toolgate.runtime.jetstream import LeanJetStream
 
 
@@ -80,24 +80,24 @@ async def settle_loop() -> None:
         await asyncio.sleep(0)
 
 
-def consumer(nc: StandIn, handler: Any, ack_wait_s: float = 10.0) -> bus.PullConsumer:
-    config = bus.consumer_config("d", "s.in", ack_wait_s=ack_wait_s)
-    return bus.PullConsumer(nc, bus.DurableConsumer("S", config, handler, 4))  # type: ignore[arg-type]
+def consumer(nc: StandIn, handler: Any, ack_wait_s: float = 10.0) -> consumers.PullConsumer:
+    config = consumers.consumer_config("d", "s.in", ack_wait_s=ack_wait_s)
+    return consumers.PullConsumer(nc, consumers.DurableConsumer("S", config, handler, 4))  # type: ignore[arg-type]
 
 
 async def test_the_late_end_of_a_request_given_up_on_does_not_end_the_current_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bus, "ensure_consumer", no_consumer_to_create)
+    monkeypatch.setattr(consumers, "ensure_consumer", no_consumer_to_create)
     # The first request's end is "lost": the loop gives up on it at once and asks again;
     # from the second on, it waits for the server as usual.
-    monkeypatch.setattr(bus, "PULL_LOST_AFTER_S", 0.0)
-    monkeypatch.setattr(bus, "PULL_EXPIRES_S", 0.0)  # what the old loop's timeout came from
+    monkeypatch.setattr(consumers, "PULL_LOST_AFTER_S", 0.0)
+    monkeypatch.setattr(consumers, "PULL_EXPIRES_S", 0.0)  # what the old loop's timeout came from
 
     def second_waits(n: int) -> None:
         if n == 2:
-            monkeypatch.setattr(bus, "PULL_LOST_AFTER_S", 3600.0)
-            monkeypatch.setattr(bus, "PULL_EXPIRES_S", 3600.0)
+            monkeypatch.setattr(consumers, "PULL_LOST_AFTER_S", 3600.0)
+            monkeypatch.setattr(consumers, "PULL_EXPIRES_S", 3600.0)
 
     nc = StandIn(second_waits)
 
@@ -120,7 +120,7 @@ async def test_the_late_end_of_a_request_given_up_on_does_not_end_the_current_on
 async def test_a_message_held_past_a_third_of_its_ack_wait_is_kept_in_progress(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bus, "ensure_consumer", no_consumer_to_create)
+    monkeypatch.setattr(consumers, "ensure_consumer", no_consumer_to_create)
     nc = StandIn()
     release = asyncio.Event()
 
@@ -148,22 +148,22 @@ async def test_a_consumer_with_many_slots_held_asks_again_with_a_few_free(
     # The validator holds calls in its agents' waiting rooms (fair admission): most of
     # its slots can be taken by held calls. Before, it asked again only once a quarter
     # of all its slots were free, so another agent's call waited for 264 held ones.
-    monkeypatch.setattr(bus, "ensure_consumer", no_consumer_to_create)
+    monkeypatch.setattr(consumers, "ensure_consumer", no_consumer_to_create)
     nc = StandIn()
     release = asyncio.Event()
 
     async def held(msg: Msg) -> None:
         await release.wait()
 
-    slots = bus.CONCURRENCY + 1024
-    config = bus.consumer_config("validator", "s.in")
-    pulling = await bus.PullConsumer(
+    slots = consumers.CONCURRENCY + 1024
+    config = consumers.consumer_config("validator", "s.in")
+    pulling = await consumers.PullConsumer(
         nc,  # type: ignore[arg-type]
-        bus.DurableConsumer("S", config, held, slots),
+        consumers.DurableConsumer("S", config, held, slots),
     ).start()
     try:
         await until(lambda: len(nc.asked) == 1)
-        for _ in range(slots - bus.CONCURRENCY // 4):
+        for _ in range(slots - consumers.CONCURRENCY // 4):
             await nc.deliver(Delivered())
         await nc.deliver(Status(nc.asked[0], "408"))
         await until(lambda: len(nc.asked) == 2)  # 8 slots free: asks for them

@@ -1,0 +1,284 @@
+"""The durable pull consumers every stage reads through.
+
+Each durable consumer is a plain nats-py pull loop (`PullConsumer`): one pull
+request asks for as many messages as there are free handler slots, the
+messages land in a plain subscription's callback and each runs as a task of
+its own, so a batch is handled concurrently and its publish acks are awaited
+together, while a slow message (a long tool call) holds one slot, not the next
+fetch. Profiled under load (py-spy, faststream 0.7.8), FastStream's
+per-message subscriber stack (anyio task group, middlewares, call wrappers,
+the pull loop's `fetch`) and its publisher stack cost more CPU than the
+handlers' own work in the validator and the attacher. A stage declares its
+consumers through the stage runner (runtime/stage.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from faststream import FastStream
+from faststream.nats import ConsumerConfig, NatsBroker
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from toolgate.runtime import call_context
+from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
+
+log = logging.getLogger("toolgate")
+
+
+# Handlers of one consumer running at once (each holds one un-acked message).
+# A stage's message waits on one to four NATS round trips, so slots, not CPU,
+# bound a burst; 32 against 16, back to back: 1.26-1.34 against 1.56 ms of CPU
+# per burst call, 1,089-1,141 against 889 calls/s (shared machine, noisy).
+CONCURRENCY = 32
+# How long one pull request waits for messages; the server then ends it (408)
+# and the loop asks again.
+PULL_EXPIRES_S = 1.0
+# A request whose end has not come by then is given up on (lost in a reconnect) and
+# asked again. Its end may still come later (a busy loop): it no longer counts.
+PULL_LOST_AFTER_S = PULL_EXPIRES_S + 1.0
+
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class DurableConsumer:
+    """One durable pull consumer of a service: where it reads, and what handles a message."""
+
+    stream: str
+    config: ConsumerConfig
+    handler: Handler
+    concurrency: int
+
+
+# The consumers each broker's service declared, started by `run_consumers`.
+_declared: weakref.WeakKeyDictionary[NatsBroker, list[DurableConsumer]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def durable_subscriber(
+    broker: NatsBroker,
+    subject: str,
+    stream_name: str,
+    durable: str,
+    *,
+    concurrency: int = CONCURRENCY,
+    max_ack_pending: int = 1000,
+    ack_wait_s: float | None = None,
+) -> Callable[[Handler], Handler]:
+    """Declare a durable pull consumer with manual acks whose handler gets the raw nats-py Msg.
+
+    Every toolgate stage subscribes through this, so they all share one
+    consumer shape: explicit acks, unlimited redelivery, our own give-up rule.
+    Up to `concurrency` messages are handled at once. The consumer starts with
+    the app (`run_consumers`), after its start-up hooks bound what handlers use.
+    """
+
+    def declare(handler: Handler) -> Handler:
+        config = consumer_config(durable, subject, ack_wait_s, max_ack_pending)
+        consumer = DurableConsumer(stream_name, config, handler, max(1, concurrency))
+        _declared.setdefault(broker, []).append(consumer)
+        return handler
+
+    return declare
+
+
+def run_consumers(app: FastStream, broker: NatsBroker) -> None:
+    """Start the broker's declared consumers once the app has started (every
+    `on_startup` hook has run: stores are bound); at shutdown stop asking for
+    messages and let the ones in hand finish, so their outputs and acks go out."""
+    running: list[PullConsumer] = []
+
+    @app.after_startup
+    async def start_consumers() -> None:
+        nc = await broker.connect()
+        for consumer in _declared.get(broker, []):
+            running.append(await PullConsumer(nc, consumer).start())
+
+    @app.on_shutdown
+    async def stop_consumers() -> None:
+        await asyncio.gather(*(consumer.stop() for consumer in running))
+
+
+async def ensure_consumer(nc: Client, stream: str, config: ConsumerConfig) -> None:
+    """Create the durable once; later replicas (and restarts) find it and leave it as is."""
+    js = nc.jetstream()
+    try:
+        await js.consumer_info(stream, config.durable_name or "")
+    except NotFoundError:
+        # Named as well as durable: the server then takes the request on
+        # CONSUMER.CREATE.<stream>.<name>.<filter>, the subject the locked bus grants.
+        await js.add_consumer(stream, dataclasses.replace(config, name=config.durable_name))
+
+
+class PullConsumer:
+    """A durable consumer's pull loop, on JetStream's own pull API.
+
+    A request (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>`, batch = free
+    handler slots, expires PULL_EXPIRES_S) stays open until it has delivered
+    its batch or expires, so at low rates one request serves many messages and
+    at high rates each brings a batch. Messages arrive in a plain
+    subscription's callback, each handled in a task of its own; the handler
+    acks (through `settle`) only after its outputs are stored. A request whose
+    end never came (a reconnect) is given up after its expiry and asked again;
+    anything lost that way is redelivered after the consumer's AckWait.
+
+    Each request has a reply subject of its own (`<inbox>.<n>`), so the end
+    (408, 409) of a request given up on, arriving late on a busy loop, does not
+    end the current one: before, each such late end started one more request
+    that was never given up, and under load requests piled up, each with a
+    batch, past the handler slots. A message in hand longer than a third of
+    the AckWait is kept with `in_progress`, so a handler slowed by load is not
+    handed its message a second time (a redelivery counts as an attempt, and
+    MAX_ATTEMPTS of them give the message up).
+    """
+
+    def __init__(self, nc: Client, consumer: DurableConsumer) -> None:
+        self._nc = nc
+        self._consumer = consumer
+        self._durable = consumer.config.durable_name or ""
+        self._api = f"$JS.API.CONSUMER.MSG.NEXT.{consumer.stream}.{self._durable}"
+        self._inbox = nc.new_inbox()
+        self._asked = 0
+        self._current = ""  # the reply subject of the latest request
+        self._handling: dict[asyncio.Task[None], Msg] = {}
+        self._expected = 0  # messages the open request may still bring
+        self._open = False
+        self._back_off = False
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._asking: asyncio.Task[None] | None = None
+        self._keeping: asyncio.Task[None] | None = None
+        # Ask again once this many slots are free (or nothing is in hand): at
+        # saturation a request then brings several messages, not one. Counted on
+        # CONCURRENCY at most: the validator's many slots hold waiting calls (fair
+        # admission), and a new agent's call must not wait for a quarter of them.
+        self._min_batch = max(1, min(consumer.concurrency, CONCURRENCY) // 4)
+
+    async def start(self) -> PullConsumer:
+        await ensure_consumer(self._nc, self._consumer.stream, self._consumer.config)
+        self._subscription = await self._nc.subscribe(
+            self._inbox + ".*", cb=self._on_message, pending_msgs_limit=-1, pending_bytes_limit=-1
+        )
+        self._asking = asyncio.create_task(self._ask(), name=f"pull-{self._durable}")
+        ack_wait = self._consumer.config.ack_wait
+        if ack_wait:
+            self._keeping = asyncio.create_task(
+                self._keep_in_progress(heartbeat_interval(ack_wait)),
+                name=f"in-progress-{self._durable}",
+            )
+        return self
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        self._stopping = True
+        if self._asking is not None:
+            self._asking.cancel()
+        if self._handling:
+            await asyncio.wait(set(self._handling), timeout=grace_s)
+        if self._keeping is not None:
+            self._keeping.cancel()
+
+    async def _on_message(self, msg: Msg) -> None:
+        if not msg.reply:  # a status: 408 request expired, 409 a limit, 100 heartbeat
+            status = (msg.headers or {}).get("Status")
+            if status == "100" or msg.subject != self._current:
+                return  # a heartbeat, or the late end of a request given up on
+            if status != "408":
+                self._back_off = True
+                log.info(
+                    "pull request on %s ended: %s %s",
+                    self._durable,
+                    status,
+                    (msg.headers or {}).get("Description"),
+                )
+            self._open = False
+            self._wake.set()
+            return
+        self._expected -= 1
+        if self._expected <= 0:
+            self._open = False
+            self._wake.set()
+        task = asyncio.create_task(self._handle(msg))
+        self._handling[task] = msg
+        task.add_done_callback(self._handled)
+
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handling.pop(task, None)
+        if not self._open:
+            self._wake.set()
+
+    async def _handle(self, msg: Msg) -> None:
+        # This task's log lines (the handler's, settle's) name the message's call.
+        call_context.handling(call_context.call_of_message(msg.subject, msg.data))
+        try:
+            await self._consumer.handler(msg)
+        except Exception:  # settle decides every failure; this is a bug: redelivered later
+            log.exception("handler of %s raised; the message will be redelivered", self._durable)
+
+    async def _ask(self) -> None:
+        concurrency = self._consumer.concurrency
+        while not self._stopping:
+            self._wake.clear()
+            free = concurrency - len(self._handling)
+            if self._open or free < (self._min_batch if self._handling else 1):
+                try:
+                    await asyncio.wait_for(self._wake.wait(), PULL_LOST_AFTER_S)
+                except TimeoutError:
+                    self._open = False  # the request's end never came: ask again
+                continue
+            if self._back_off:  # a limit (max_ack_pending) or a missing consumer
+                self._back_off = False
+                await asyncio.sleep(0.5)
+                continue
+            self._expected, self._open = free, True
+            self._asked += 1
+            self._current = f"{self._inbox}.{self._asked}"
+            request = b'{"batch":%d,"expires":%d}' % (free, int(PULL_EXPIRES_S * 1e9))
+            try:
+                await self._nc.publish(self._api, request, reply=self._current)
+            except Exception as exc:  # NATS reconnecting: ask again in a moment
+                log.warning("pull request on %s failed: %r", self._durable, exc)
+                self._open = False
+                await asyncio.sleep(0.5)
+
+    async def _keep_in_progress(self, every_s: float) -> None:
+        """Every `every_s`, `in_progress` for each message in hand since the last round."""
+        held: set[asyncio.Task[None]] = set()
+        while True:
+            await asyncio.sleep(every_s)
+            for task, msg in list(self._handling.items()):
+                if task in held:
+                    try:
+                        await msg.in_progress()
+                    except Exception as exc:  # NATS reconnecting: AckWait decides
+                        log.debug("in_progress on %s failed: %r", self._durable, exc)
+            held = set(self._handling)
+
+
+def consumer_config(
+    durable: str,
+    filter_subject: str,
+    ack_wait_s: float | None = None,
+    max_ack_pending: int = 1000,
+) -> ConsumerConfig:
+    return ConsumerConfig(
+        durable_name=durable,
+        filter_subject=filter_subject,
+        ack_policy=JsAckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        # Sized to the stage (runtime/topology.py), not JetStream's 30 s default.
+        ack_wait=ack_wait_s if ack_wait_s is not None else stage_ack_wait(durable),
+        max_deliver=-1,
+        max_ack_pending=max_ack_pending,
+    )

@@ -1,0 +1,193 @@
+"""The stage runner: one way to write a stage.
+
+A service declares its stages, one per row of the handler table
+(runtime/topology.py) it owns: the durable, and the function that does the
+work for one message. The runner does the rest, the same way for every stage:
+it subscribes the durable on the row's stream and filter subject (nothing is
+derived again in the service), names the row in the handling task (what the
+handler publishes is checked against the row's `emits`: runtime/emits.py),
+runs the work, and settles the message: ack once the work's outputs are
+stored, nak for a retry, or, after MAX_ATTEMPTS failures, give up (a dead
+letter with the reason and, unless the stage says otherwise, the end of the
+call the message names) and term (runtime/settling.py `settle`, runtime/giving_up.py
+`give_up_on`).
+
+    runner = StageRunner(SERVICE, settings)
+    retried = runner.durable_for(subjects.event_filter(CallRetried))
+    runner.add(Stage(retried, on_retried, end_call=False))
+    app = runner.app()
+    ...  # start-up hooks that bind what the work uses
+    runner.run_consumers(app)  # consumers start once those hooks have run
+    return app
+
+A message in hand longer than a third of its AckWait is kept with
+`in_progress` by the consumer (runtime/consumers.py: `PullConsumer`): one heartbeat
+for every stage, a long tool call's included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+from nats.aio.msg import Msg
+
+from toolgate.contracts.events import Event, decode_event
+from toolgate.runtime import consumers, emits, giving_up, process, publishing, settling
+from toolgate.runtime.settings import GatewaySettings
+from toolgate.runtime.topology import Handler, rows_of
+
+Work = Callable[[Msg, settling.Delivery], Awaitable[None]]
+GiveUp = Callable[[Msg, settling.Delivery, Exception], Awaitable[None]]
+# Entered before the work: yields False when the message is not to be worked on now
+# (the gate settled it itself, e.g. nak'ed it for later).
+Gate = Callable[[Msg, settling.Delivery], AbstractAsyncContextManager[bool]]
+
+E = TypeVar("E", bound=Event)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One durable of a service: its row of the handler table, and what handles a message.
+
+    `work(msg, delivery)` publishes the stage's outputs (each with a publish ack) and is
+    safe to run again: the message is acked only after it returns. `give_up(msg,
+    delivery, exc)` replaces the default give-up (a dead letter, and a CallAbandoned
+    for the call the message names unless `end_call` is False). `gate` is entered
+    around the settling (the validator's fair admission). `settles_itself`: `work`
+    acks or naks the message itself (the notifier's deliveries, whose outcome is a
+    webhook's answer); the runner then only subscribes and calls it.
+    """
+
+    durable: str
+    work: Work
+    give_up: GiveUp | None = None
+    end_call: bool = True
+    gate: Gate | None = None
+    settles_itself: bool = False
+    concurrency: int = consumers.CONCURRENCY
+    max_ack_pending: int = 1000
+    ack_wait_s: float | None = None  # None: the stage's (runtime/topology.py)
+
+
+class StageRunner:
+    """A service's broker, publisher and stages; the rows it owns come from the table."""
+
+    def __init__(
+        self, service: str, settings: GatewaySettings, tools: list[str] | None = None
+    ) -> None:
+        self.service = service
+        self.broker: NatsBroker = process.make_broker(
+            settings.nats_url, process.worker_name(service), settings.nats_creds
+        )
+        self.publisher = publishing.Publisher(self.broker)
+        self.rows: dict[str, Handler] = {row.durable: row for row in rows_of(service, tools)}
+        self.stages: dict[str, Stage] = {}
+
+    def add(self, stage: Stage) -> None:
+        row = self.rows.get(stage.durable)
+        if row is None:
+            raise ValueError(
+                f"{self.service}: no durable {stage.durable!r} in the handler table "
+                f"(runtime/topology.py); its rows: {', '.join(self.rows) or 'none'}"
+            )
+        if stage.durable in self.stages:
+            raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
+        self.stages[stage.durable] = stage
+        consumers.durable_subscriber(
+            self.broker,
+            row.filter_subject,
+            row.stream,
+            row.durable,
+            concurrency=stage.concurrency,
+            max_ack_pending=stage.max_ack_pending,
+            ack_wait_s=stage.ack_wait_s,
+        )(self._handler(stage, row))
+
+    def started_later(self, stage: Stage, tools: list[str]) -> consumers.DurableConsumer:
+        """A stage for a tool served after the start (a pushed registry, the executor):
+        its row comes from the table as for any stage; the consumer is returned for
+        the caller to start, as the app's consumers are running already."""
+        rows = {row.durable: row for row in rows_of(self.service, tools)}
+        row = rows.get(stage.durable)
+        if row is None:
+            raise ValueError(f"{self.service}: no durable {stage.durable!r} in the handler table")
+        if stage.durable in self.stages:
+            raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
+        self.rows[row.durable] = row
+        self.stages[stage.durable] = stage
+        config = consumers.consumer_config(
+            row.durable, row.filter_subject, stage.ack_wait_s, stage.max_ack_pending
+        )
+        return consumers.DurableConsumer(
+            row.stream, config, self._handler(stage, row), max(1, stage.concurrency)
+        )
+
+    def durable_for(self, filter_subject: str, tools: list[str] | None = None) -> str:
+        """The durable of this service's row that consumes `filter_subject` (`tools`: the
+        executor's rows for those tools, served after the start)."""
+        rows = rows_of(self.service, tools) if tools else self.rows.values()
+        for row in rows:
+            if row.filter_subject == filter_subject:
+                return row.durable
+        raise ValueError(f"{self.service}: no row of the handler table consumes {filter_subject!r}")
+
+    def unstaged(self) -> list[str]:
+        """This service's durables that have no stage yet, in the table's order."""
+        return [durable for durable in self.rows if durable not in self.stages]
+
+    def app(self, kind: type[FastStream] = FastStream) -> FastStream:
+        return kind(self.broker)
+
+    def run_consumers(self, app: FastStream) -> None:
+        """Start the stages' consumers once the app's start-up hooks declared so far have
+        run; stop them at shutdown (after the shutdown hooks declared so far)."""
+        missing = self.unstaged()
+        if missing:
+            raise ValueError(
+                f"{self.service}: the handler table lists durable(s) with no stage: "
+                f"{', '.join(missing)}"
+            )
+        consumers.run_consumers(app, self.broker)
+
+    def _handler(self, stage: Stage, row: Handler) -> consumers.Handler:
+        publisher, service = self.publisher, self.service
+
+        async def handle(msg: Msg) -> None:
+            emits.handling(row)  # this task's publishes are checked against the row
+            delivery = settling.delivery_of(msg)
+            if stage.settles_itself:
+                await stage.work(msg, delivery)
+                return
+
+            async def work() -> None:
+                await stage.work(msg, delivery)
+
+            async def give_up(exc: Exception) -> None:
+                if stage.give_up is not None:
+                    await stage.give_up(msg, delivery, exc)
+                    return
+                await giving_up.give_up_on(
+                    publisher, service, delivery, msg.data, exc, end_call=stage.end_call
+                )
+
+            if stage.gate is None:
+                await settling.settle(msg, delivery, work, give_up)
+                return
+            async with stage.gate(msg, delivery) as admitted:
+                if admitted:
+                    await settling.settle(msg, delivery, work, give_up)
+
+        return handle
+
+
+def event_of(raw: bytes, kind: type[E]) -> E:
+    """The event a message holds, which must be a `kind` (else TypeError: a failed attempt)."""
+    event = decode_event(raw)
+    if not isinstance(event, kind):
+        raise TypeError(f"expected {kind.__name__}, got {type(event).__name__}")
+    return event
