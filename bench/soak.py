@@ -64,7 +64,8 @@ from toolgate.bench.pipeline import (
 )
 from toolgate.bench.results import LoadAverage, load_average
 from toolgate.contracts import subjects
-from toolgate.stack.supervisor import AUDIT_SERVICE, SERVICES, Stack
+from toolgate.stack.services import AUDIT, PIPELINE
+from toolgate.stack.supervisor import Stack
 
 DEFAULT_CALLS = 100_000
 RATE_FRACTION = 0.60
@@ -745,7 +746,7 @@ def cmd_bench_soak(args: argparse.Namespace, reachable: Callable[[], None] = lam
                 args.nats_url,
                 agent,
                 admin,
-                procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
+                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
                 f"a running gateway at {args.nats_url}",
             )
             report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))

@@ -53,7 +53,8 @@ from toolgate.bench.pipeline import (
 )
 from toolgate.contracts import subjects
 from toolgate.runtime.creds import connect_options
-from toolgate.stack.supervisor import AUDIT_SERVICE, SERVICES, Stack
+from toolgate.stack.services import AUDIT, PIPELINE
+from toolgate.stack.supervisor import Stack
 
 # The tap's own requests (consumer and stream info) come back on this prefix: not counted.
 OWN_INBOX = "_INBOX_trips"
@@ -348,7 +349,7 @@ async def _wait_for_audit(admin: Client, timeout_s: float = AUDIT_WAIT_S) -> Non
     for stream in (subjects.CALLS_STREAM, subjects.EVENTS_STREAM):
         while True:
             try:
-                await js.consumer_info(stream, AUDIT_SERVICE)
+                await js.consumer_info(stream, AUDIT)
                 break
             except NotFoundError:
                 if time.monotonic() > deadline:
@@ -386,7 +387,7 @@ def cmd_bench_trips(args: argparse.Namespace) -> int:
                 args.nats_url,
                 agent,
                 admin,
-                procs.of_running_gateway(args.nats_url, (*SERVICES, AUDIT_SERVICE)),
+                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
                 "a running gateway",
             )
             windows = asyncio.run(_count(target, args, run))
