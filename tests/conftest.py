@@ -15,10 +15,16 @@ from toolgate.stack.nats_server import EmbeddedNats
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A system test starts the whole gateway as separate processes: slow, by definition
-    (the fast lane, `pytest -m "not slow"`, leaves them out; CI runs everything)."""
+    (the fast lane, `pytest -m "not slow"`, leaves them out; CI runs everything).
+
+    Files with slow tests run first: the workers (addopts' `-n`, one file at a time each)
+    then fill the end of the run with short files instead of waiting on one long one."""
     for item in items:
         if item.get_closest_marker("system") is not None:
             item.add_marker(pytest.mark.slow)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (item.path not in slow_files, order[id(item)]))
 
 
 @pytest.fixture
