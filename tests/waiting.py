@@ -12,7 +12,14 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import nats
+
+from toolgate.runtime.creds import nats_servers
+
+if TYPE_CHECKING:
+    from tests.harness import Gateway
 
 T = TypeVar("T")
 
@@ -54,3 +61,31 @@ def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"not so after {timeout:.0f} s: {what or check!r} ({value!r})")
         time.sleep(interval)
+
+
+async def settled(url: str, stream: str, durable: str, **options: Any) -> bool:
+    """True once durable `durable` has been handed and has acked everything in `stream`
+    it filters: whatever it does with a message stored before this call is done.
+    (`options`: nats.connect's.)"""
+    nc = await nats.connect(nats_servers(url), **options)
+    try:
+        info = await nc.jsm().consumer_info(stream, durable)
+    finally:
+        await nc.close()
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def all_settled(gateway: Gateway, timeout: float = 120.0) -> None:
+    """Every stage of `gateway` has handled every message stored so far: each of its
+    durables (the handler table's) acked all it was handed, in two rounds in a row (a
+    stage asked early in one round may since have been handed an event by a later one)."""
+    from tests.harness import durables
+
+    async def every_durable() -> bool:
+        for stream, durable in durables(gateway.tool_names(), gateway.with_audit):
+            if not await gateway.settled(stream, durable):
+                return False
+        return True
+
+    for _ in range(2):
+        await eventually(every_durable, timeout=timeout, interval=0.2, what="the gateway settled")
