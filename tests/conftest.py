@@ -15,10 +15,29 @@ from toolgate.stack.nats_server import EmbeddedNats
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A system test starts the whole gateway as separate processes: slow, by definition
-    (the fast lane, `pytest -m "not slow"`, leaves them out; CI runs everything)."""
+    (the fast lane, `pytest -m "not slow"`, leaves them out; CI runs everything).
+
+    Files with slow tests run first, those that allow themselves a longer timeout (a
+    `timeout` marker) before the others: the workers (addopts' `-n`, one file at a time
+    each) then fill the end of the run with short files instead of waiting on a long one."""
+    slow_files: set[Path] = set()
+    allowed: dict[Path, float] = {}
     for item in items:
         if item.get_closest_marker("system") is not None:
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("slow") is not None:
+            slow_files.add(item.path)
+        timeout = item.get_closest_marker("timeout")
+        if timeout is not None and timeout.args:
+            allowed[item.path] = max(allowed.get(item.path, 0.0), float(timeout.args[0]))
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(
+        key=lambda item: (
+            item.path not in slow_files,
+            -allowed.get(item.path, 0.0),
+            order[id(item)],
+        )
+    )
 
 
 @pytest.fixture

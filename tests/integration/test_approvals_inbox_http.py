@@ -22,6 +22,8 @@ from tests.integration.test_approvals_support import (
     prepare_bus,
     publish_event,
 )
+from tests.waiting import eventually, settled
+from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import Principal
 from toolgate.services.approvals.approvers import add_approver
@@ -78,7 +80,10 @@ async def inbox(nats_server: EmbeddedNats, tmp_path: Path) -> AsyncIterator[tupl
     await publish_event(
         nats_server.url, approval_requested("call_http", GLOBEX_ARGS, principal=GLOBEX)
     )
-    await asyncio.sleep(0.5)
+    await eventually(
+        lambda: settled(nats_server.url, subjects.EVENTS_STREAM, "approvals"),
+        what="the service has stored both requests",
+    )
     server = await asyncio.to_thread(Inbox(nats_server.url).start)
     yield server, tokens
     await asyncio.to_thread(server.stop)

@@ -36,6 +36,8 @@ from tests.integration.test_approvals_support import (
     types_of,
     wait_for_events,
 )
+from tests.waiting import eventually, settled
+from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import ErrorCode, Principal
 from toolgate.contracts.events import (
@@ -364,7 +366,10 @@ async def test_state_survives_a_killed_service(
     )
     second = await replica(url, data_dir, 1).start().ready()
     replicas.append(second)
-    await asyncio.sleep(1.0)
+    await eventually(
+        lambda: settled(url, subjects.EVENTS_STREAM, "approvals"),
+        what="the new process has handled the redelivered request",
+    )
     state = await client.get(key_of("call_k"))
     assert state is not None and state.status == "pending" and state.approvers == ["bob"]
     assert (

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Gateway, make_test_registry
+from tests.waiting import all_settled
 from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES, Principal
@@ -129,18 +130,9 @@ async def send_bad_calls(gateway: Gateway) -> dict[str, str]:
 
 
 async def audited_everything(gateway: Gateway, timeout: float = 120.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (
-        await gateway.settled(subjects.CALLS_STREAM, "audit")
-        and await gateway.settled(subjects.EVENTS_STREAM, "audit")
-        and await gateway.settled(subjects.CALLS_STREAM, "validator")
-    ):
-        assert asyncio.get_running_loop().time() < deadline, "the audit did not catch up"
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(2)  # attachers and dead letters of the last calls, then their rows
-    while not await gateway.settled(subjects.EVENTS_STREAM, "audit"):
-        assert asyncio.get_running_loop().time() < deadline, "the audit did not catch up"
-        await asyncio.sleep(0.5)
+    """Every stage has handled the calls (attachers and dead letters of the last ones too),
+    and the audit has every call and event as rows."""
+    await all_settled(gateway, timeout)
 
 
 def test_a_secret_of_a_hash_audited_tool_is_nowhere(vaulted: Gateway) -> None:

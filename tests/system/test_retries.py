@@ -10,7 +10,6 @@ gets `PAYLOAD_TOO_LARGE` as a result, not an error in its publish ack.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from nats.aio.subscription import Subscription
 
 from tests.harness import Gateway, events_of, flushed, make_test_registry
 from tests.tools.faulty import runs_of
+from tests.waiting import all_settled
 from toolgate.client.gateway_client import new_call_id
 from toolgate.contracts import subjects
 from toolgate.contracts.calls import MAX_CALL_BYTES, PendingNotice, ToolResult
@@ -88,17 +88,8 @@ async def stored_on(gateway: Gateway, subject: str) -> int:
 
 
 async def settled(gateway: Gateway) -> None:
-    """The validator and the audit have handled every call, the audit every event."""
-    deadline = asyncio.get_running_loop().time() + 120
-    for _ in range(2):  # again: events emitted just before the last acks
-        while not (
-            await gateway.settled(subjects.CALLS_STREAM, "validator")
-            and await gateway.settled(subjects.CALLS_STREAM, "audit")
-            and await gateway.settled(subjects.EVENTS_STREAM, "audit")
-        ):
-            assert asyncio.get_running_loop().time() < deadline, "the gateway did not settle"
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1)
+    """Every stage has handled every message: the audit every call and every event."""
+    await all_settled(gateway)
 
 
 def audited(gateway: Gateway, call_id: str, event_type: str) -> int:
