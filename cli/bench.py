@@ -85,7 +85,16 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "target",
         nargs="?",
-        choices=["pipeline", "policy", "audit", "audit-queries", "mcp", "fairness", "soak", "trips"],
+        choices=[
+            "pipeline",
+            "policy",
+            "audit",
+            "audit-queries",
+            "mcp",
+            "fairness",
+            "soak",
+            "trips",
+        ],
         default="pipeline",
     )
     bench.add_argument(

@@ -29,8 +29,8 @@ from toolgate.contracts.events import (
     utc_now,
 )
 from toolgate.runtime import publishing, settling
-from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner
 from toolgate.services.attacher.logic import ResultBuilder
 

@@ -344,7 +344,9 @@ def build_app(
                 continue
             if tools:
                 continue  # an executor of named tools runs only those
-            tool_runner = ToolRunner(spec, resolve_function(spec), settings, publisher, pool, worker)
+            tool_runner = ToolRunner(
+                spec, resolve_function(spec), settings, publisher, pool, worker
+            )
             bind(tool_runner)
             new.append(tool_runner)
         if not new:

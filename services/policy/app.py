@@ -59,8 +59,8 @@ from toolgate.contracts.events import (
 )
 from toolgate.contracts.registry import Registry
 from toolgate.runtime import settling
-from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
+from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner, event_of
 from toolgate.services.policy import logic, versions
 from toolgate.services.policy.bundle import (

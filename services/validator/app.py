@@ -56,6 +56,7 @@ from toolgate.contracts.events import (
     payload_sha256,
     utc_now,
 )
+from toolgate.contracts.registry_bundle import ToolListing, listing_for
 from toolgate.runtime import consumers, giving_up, publishing, settling
 from toolgate.runtime.oidc import (
     OidcConfig,
@@ -64,7 +65,6 @@ from toolgate.runtime.oidc import (
     TokenVerifier,
     bearer_token,
 )
-from toolgate.contracts.registry_bundle import ToolListing, listing_for
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import Stage, StageRunner
