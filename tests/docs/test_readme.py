@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -51,6 +52,7 @@ from tests.docs.readme import (
 )
 from tests.harness import REPO_ROOT
 from toolgate.contracts.calls import ToolCall, ToolResult
+from toolgate.contracts.registry_bundle import ToolListing
 
 BIN = Path(sys.executable).parent
 # Words a reader replaces (docs/audit.md), filled in from that page's own run:
@@ -105,14 +107,21 @@ def test_every_block_is_run_or_checked_or_says_why_not() -> None:
 
 
 def test_json_examples_are_wire_messages() -> None:
-    """A JSON block that is not a command's output is a ToolCall or a ToolResult."""
+    """A JSON block that is not a command's output is a ToolCall, a ToolResult or an
+    agent's ToolListing (docs/registry.md)."""
     checked = 0
     for block in blocks():
         if block.language != "json" or block.output_of or block.webhook_payload or block.file:
             continue
         for document in json_documents(block.text):
             raw = json.dumps(document).encode()
-            kind = ToolCall if "tool" in document else ToolResult
+            kind: type[Any] = (
+                ToolCall
+                if "tool" in document
+                else ToolListing
+                if "tools" in document
+                else ToolResult
+            )
             try:
                 msgspec.json.decode(raw, type=kind, strict=True)
             except msgspec.ValidationError as exc:
