@@ -158,6 +158,15 @@ class ServiceProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def move_http_port(self, port: int) -> None:
+        """Serve /healthz and /metrics on `port` from the next start: a service that died
+        may have died of its port (another process's listener drew it meanwhile: seen
+        with gateways started side by side), and would die of it at every restart."""
+        if self.http_port is None or "--http-port" not in self.command:
+            return
+        self.command[self.command.index("--http-port") + 1] = str(port)
+        self.http_port = port
+
     def stop(self, timeout: float = 15.0) -> None:
         stop_process(self.process, timeout)
 
@@ -688,6 +697,9 @@ class Stack:
                     continue
                 log.warning("%s exited with %s; restarting", service.name, code)
                 service.restarts += 1
+                if service.http_port is not None:
+                    service.move_http_port(free_port())
+                    self.record_context()  # `toolgate status` finds it there
                 service.start()
 
     def restart_unhealthy(self, every_s: float = HEALTH_CHECK_S) -> None:
