@@ -32,6 +32,7 @@ from toolgate.runtime import emits
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.topology import handlers
 from toolgate.stack.nats_auth import add_agent, push_account_jwts
+from toolgate.stack.processes import free_port
 from toolgate.stack.services import PIPELINE
 from toolgate.stack.supervisor import ServiceProcess, Stack
 
@@ -160,8 +161,17 @@ class Gateway:
 
     def _check_services_alive(self) -> None:
         for service in self.stack.services:
-            if not service.alive():
-                raise RuntimeError(f"{service.name} died: {service.log_path.read_text()[-3000:]}")
+            if service.alive():
+                continue
+            said = service.log_path.read_text()[-3000:]
+            if "address already in use" in said and service.restarts < 3:
+                # Its health port was drawn by another listener in the moment between the
+                # draw and the bind (gateways started side by side): a new one, as `up` does.
+                service.restarts += 1
+                service.move_http_port(free_port())
+                service.start()
+                continue
+            raise RuntimeError(f"{service.name} died: {said}")
 
     async def agent_creds(self, tenant: str = "acme", agent: str = "researcher") -> Path:
         """The creds of one agent identity, minted (and told to the server) on first use."""

@@ -18,7 +18,8 @@ from toolgate.stack.processes import free_port
 
 pytestmark = pytest.mark.system
 
-NUMBER = r"\s+(?:\d+(?:\.\d+)?|-)"
+# A figure, or "-" for none; an "adds" figure is a difference, which noise can make negative.
+NUMBER = r"\s+(?:-?\d+(?:\.\d+)?|-)"
 SERVICES = ("validator", "policy", "executor", "attacher", "approvals", "audit")
 
 
