@@ -7,9 +7,10 @@ given up on (runtime/giving_up.py) and terminated.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import nats.errors
@@ -97,6 +98,9 @@ class FailureCounts:
     def of(self, delivery: Delivery) -> int:
         return self._counts.get((delivery.subject, delivery.stream_sequence), 0)
 
+    def __len__(self) -> int:
+        return len(self._counts)
+
     def forget(self, delivery: Delivery) -> None:
         self._counts.pop((delivery.subject, delivery.stream_sequence), None)
 
@@ -158,32 +162,72 @@ async def settle(
     try:
         await work()
     except Exception as exc:  # a handler never lets an exception reach the broker
-        if is_transient(exc):
-            BUS_TROUBLE.failed(delivery, exc)
-            await msg.nak(delay=retry_delay(delivery.attempt))
-            return
-        failures = FAILURES.failed(delivery)
-        if failures < MAX_ATTEMPTS:
-            log.warning("attempt %s on %s failed, retrying: %r", failures, delivery.subject, exc)
-            await msg.nak(delay=retry_delay(failures))
-            return
-        log.error(
-            "giving up on %s after %s failed attempts (dead letter): %r",
-            delivery.subject,
-            failures,
-            exc,
-        )
-        try:
-            await give_up(exc)
-        except Exception as again:
-            log.error("giving up on %s failed too, will retry: %r", delivery.subject, again)
-            await msg.nak(delay=retry_delay(failures))
-            return
-        FAILURES.forget(delivery)
-        await msg.term()
+        await _failed(msg, delivery, exc, give_up)
         return
     FAILURES.forget(delivery)
     await msg.ack()
+
+
+async def settle_batch(
+    msgs: Sequence[Msg],
+    work: Callable[[], Awaitable[None]],
+    give_up: Callable[[Msg, Delivery, Exception], Awaitable[None]],
+) -> None:
+    """`settle` for a batch whose work is one (the audit's insert): after `work()`, every
+    message is acked; if it fails, each message is settled as `settle` settles one that
+    failed (retried, or after MAX_ATTEMPTS given up on with `give_up(msg, delivery,
+    exc)` and terminated). The deliveries are read only on a failure: JetStream's
+    metadata is the costliest part of a message to parse."""
+    try:
+        await work()
+    except Exception as exc:
+        for msg in msgs:
+            delivery = delivery_of(msg)
+            try:
+                await _failed(msg, delivery, exc, functools.partial(give_up, msg, delivery))
+            except Exception as again:  # the bus went away: AckWait redelivers it
+                log.debug("settling %s failed: %r", delivery.subject, again)
+        return
+    if FAILURES:  # a message of the batch may have failed before
+        for msg in msgs:
+            FAILURES.forget(delivery_of(msg))
+    for msg in msgs:
+        try:
+            await msg.ack()
+        except Exception as exc:  # a lost ack only means a redelivery, written again
+            log.debug("ack on %s failed: %r", msg.subject, exc)
+
+
+async def _failed(
+    msg: Msg,
+    delivery: Delivery,
+    exc: Exception,
+    give_up: Callable[[Exception], Awaitable[None]],
+) -> None:
+    """A message whose work failed: retried later, or given up on cleanly."""
+    if is_transient(exc):
+        BUS_TROUBLE.failed(delivery, exc)
+        await msg.nak(delay=retry_delay(delivery.attempt))
+        return
+    failures = FAILURES.failed(delivery)
+    if failures < MAX_ATTEMPTS:
+        log.warning("attempt %s on %s failed, retrying: %r", failures, delivery.subject, exc)
+        await msg.nak(delay=retry_delay(failures))
+        return
+    log.error(
+        "giving up on %s after %s failed attempts (dead letter): %r",
+        delivery.subject,
+        failures,
+        exc,
+    )
+    try:
+        await give_up(exc)
+    except Exception as again:
+        log.error("giving up on %s failed too, will retry: %r", delivery.subject, again)
+        await msg.nak(delay=retry_delay(failures))
+        return
+    FAILURES.forget(delivery)
+    await msg.term()
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -20,9 +20,19 @@ call the message names) and term (runtime/settling.py `settle`, runtime/giving_u
     runner.run_consumers(app)  # consumers start once those hooks have run
     return app
 
+A stage whose unit of work is a batch (the audit sink: one ClickHouse insert
+for many messages) is a `BatchStage`: the runner pulls up to `max_messages`, or
+what came within `max_wait_s`, hands the batch to `work(msgs)`, and settles
+every message of it the same way (runtime/settling.py `settle_batch`): all
+acked once the work returned; on a failure each retried, or given up on and
+dead-lettered as a single message is. Its durables are the service's rows of
+the table (one per source stream for the audit): a new row needs no code.
+
+    runner.add_batch(BatchStage(write, max_messages=2000, max_wait_s=1.0, end_call=False))
+
 A message in hand longer than a third of its AckWait is kept with
-`in_progress` by the consumer (runtime/consumers.py: `PullConsumer`): one heartbeat
-for every stage, a long tool call's included.
+`in_progress` by the consumer (runtime/consumers.py: `PullLoop`): one heartbeat
+for every stage, a long tool call's and a batch waiting for ClickHouse included.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.topology import Handler, rows_of
 
 Work = Callable[[Msg, settling.Delivery], Awaitable[None]]
+BatchWork = Callable[[list[Msg]], Awaitable[None]]
 GiveUp = Callable[[Msg, settling.Delivery, Exception], Awaitable[None]]
 # Entered before the work: yields False when the message is not to be worked on now
 # (the gate settled it itself, e.g. nak'ed it for later).
@@ -74,6 +85,27 @@ class Stage:
     ack_wait_s: float | None = None  # None: the stage's (runtime/topology.py)
 
 
+@dataclass(frozen=True)
+class BatchStage:
+    """Durables of a service whose unit of work is a batch of messages.
+
+    `work(msgs)` does one thing for the whole batch (the audit's insert), safe to run
+    again; every message is acked only after it returns. A batch is up to
+    `max_messages` messages, or what came within `max_wait_s`. `durable`: the rows of
+    that name; None, every row of the service that has no stage yet. `give_up` and
+    `end_call` as for a Stage, per message.
+    """
+
+    work: BatchWork
+    max_messages: int
+    max_wait_s: float
+    durable: str | None = None
+    give_up: GiveUp | None = None
+    end_call: bool = True
+    max_ack_pending: int = 1000
+    ack_wait_s: float | None = None  # None: the stage's (runtime/topology.py)
+
+
 class StageRunner:
     """A service's broker, publisher and stages; the rows it owns come from the table."""
 
@@ -85,19 +117,32 @@ class StageRunner:
             settings.nats_url, process.worker_name(service), settings.nats_creds
         )
         self.publisher = publishing.Publisher(self.broker)
-        self.rows: dict[str, Handler] = {row.durable: row for row in rows_of(service, tools)}
-        self.stages: dict[str, Stage] = {}
+        # Keyed by (stream, durable): the audit's durable has one name on each stream.
+        self.rows: dict[tuple[str, str], Handler] = {
+            (row.stream, row.durable): row for row in rows_of(service, tools)
+        }
+        self.stages: dict[tuple[str, str], Stage | BatchStage] = {}
+
+    def _row_named(self, durable: str) -> Handler:
+        rows = [row for row in self.rows.values() if row.durable == durable]
+        if not rows:
+            names = ", ".join(dict.fromkeys(row.durable for row in self.rows.values()))
+            raise ValueError(
+                f"{self.service}: no durable {durable!r} in the handler table "
+                f"(runtime/topology.py); its rows: {names or 'none'}"
+            )
+        if len(rows) > 1:
+            raise ValueError(
+                f"{self.service}: durable {durable!r} is on {len(rows)} streams; "
+                "declare it with a BatchStage, or name it once in the table"
+            )
+        if (rows[0].stream, durable) in self.stages:
+            raise ValueError(f"{self.service}: durable {durable!r} declared twice")
+        return rows[0]
 
     def add(self, stage: Stage) -> None:
-        row = self.rows.get(stage.durable)
-        if row is None:
-            raise ValueError(
-                f"{self.service}: no durable {stage.durable!r} in the handler table "
-                f"(runtime/topology.py); its rows: {', '.join(self.rows) or 'none'}"
-            )
-        if stage.durable in self.stages:
-            raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
-        self.stages[stage.durable] = stage
+        row = self._row_named(stage.durable)
+        self.stages[(row.stream, row.durable)] = stage
         consumers.durable_subscriber(
             self.broker,
             row.filter_subject,
@@ -108,6 +153,32 @@ class StageRunner:
             ack_wait_s=stage.ack_wait_s,
         )(self._handler(stage, row))
 
+    def add_batch(self, stage: BatchStage) -> None:
+        """Declare a batch stage on its rows (see BatchStage.durable), one consumer each."""
+        rows = [
+            row
+            for key, row in self.rows.items()
+            if key not in self.stages and stage.durable in (None, row.durable)
+        ]
+        if not rows:
+            wanted = f"durable {stage.durable!r}" if stage.durable else "rows"
+            raise ValueError(
+                f"{self.service}: no {wanted} without a stage in the handler table "
+                "(runtime/topology.py)"
+            )
+        for row in rows:
+            self.stages[(row.stream, row.durable)] = stage
+            consumers.batch_subscriber(
+                self.broker,
+                row.filter_subject,
+                row.stream,
+                row.durable,
+                max_messages=stage.max_messages,
+                max_wait_s=stage.max_wait_s,
+                max_ack_pending=stage.max_ack_pending,
+                ack_wait_s=stage.ack_wait_s,
+            )(self._batch_handler(stage, row))
+
     def started_later(self, stage: Stage, tools: list[str]) -> consumers.DurableConsumer:
         """A stage for a tool served after the start (a pushed registry, the executor):
         its row comes from the table as for any stage; the consumer is returned for
@@ -116,10 +187,10 @@ class StageRunner:
         row = rows.get(stage.durable)
         if row is None:
             raise ValueError(f"{self.service}: no durable {stage.durable!r} in the handler table")
-        if stage.durable in self.stages:
+        if (row.stream, row.durable) in self.stages:
             raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
-        self.rows[row.durable] = row
-        self.stages[stage.durable] = stage
+        self.rows[(row.stream, row.durable)] = row
+        self.stages[(row.stream, row.durable)] = stage
         config = consumers.consumer_config(
             row.durable, row.filter_subject, stage.ack_wait_s, stage.max_ack_pending
         )
@@ -138,7 +209,7 @@ class StageRunner:
 
     def unstaged(self) -> list[str]:
         """This service's durables that have no stage yet, in the table's order."""
-        return [durable for durable in self.rows if durable not in self.stages]
+        return [row.durable for key, row in self.rows.items() if key not in self.stages]
 
     def app(self, kind: type[FastStream] = FastStream) -> FastStream:
         return kind(self.broker)
@@ -154,8 +225,21 @@ class StageRunner:
             )
         consumers.run_consumers(app, self.broker)
 
+    def _give_up(self, stage: Stage | BatchStage) -> GiveUp:
+        """The stage's give-up, else the default: a dead letter (and the call's end)."""
+        if stage.give_up is not None:
+            return stage.give_up
+        publisher, service, end_call = self.publisher, self.service, stage.end_call
+
+        async def give_up(msg: Msg, delivery: settling.Delivery, exc: Exception) -> None:
+            await giving_up.give_up_on(
+                publisher, service, delivery, msg.data, exc, end_call=end_call
+            )
+
+        return give_up
+
     def _handler(self, stage: Stage, row: Handler) -> consumers.Handler:
-        publisher, service = self.publisher, self.service
+        give_up_on = self._give_up(stage)
 
         async def handle(msg: Msg) -> None:
             emits.handling(row)  # this task's publishes are checked against the row
@@ -168,12 +252,7 @@ class StageRunner:
                 await stage.work(msg, delivery)
 
             async def give_up(exc: Exception) -> None:
-                if stage.give_up is not None:
-                    await stage.give_up(msg, delivery, exc)
-                    return
-                await giving_up.give_up_on(
-                    publisher, service, delivery, msg.data, exc, end_call=stage.end_call
-                )
+                await give_up_on(msg, delivery, exc)
 
             if stage.gate is None:
                 await settling.settle(msg, delivery, work, give_up)
@@ -181,6 +260,19 @@ class StageRunner:
             async with stage.gate(msg, delivery) as admitted:
                 if admitted:
                     await settling.settle(msg, delivery, work, give_up)
+
+        return handle
+
+    def _batch_handler(self, stage: BatchStage, row: Handler) -> consumers.BatchHandler:
+        give_up = self._give_up(stage)
+
+        async def handle(msgs: list[Msg]) -> None:
+            emits.handling(row)  # what this task publishes is checked against the row
+
+            async def work() -> None:
+                await stage.work(msgs)
+
+            await settling.settle_batch(msgs, work, give_up)
 
         return handle
 
