@@ -6,14 +6,12 @@ approvals, executions, results, dead letters), durable `audit` on each.
 Emits: nothing on NATS; rows into ClickHouse `event_log` and signed
 checkpoints into `chain_checkpoints` (see writer.py for the order of effects).
 
-Batches are pulled by hand (pull.py) inside the FastStream app, not by a
-FastStream subscriber: measured here (faststream 0.7.8), `PullSub(batch=True)`
-does hand over full batches now (#2219), but through nats-py's fetch, which
-delivers one message per awaited queue read and lets a stray
-asyncio.TimeoutError kill its loop once per process; the sink reached ~4,000
-rows/s that way. FastStream still owns the connection, start-up and shutdown.
-Several replicas may run: they share the durable consumers, and each writes
-a hash chain of its own.
+A batch stage of the stage runner (runtime/stage.py `BatchStage`): its durables
+are its rows of the handler table (runtime/topology.py), one consumer each; a
+batch (up to BATCH_ROWS messages, or what came within FLUSH_S) is one ClickHouse
+insert, acked as a whole once its rows and seal are stored, and kept `in progress`
+by the runner's heartbeat while it waits for ClickHouse. Several replicas may
+run: they share the durable consumers, and each writes a hash chain of its own.
 """
 
 from __future__ import annotations
@@ -23,17 +21,17 @@ import logging
 from typing import Any
 
 from faststream import FastStream
+from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.registry import Registry
-from toolgate.runtime import consumers, process
+from toolgate.runtime import process
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
-from toolgate.runtime.topology import rows_of
+from toolgate.runtime.stage import BatchStage, StageRunner
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
-from toolgate.services.audit.pull import PullBatches
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.writer import AuditWriter
 
@@ -48,19 +46,6 @@ FLUSH_S = 1.0
 ACK_WAIT_S = 10.0
 MAX_ACK_PENDING = 20_000
 LAG_CHECK_S = 10.0
-
-
-async def pump(batches: PullBatches, writer: AuditWriter, rows: int, flush_s: float) -> None:
-    while not writer.stopping:
-        try:
-            batch = await batches.next(rows, flush_s)
-        except Exception as exc:  # NATS restarting: ask again in a moment
-            log.warning("pull request failed: %r", exc)
-            batch = []
-        if batch:
-            await writer.write(batch)
-        elif batches.limited:
-            await asyncio.sleep(0.5)
 
 
 async def watch_lag(nc: Any, writer: AuditWriter, every_s: float = LAG_CHECK_S) -> None:
@@ -98,23 +83,37 @@ def build_sink(
     """The app and its writer (whose counters the tests and the benchmark read)."""
     served = ServedRegistry(settings)  # the pushed registry, followed
     builder = RowBuilder(served.current, settings.max_call_bytes)
-    worker = process.worker_name(SERVICE)
     writer = AuditWriter(
         ClickHouseTarget.from_url(login_url(clickhouse_url, "writer", settings.data_dir)),
         builder,
         ensure_seal_key(settings.keys_dir),
-        worker,
+        process.worker_name(SERVICE),
     )
-    broker = process.make_broker(settings.nats_url, worker, settings.nats_creds)
-    app = FastStream(broker)
-    pumps: list[asyncio.Task[None]] = []
+    runner = StageRunner(SERVICE, settings)
+
+    async def write(batch: list[Msg]) -> None:
+        await writer.write(batch)
+
+    # Every row of the table is a source (one durable per stream). An audit that gives
+    # up on a message dead-letters it (recorded in turn); it never ends a call.
+    runner.add_batch(
+        BatchStage(
+            write,
+            max_messages=batch_rows,
+            max_wait_s=flush_s,
+            end_call=False,
+            max_ack_pending=MAX_ACK_PENDING,
+            ack_wait_s=ACK_WAIT_S,
+        )
+    )
+    app = runner.app()
     watchers: list[asyncio.Task[None]] = []
 
     app.on_startup(writer.start)  # schema and genesis first, waiting for ClickHouse
 
-    @app.after_startup
-    async def start_pumps() -> None:
-        nc = await broker.connect()
+    @app.on_startup
+    async def bind_bus() -> None:
+        nc = await runner.broker.connect()
         js = nc.jetstream()
         await start_registry(served, js)
 
@@ -137,40 +136,18 @@ def build_sink(
         writer.publish_seal = publish_seal
         await writer.publish_seals()  # the genesis, signed before the bus was there
         watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
-        # Its durables are its rows of the handler table (runtime/topology.py). Not stages
-        # of the runner (runtime/stage.py): a batch of messages is one ClickHouse insert,
-        # acked (and kept in progress) as a whole (writer.py).
-        for row in rows_of(SERVICE):
-            await consumers.ensure_consumer(
-                nc,
-                row.stream,
-                consumers.consumer_config(
-                    row.durable,
-                    row.filter_subject,
-                    ack_wait_s=ACK_WAIT_S,
-                    max_ack_pending=MAX_ACK_PENDING,
-                ),
-            )
-            batches = await PullBatches(nc, row.stream, row.durable).start()
-            pumps.append(
-                asyncio.create_task(
-                    pump(batches, writer, batch_rows, flush_s), name=f"audit-{row.stream}"
-                )
-            )
+
+    @app.on_shutdown  # before the consumers stop: a batch stuck waiting for ClickHouse
+    async def stop_writing() -> None:  # gives up (stays un-acked and is redelivered)
+        writer.stopping = True
+
+    runner.run_consumers(app)  # the batch in hand finishes (acked) before what follows
 
     @app.on_shutdown
-    async def stop_pumps() -> None:
-        # Let a batch in hand finish; one stuck waiting for ClickHouse gives up
-        # (it stays un-acked and is redelivered).
-        writer.stopping = True
+    async def close_writer() -> None:
         await served.stop()
         for watcher in watchers:
             watcher.cancel()
-        if pumps:
-            _, stuck = await asyncio.wait(pumps, timeout=flush_s + 10)
-            for task in stuck:
-                task.cancel()
-            await asyncio.gather(*pumps, return_exceptions=True)
         await writer.close()  # its final seal goes to JetStream too, before the bus closes
 
     return app, writer

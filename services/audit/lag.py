@@ -1,8 +1,9 @@
 """How far behind the audit sink is: the age of the oldest message it has not written.
 
-For each source stream, the audit durable's ack floor says what was written
-(every message up to it is acked, and a message is acked only once its row
-is in ClickHouse); the next stored message after it is the oldest unwritten,
+For each source (the audit's rows of the handler table: a durable on a
+stream), the durable's ack floor says what was written (every message up to
+it is acked, and a message is acked only once its row is in ClickHouse);
+the next stored message after it is the oldest unwritten,
 and its storage time says for how long it has waited. `toolgate status` or a
 metric can show `audit_lag`; the sink logs a warning itself past a threshold.
 """
@@ -16,10 +17,8 @@ from datetime import UTC, datetime
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from toolgate.contracts import subjects
+from toolgate.runtime.topology import rows_of
 
-DURABLE = "audit"
-SOURCES = (subjects.CALLS_STREAM, subjects.EVENTS_STREAM)
 WARN_AFTER_S = 60.0
 
 
@@ -44,9 +43,10 @@ async def audit_lag(nc: Client, now: datetime | None = None) -> list[SourceLag]:
     """The sink's lag on each source stream (a stream or durable not there: no lag)."""
     jsm = nc.jsm()
     lags = []
-    for stream in SOURCES:
+    for row in rows_of("audit"):
+        stream = row.stream
         try:
-            info = await jsm.consumer_info(stream, DURABLE)
+            info = await jsm.consumer_info(stream, row.durable)
             state = (await jsm.stream_info(stream)).state
         except NotFoundError:
             continue

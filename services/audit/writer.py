@@ -1,26 +1,26 @@
-"""Batches of stored messages into chained rows in ClickHouse; acks only after that.
+"""Batches of stored messages into chained rows in ClickHouse, before they are acked.
 
 The order per batch, each step retried until it succeeds:
   1. build the rows (pure, rows.py) and link them into this sink's chain;
   2. insert them in one block with insert_deduplication_token = chain position
      range: a retry of a block ClickHouse did store (the answer was lost) is
      dropped by ClickHouse, so retries are harmless;
-  3. sign a checkpoint of the new chain head and insert it;
-  4. ack every message of the batch.
-While ClickHouse is down the batch waits in step 2 and its messages are kept
-`in progress`, so JetStream does not hand them to another replica. A crash
-at any step leaves the batch un-acked: it is redelivered and written again,
-by whichever sink gets it, and the `events` view shows each event_id once.
+  3. sign a checkpoint of the new chain head and insert it (and publish it);
+  4. return: the stage runner acks every message of the batch (app.py).
+While ClickHouse is down the batch waits in step 2 and the runner's heartbeat
+keeps its messages `in progress`, so JetStream does not hand them to another
+replica. A crash at any step leaves the batch un-acked: it is redelivered and
+written again, by whichever sink gets it, and the `events` view shows each
+event_id once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -54,8 +54,6 @@ class JetStreamMessage(Protocol):
 
     @property
     def metadata(self) -> Any: ...
-    async def ack(self) -> None: ...
-    async def in_progress(self) -> None: ...
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -98,13 +96,11 @@ class AuditWriter:
         builder: RowBuilder,
         private_key: Ed25519PrivateKey,
         writer: str,
-        heartbeat_s: float = 3.0,
     ) -> None:
         self.target = target
         self.builder = builder
         self.private_key = private_key
         self.writer = writer
-        self.heartbeat_s = heartbeat_s
         self.chain = Chain(new_chain_id(writer))
         self.stopping = False
         self.rows_written = 0
@@ -150,16 +146,11 @@ class AuditWriter:
         if not messages:
             return
         stored = [stored_message(m) for m in messages]
-        async with self._kept_in_progress(messages):
-            # CPU work in a thread: it overlaps the other source's insert (which
-            # waits on ClickHouse with the GIL released), and the loop stays free.
-            rows = await asyncio.to_thread(self._rows, stored)
-            async with self._lock:
-                await self._write_locked(rows)
-        for message in messages:
-            # A lost ack only means a redelivery, which the reads dedupe.
-            with contextlib.suppress(Exception):
-                await message.ack()
+        # CPU work in a thread: it overlaps the other source's insert (which
+        # waits on ClickHouse with the GIL released), and the loop stays free.
+        rows = await asyncio.to_thread(self._rows, stored)
+        async with self._lock:
+            await self._write_locked(rows)
 
     async def _write_locked(self, rows: list[dict[str, Any]]) -> None:
         """Link, insert, seal: one batch at a time, since each extends the chain."""
@@ -277,20 +268,3 @@ class AuditWriter:
                     "%s succeeded after %d attempts, %.1fs", what, attempt, time.monotonic() - since
                 )
             return
-
-    @contextlib.asynccontextmanager
-    async def _kept_in_progress(self, messages: Sequence[JetStreamMessage]) -> AsyncIterator[None]:
-        """Tell JetStream the batch is still being worked on, while it waits for ClickHouse."""
-
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(self.heartbeat_s)
-                for message in messages:
-                    with contextlib.suppress(Exception):
-                        await message.in_progress()
-
-        task = asyncio.create_task(beat())
-        try:
-            yield
-        finally:
-            task.cancel()

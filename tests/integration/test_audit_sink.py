@@ -7,6 +7,8 @@ from pathlib import Path
 
 import msgspec
 import nats
+import nats.errors
+import pytest
 from faststream import TestApp
 
 from toolgate.contracts import subjects
@@ -75,3 +77,59 @@ async def test_two_replicas_record_every_message_once(
     report = verify_store(client, load_seal_public_key(tmp_path / "keys"))
     assert report.ok and report.findings == [], report.findings
     assert report.chains == 2
+
+
+async def test_a_batch_waiting_for_clickhouse_is_kept_then_acked_once_written(
+    nats_server: EmbeddedNats, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """ClickHouse away for several AckWaits: the batch in hand is kept `in progress` by the
+    stage runner's heartbeat (not handed out again) and acked only once it is written."""
+    from toolgate.services.audit import app as audit_app
+    from toolgate.services.audit import writer as writer_module
+    from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+
+    monkeypatch.setattr(audit_app, "ACK_WAIT_S", 1.0)
+    monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
+    await apply_topology(nats_server.url)
+    server = EmbeddedClickHouse(tmp_path / "clickhouse")
+    url = server.url_for("admin", "audit")
+    settings = GatewaySettings(nats_url=nats_server.url, data_dir=tmp_path)
+    app, writer = build_sink(settings, url, batch_rows=500, flush_s=0.5)
+    nc = await nats.connect(nats_server.url)
+    jsm = nc.jsm()
+    try:
+        await asyncio.to_thread(server.start)
+        async with TestApp(app):  # start-up applies the schema
+            await asyncio.to_thread(server.stop)
+            js = nc.jetstream()
+            await asyncio.gather(*(js.publish(CALLS_SUBJECT, b"{not a call}") for _ in range(20)))
+
+            async def in_hand() -> int:
+                info = await jsm.consumer_info(subjects.CALLS_STREAM, "audit")
+                return int(info.num_ack_pending or 0)
+
+            deadline = asyncio.get_running_loop().time() + 60
+            while not (held := await in_hand()):  # a batch in hand, its insert failing
+                assert asyncio.get_running_loop().time() < deadline, "no batch in hand"
+                await asyncio.sleep(0.1)
+            # Another replica asks for the durable's messages for four AckWaits: none of the
+            # batch in hand is handed to it.
+            other = await js.pull_subscribe_bind("audit", subjects.CALLS_STREAM)
+            with pytest.raises(nats.errors.TimeoutError):
+                await other.fetch(held, timeout=4.0)
+            await other.unsubscribe()
+            info = await jsm.consumer_info(subjects.CALLS_STREAM, "audit")
+            assert (info.num_ack_pending, info.num_redelivered) == (held, 0)
+            await asyncio.to_thread(server.start)
+            client = ClickHouseTarget.from_url(url).client()
+            await wait_for_rows(client, 20)
+            while await in_hand():  # acked once written
+                assert asyncio.get_running_loop().time() < deadline + 120, "never acked"
+                await asyncio.sleep(0.1)
+            info = await jsm.consumer_info(subjects.CALLS_STREAM, "audit")
+            assert info.num_redelivered == 0
+            assert client.query("SELECT count() FROM event_log").result_rows[0][0] == 20
+            assert writer.rows_written == 20  # nothing written twice
+    finally:
+        await nc.close()
+        await asyncio.to_thread(server.stop)
