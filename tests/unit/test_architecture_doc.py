@@ -38,3 +38,14 @@ def test_the_stage_example_is_the_policy_services_code() -> None:
     excerpt = [line for line in lines if line and not line.startswith("...")]
     assert len(excerpt) > 10
     assert [line for line in excerpt if line not in code] == []
+
+
+def test_the_batch_stage_example_is_the_audit_sinks_code() -> None:
+    """The `BatchStage` example is an excerpt of services/audit/app.py, line by line."""
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("A stage whose unit of work is a batch", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    code = {line.strip() for line in (REPO_ROOT / "services/audit/app.py").read_text().splitlines()}
+    excerpt = [line.strip() for line in block.splitlines() if line.strip()]
+    assert len(excerpt) > 10
+    assert [line for line in excerpt if line not in code] == []
