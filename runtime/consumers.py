@@ -87,57 +87,16 @@ _declared: weakref.WeakKeyDictionary[NatsBroker, list[DurableConsumer | DurableB
 )
 
 
-def durable_subscriber(
-    broker: NatsBroker,
-    subject: str,
-    stream_name: str,
-    durable: str,
-    *,
-    concurrency: int = CONCURRENCY,
-    max_ack_pending: int = 1000,
-    ack_wait_s: float | None = None,
-) -> Callable[[Handler], Handler]:
-    """Declare a durable pull consumer with manual acks whose handler gets the raw nats-py Msg.
+def declare(broker: NatsBroker, consumer: DurableConsumer | DurableBatchConsumer) -> None:
+    """Declare a durable pull consumer of the broker's service, started with the app
+    (`run_consumers`) after its start-up hooks bound what handlers use.
 
-    Every toolgate stage subscribes through this, so they all share one
-    consumer shape: explicit acks, unlimited redelivery, our own give-up rule.
-    Up to `concurrency` messages are handled at once. The consumer starts with
-    the app (`run_consumers`), after its start-up hooks bound what handlers use.
+    Every toolgate stage subscribes through this (runtime/stage.py), so they all share
+    one consumer shape (`consumer_config`): explicit acks, unlimited redelivery, our own
+    give-up rule. A DurableConsumer handles up to `concurrency` messages at once; a
+    DurableBatchConsumer one batch at a time.
     """
-
-    def declare(handler: Handler) -> Handler:
-        config = consumer_config(durable, subject, ack_wait_s, max_ack_pending)
-        consumer = DurableConsumer(stream_name, config, handler, max(1, concurrency))
-        _declared.setdefault(broker, []).append(consumer)
-        return handler
-
-    return declare
-
-
-def batch_subscriber(
-    broker: NatsBroker,
-    subject: str,
-    stream_name: str,
-    durable: str,
-    *,
-    max_messages: int,
-    max_wait_s: float,
-    max_ack_pending: int = 1000,
-    ack_wait_s: float | None = None,
-) -> Callable[[BatchHandler], BatchHandler]:
-    """Declare a durable pull consumer (the same shape as `durable_subscriber`'s) whose
-    handler gets a batch: up to `max_messages` messages, as soon as that many are there,
-    else what came within `max_wait_s`; one batch in hand at a time."""
-
-    def declare(handler: BatchHandler) -> BatchHandler:
-        config = consumer_config(durable, subject, ack_wait_s, max_ack_pending)
-        consumer = DurableBatchConsumer(
-            stream_name, config, handler, max(1, max_messages), max_wait_s
-        )
-        _declared.setdefault(broker, []).append(consumer)
-        return handler
-
-    return declare
+    _declared.setdefault(broker, []).append(consumer)
 
 
 def run_consumers(app: FastStream, broker: NatsBroker) -> None:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
+from faststream.nats import ConsumerConfig, NatsBroker
 from nats.aio.msg import Msg
 
 from toolgate.contracts.events import Event, decode_event
@@ -143,15 +143,7 @@ class StageRunner:
     def add(self, stage: Stage) -> None:
         row = self._row_named(stage.durable)
         self.stages[(row.stream, row.durable)] = stage
-        consumers.durable_subscriber(
-            self.broker,
-            row.filter_subject,
-            row.stream,
-            row.durable,
-            concurrency=stage.concurrency,
-            max_ack_pending=stage.max_ack_pending,
-            ack_wait_s=stage.ack_wait_s,
-        )(self._handler(stage, row))
+        consumers.declare(self.broker, self._consumer(stage, row))
 
     def add_batch(self, stage: BatchStage) -> None:
         """Declare a batch stage on its rows (see BatchStage.durable), one consumer each."""
@@ -168,16 +160,15 @@ class StageRunner:
             )
         for row in rows:
             self.stages[(row.stream, row.durable)] = stage
-            consumers.batch_subscriber(
-                self.broker,
-                row.filter_subject,
+            handler = self._batch_handler(stage, row)
+            consumer = consumers.DurableBatchConsumer(
                 row.stream,
-                row.durable,
-                max_messages=stage.max_messages,
-                max_wait_s=stage.max_wait_s,
-                max_ack_pending=stage.max_ack_pending,
-                ack_wait_s=stage.ack_wait_s,
-            )(self._batch_handler(stage, row))
+                self._config(row, stage),
+                handler,
+                max(1, stage.max_messages),
+                stage.max_wait_s,
+            )
+            consumers.declare(self.broker, consumer)
 
     def started_later(self, stage: Stage, tools: list[str]) -> consumers.DurableConsumer:
         """A stage for a tool served after the start (a pushed registry, the executor):
@@ -191,11 +182,17 @@ class StageRunner:
             raise ValueError(f"{self.service}: durable {stage.durable!r} declared twice")
         self.rows[(row.stream, row.durable)] = row
         self.stages[(row.stream, row.durable)] = stage
-        config = consumers.consumer_config(
+        return self._consumer(stage, row)
+
+    def _consumer(self, stage: Stage, row: Handler) -> consumers.DurableConsumer:
+        config = self._config(row, stage)
+        handler = self._handler(stage, row)
+        return consumers.DurableConsumer(row.stream, config, handler, max(1, stage.concurrency))
+
+    @staticmethod
+    def _config(row: Handler, stage: Stage | BatchStage) -> ConsumerConfig:
+        return consumers.consumer_config(
             row.durable, row.filter_subject, stage.ack_wait_s, stage.max_ack_pending
-        )
-        return consumers.DurableConsumer(
-            row.stream, config, self._handler(stage, row), max(1, stage.concurrency)
         )
 
     def durable_for(self, filter_subject: str, tools: list[str] | None = None) -> str:
