@@ -15,6 +15,7 @@ bundle active again while the readers are down.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -181,3 +182,51 @@ async def watch_active(
                 except Exception as exc:  # the connection may be gone already
                     log.debug("stopping the bundle watcher: %r", exc)
         await asyncio.sleep(REWATCH_DELAY_S)
+
+
+class BundleUnreadable(RuntimeError):
+    """The active key or the high-water mark could not be read: a service refuses to
+    start on that, never takes it for "nothing pushed"."""
+
+
+class Following:
+    """A bucket's active key, followed by a running service (`follow`): a watch task."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task: asyncio.Task[None] | None = task
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+async def follow(
+    js: JetStreamContext,
+    active: KeyValueConfig,
+    accepted: KeyValueConfig,
+    begin: Callable[[ActiveEntry | None, bytes | None, KeyValue], Awaitable[None]],
+    on_entry: Callable[[ActiveEntry], Awaitable[None]],
+    what: str,
+) -> Following:
+    """How a service follows a signed bundle (the policy service's, the served registry):
+    read the active key and the high-water mark, `begin(entry, accepted, accepted_kv)`
+    (the service takes what to serve, and records it), then hand each later revision to
+    `on_entry` until stopped (`watch_active`).
+
+    BundleUnreadable if either bucket cannot be read; whatever `begin` raises (the
+    service refuses to start) is raised before anything is watched.
+    """
+    try:
+        kv = await open_bucket(js, active)
+        entry = await fetch_active(kv)
+        accepted_kv = await open_bucket(js, accepted)
+        accepted_value = await fetch_accepted(accepted_kv)
+    except Exception as exc:  # unreadable is refused too, never read as "none"
+        raise BundleUnreadable(
+            f"cannot read {active.bucket}/{ACTIVE_KEY} or {accepted.bucket}: {exc!r}"
+        ) from exc
+    await begin(entry, accepted_value, accepted_kv)
+    return Following(asyncio.create_task(watch_active(kv, on_entry, what), name=f"watch-{what}"))

@@ -21,8 +21,6 @@ was ever pushed.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -37,11 +35,10 @@ from toolgate.contracts.registry_bundle import registry_from_files
 from toolgate.runtime.bundle_bucket import (
     ACTIVE_KEY,
     ActiveEntry,
-    fetch_accepted,
-    fetch_active,
-    open_bucket,
+    BundleUnreadable,
+    Following,
+    follow,
     record_accepted,
-    watch_active,
 )
 from toolgate.runtime.bundle_versions import decode_accepted
 from toolgate.runtime.settings import GatewaySettings
@@ -100,7 +97,7 @@ class ServedRegistry:
         self.stored: StoredBundle | None = None
         self.revision = 0  # the last stored revision judged, used or refused
         self._listeners: list[Listener] = []
-        self._watching: asyncio.Task[None] | None = None
+        self._following: Following | None = None
         self._accepted_kv: KeyValue | None = None
 
     @property
@@ -227,18 +224,11 @@ class ServedRegistry:
 
         RegistryStateError if neither is readable or nothing stored can be trusted.
         """
-        try:
-            kv = await open_bucket(js, registry_bucket_config())
-            entry = await fetch_active(kv)
-            self._accepted_kv = await open_bucket(js, registry_accepted_bucket_config())
-            accepted = await fetch_accepted(self._accepted_kv)
-        except Exception as exc:  # unreadable is refused too, never read as "none"
-            raise RegistryStateError(
-                f"cannot read {subjects.REGISTRY_BUCKET} or "
-                f"{subjects.REGISTRY_ACCEPTED_BUCKET}: {exc!r}"
-            ) from exc
-        self.begin(entry, accepted)
-        await self._record()
+
+        async def begin(entry: ActiveEntry | None, accepted: bytes | None, kv: KeyValue) -> None:
+            self.begin(entry, accepted)
+            self._accepted_kv = kv
+            await self._record()
 
         async def on_entry(found: ActiveEntry) -> None:
             if self.offer(found):
@@ -249,7 +239,17 @@ class ServedRegistry:
                     except Exception:
                         log.exception("applying registry %s failed", self.describe())
 
-        self._watching = asyncio.create_task(watch_active(kv, on_entry, "registry"))
+        try:
+            self._following = await follow(
+                js,
+                registry_bucket_config(),
+                registry_accepted_bucket_config(),
+                begin,
+                on_entry,
+                "registry",
+            )
+        except BundleUnreadable as exc:
+            raise RegistryStateError(str(exc)) from exc
 
     async def _record(self) -> None:
         if not self.records or self.stored is None or self._accepted_kv is None:
@@ -260,11 +260,8 @@ class ServedRegistry:
             log.warning("cannot record registry version %s yet: %r", self.number, exc)
 
     async def stop(self) -> None:
-        if self._watching is not None:
-            self._watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watching
-            self._watching = None
+        if self._following is not None:
+            await self._following.stop()
 
 
 class Derived(Generic[T]):

@@ -31,7 +31,6 @@ engine and recorded in the decision event (`resources`), found or not.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -74,13 +73,13 @@ from toolgate.services.policy.bundle_store import (
     ACTIVE_KEY,
     POLICIES_BUCKET,
     ActiveEntry,
-    fetch_accepted,
-    fetch_active,
+    BundleUnreadable,
+    Following,
+    follow,
     open_bucket,
     policies_bucket_config,
     policy_accepted_bucket_config,
     record_accepted,
-    watch_active,
 )
 from toolgate.services.policy.engine import CedarEngine, engine_from_files
 from toolgate.services.policy.providers import EntityResolver
@@ -334,7 +333,7 @@ class Stores:
     """What the service keeps in JetStream, bound once the broker is connected."""
 
     limiter: RateLimiter | None = None
-    watching: asyncio.Task[None] | None = None
+    following: Following | None = None  # the active bundle, watched
     accepted: KeyValue | None = None  # the high-water mark (versions.py)
 
 
@@ -448,39 +447,40 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         # or without its rate limiter.
         await broker.connect()
         js = broker.connection.jetstream()
-        try:
-            try:
-                policies_kv = await open_bucket(js, policies_bucket_config())
-                entry = await fetch_active(policies_kv)
-                stores.accepted = await open_bucket(js, policy_accepted_bucket_config())
-                accepted = await fetch_accepted(stores.accepted)
-            except Exception as exc:  # unreadable is refused too, not read as "none"
-                reason = (
-                    f"policy service not starting: cannot read {POLICIES_BUCKET}/"
-                    f"{ACTIVE_KEY} or {ACCEPTED_BUCKET}: {exc!r}"
-                )
-                log.error("%s", reason)
-                raise PolicyStateError(reason) from exc
+
+        async def begin(entry: ActiveEntry | None, accepted: bytes | None, kv: KeyValue) -> None:
+            stores.accepted = kv
             policy.start(entry, accepted)
-        except PolicyStateError:
-            await broker.stop()
-            raise
-        await record(policy, stores)
-        await start_registry(served, js)
-        stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
+            await record(policy, stores)
 
         async def on_entry(entry: ActiveEntry) -> None:
             policy.offer(entry)
             await record(policy, stores)  # also retries a record that failed before
 
-        stores.watching = asyncio.create_task(watch_active(policies_kv, on_entry, "policy bundle"))
+        try:
+            try:
+                stores.following = await follow(
+                    js,
+                    policies_bucket_config(),
+                    policy_accepted_bucket_config(),
+                    begin,
+                    on_entry,
+                    "policy bundle",
+                )
+            except BundleUnreadable as exc:
+                reason = f"policy service not starting: {exc}"
+                log.error("%s", reason)
+                raise PolicyStateError(reason) from exc
+        except PolicyStateError:
+            await broker.stop()
+            raise
+        await start_registry(served, js)
+        stores.limiter = RateLimiter(await open_bucket(js, rate_limits_bucket_config()))
 
     @app.on_shutdown
     async def stop_watching() -> None:
-        if stores.watching is not None:
-            stores.watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await stores.watching
+        if stores.following is not None:
+            await stores.following.stop()
         await resolvers.aclose()
         await served.stop()
 
