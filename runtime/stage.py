@@ -37,10 +37,11 @@ for every stage, a long tool call's and a batch waiting for ClickHouse included.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from faststream import FastStream
 from faststream.nats import ConsumerConfig, NatsBroker
@@ -122,6 +123,7 @@ class StageRunner:
             (row.stream, row.durable): row for row in rows_of(service, tools)
         }
         self.stages: dict[tuple[str, str], Stage | BatchStage] = {}
+        self.loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {}
 
     def _row_named(self, durable: str) -> Handler:
         rows = [row for row in self.rows.values() if row.durable == durable]
@@ -211,15 +213,37 @@ class StageRunner:
     def app(self, kind: type[FastStream] = FastStream) -> FastStream:
         return kind(self.broker)
 
+    def alongside(self, name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """A loop the service runs besides its stages (the approvals' expiry sweep, the
+        audit's lag watch): `loop()` starts with the consumers and is cancelled at
+        shutdown, before they stop."""
+        if name in self.loops:
+            raise ValueError(f"{self.service}: loop {name!r} declared twice")
+        self.loops[name] = loop
+
     def run_consumers(self, app: FastStream) -> None:
-        """Start the stages' consumers once the app's start-up hooks declared so far have
-        run; stop them at shutdown (after the shutdown hooks declared so far)."""
+        """Start the stages' consumers (and the loops alongside) once the app's start-up
+        hooks declared so far have run; stop them at shutdown (after the shutdown hooks
+        declared so far)."""
         missing = self.unstaged()
         if missing:
             raise ValueError(
                 f"{self.service}: the handler table lists durable(s) with no stage: "
                 f"{', '.join(missing)}"
             )
+        running: list[asyncio.Task[None]] = []
+
+        @app.after_startup
+        async def start_loops() -> None:
+            for name, loop in self.loops.items():
+                running.append(asyncio.create_task(loop(), name=f"{self.service}-{name}"))
+
+        @app.on_shutdown
+        async def stop_loops() -> None:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
         consumers.run_consumers(app, self.broker)
 
     def _give_up(self, stage: Stage | BatchStage) -> GiveUp:

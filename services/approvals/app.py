@@ -23,7 +23,6 @@ published; the sweeper publishes whatever a crashed replica left unpublished.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -463,7 +462,6 @@ def build_app(
         return protocol.encode(result)
 
     app = runner.app()
-    sweeper: list[asyncio.Task[None]] = []
 
     @app.on_startup
     async def bind_store() -> None:
@@ -475,17 +473,10 @@ def build_app(
         served.follow(lambda registry: setattr(service, "registry", registry))
         service.max_reply_bytes = max(max_payload - protocol.REPLY_HEADROOM_BYTES, 4096)
 
-    @app.after_startup
-    async def start_sweeper() -> None:
-        sweeper.append(asyncio.create_task(service.sweep_forever(sweep_interval_s)))
-
     @app.on_shutdown
-    async def stop_sweeper() -> None:
+    async def stop_following() -> None:
         await served.stop()
-        for task in sweeper:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
+    runner.alongside("expiry-sweep", lambda: service.sweep_forever(sweep_interval_s))
     runner.run_consumers(app)
     return app

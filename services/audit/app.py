@@ -106,15 +106,14 @@ def build_sink(
             ack_wait_s=ACK_WAIT_S,
         )
     )
+    runner.alongside("lag", lambda: watch_lag(runner.broker.connection, writer))
     app = runner.app()
-    watchers: list[asyncio.Task[None]] = []
 
     app.on_startup(writer.start)  # schema and genesis first, waiting for ClickHouse
 
     @app.on_startup
     async def bind_bus() -> None:
-        nc = await runner.broker.connect()
-        js = nc.jetstream()
+        js = (await runner.broker.connect()).jetstream()
         await start_registry(served, js)
 
         def use_registry(registry: Registry) -> None:
@@ -135,7 +134,6 @@ def build_sink(
 
         writer.publish_seal = publish_seal
         await writer.publish_seals()  # the genesis, signed before the bus was there
-        watchers.append(asyncio.create_task(watch_lag(nc, writer), name="audit-lag"))
 
     @app.on_shutdown  # before the consumers stop: a batch stuck waiting for ClickHouse
     async def stop_writing() -> None:  # gives up (stays un-acked and is redelivered)
@@ -146,8 +144,6 @@ def build_sink(
     @app.on_shutdown
     async def close_writer() -> None:
         await served.stop()
-        for watcher in watchers:
-            watcher.cancel()
         await writer.close()  # its final seal goes to JetStream too, before the bus closes
 
     return app, writer
