@@ -181,10 +181,14 @@ async def settle_batch(
     try:
         await work()
     except Exception as exc:
+        if not is_transient(exc):  # one line for the batch, not one per message
+            log.warning("a batch of %d message(s) failed, retrying: %r", len(msgs), exc)
         for msg in msgs:
             delivery = delivery_of(msg)
             try:
-                await _failed(msg, delivery, exc, functools.partial(give_up, msg, delivery))
+                await _failed(
+                    msg, delivery, exc, functools.partial(give_up, msg, delivery), quiet=True
+                )
             except Exception as again:  # the bus went away: AckWait redelivers it
                 log.debug("settling %s failed: %r", delivery.subject, again)
         return
@@ -203,15 +207,18 @@ async def _failed(
     delivery: Delivery,
     exc: Exception,
     give_up: Callable[[Exception], Awaitable[None]],
+    quiet: bool = False,
 ) -> None:
-    """A message whose work failed: retried later, or given up on cleanly."""
+    """A message whose work failed: retried later (`quiet`: no line of its own), or given
+    up on cleanly."""
     if is_transient(exc):
         BUS_TROUBLE.failed(delivery, exc)
         await msg.nak(delay=retry_delay(delivery.attempt))
         return
     failures = FAILURES.failed(delivery)
     if failures < MAX_ATTEMPTS:
-        log.warning("attempt %s on %s failed, retrying: %r", failures, delivery.subject, exc)
+        if not quiet:
+            log.warning("attempt %s on %s failed, retrying: %r", failures, delivery.subject, exc)
         await msg.nak(delay=retry_delay(failures))
         return
     log.error(

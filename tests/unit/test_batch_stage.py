@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -73,7 +74,9 @@ async def test_a_batch_is_acked_as_a_whole_after_its_work() -> None:
     assert [m.told for m in batch] == [["ack"]] * 3
 
 
-async def test_a_failed_batch_is_retried_then_each_message_given_up_on() -> None:
+async def test_a_failed_batch_is_retried_then_each_message_given_up_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     batch = [Stored() for _ in range(3)]
     given_up: list[tuple[int, str]] = []
 
@@ -86,7 +89,12 @@ async def test_a_failed_batch_is_retried_then_each_message_given_up_on() -> None
     for attempt in range(1, settling.MAX_ATTEMPTS + 1):
         for m in batch:
             m.attempt = attempt
-        await settling.settle_batch(batch, work, give_up)  # type: ignore[arg-type]
+        with caplog.at_level(logging.WARNING, logger="toolgate"):
+            await settling.settle_batch(batch, work, give_up)  # type: ignore[arg-type]
+        if attempt == 1:  # one line for the batch, not a line per message
+            assert [r.getMessage()[:30] for r in caplog.records] == [
+                "a batch of 3 message(s) failed"
+            ]
     tries = ["nak"] * (settling.MAX_ATTEMPTS - 1)
     assert [m.told for m in batch] == [[*tries, "term"]] * 3
     assert given_up == [(m.sequence, "ClickHouse refused the block") for m in batch]
