@@ -88,13 +88,15 @@ async def test_a_batch_waiting_for_clickhouse_is_kept_then_acked_once_written(
     from toolgate.services.audit import writer as writer_module
     from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 
-    monkeypatch.setattr(audit_app, "ACK_WAIT_S", 1.0)
+    # The first in_progress comes up to two heartbeats (2/3 of the AckWait) after the batch
+    # is handed over, which waits up to flush_s: 3 s leaves room for a loaded loop.
+    monkeypatch.setattr(audit_app, "ACK_WAIT_S", 3.0)
     monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
     await apply_topology(nats_server.url)
     server = EmbeddedClickHouse(tmp_path / "clickhouse")
     url = server.url_for("admin", "audit")
     settings = GatewaySettings(nats_url=nats_server.url, data_dir=tmp_path)
-    app, writer = build_sink(settings, url, batch_rows=500, flush_s=0.5)
+    app, writer = build_sink(settings, url, batch_rows=500, flush_s=0.2)
     nc = await nats.connect(nats_server.url)
     jsm = nc.jsm()
     try:
@@ -112,11 +114,11 @@ async def test_a_batch_waiting_for_clickhouse_is_kept_then_acked_once_written(
             while not (held := await in_hand()):  # a batch in hand, its insert failing
                 assert asyncio.get_running_loop().time() < deadline, "no batch in hand"
                 await asyncio.sleep(0.1)
-            # Another replica asks for the durable's messages for four AckWaits: none of the
-            # batch in hand is handed to it.
+            # Another replica asks for the durable's messages for over three AckWaits: none
+            # of the batch in hand is handed to it.
             other = await js.pull_subscribe_bind("audit", subjects.CALLS_STREAM)
             with pytest.raises(nats.errors.TimeoutError):
-                await other.fetch(held, timeout=4.0)
+                await other.fetch(held, timeout=10.0)
             await other.unsubscribe()
             info = await jsm.consumer_info(subjects.CALLS_STREAM, "audit")
             assert (info.num_ack_pending, info.num_redelivered) == (held, 0)
