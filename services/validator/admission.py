@@ -110,7 +110,8 @@ class Slot:
 
 @dataclass
 class _Agent:
-    in_flight: set[Slot] = field(default_factory=set)
+    # Its calls in the pipeline, oldest first (a dict keeps the order they were admitted in).
+    in_flight: dict[Slot, None] = field(default_factory=dict)
     # Seconds between two of its calls leaving (a moving average), the last time one
     # left, and the return time the next call turned away gets.
     interval: float = DEFAULT_RELEASE_INTERVAL_S
@@ -156,12 +157,18 @@ class FairAdmission:
     def _expire(self, state: _Agent) -> None:
         """Take back slots whose end was never heard."""
         oldest = self.clock() - self.lease_s
-        for slot in [s for s in state.in_flight if s.admitted_at < oldest]:
+        # The oldest first, and only those: this runs for every call of an agent at its
+        # cap (scanning every slot each time was 3-4% of the validator's CPU in a burst).
+        while state.in_flight:
+            slot = next(iter(state.in_flight))
+            if slot.admitted_at >= oldest:
+                return
             self.release(slot)
+            state.in_flight.pop(slot, None)  # (released already: gone all the same)
 
     def _admit(self, agent: str, state: _Agent) -> Slot:
         slot = Slot(agent, self.clock())
-        state.in_flight.add(slot)
+        state.in_flight[slot] = None
         return slot
 
     def _left_room(self, turn: asyncio.Future[Slot | None]) -> None:
@@ -275,7 +282,7 @@ class FairAdmission:
         state = self._agents.get(slot.agent)
         if state is None:
             return
-        state.in_flight.discard(slot)
+        state.in_flight.pop(slot, None)
         now = self.clock()
         # Measured only while calls wait: the rate the pipeline takes this agent's
         # calls at, not how often a quiet agent sends one.
