@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from toolgate.runtime import telemetry
+from toolgate.runtime.jetstream import ack_subject_fields
 
 log = logging.getLogger("toolgate")
 
@@ -59,17 +60,10 @@ class Delivery:
 
 
 def delivery_of(msg: Msg) -> Delivery:
-    # The ack subject says where the message is stored and how often it was delivered;
-    # read here directly: nats-py's `metadata` parses it into several objects, 2-5% of
-    # every stage's CPU (profiled). Its layout (ADR-15):
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending> or, with
-    # domain and account, $JS.ACK.<domain>.<hash>.<stream>...<pending>.<token>.
-    tokens = (msg.reply or "").split(".")
-    if len(tokens) in (9, 12) and tokens[0] == "$JS" and tokens[1] == "ACK":
-        at = 2 if len(tokens) == 9 else 4
-        return Delivery(
-            stream_sequence=int(tokens[at + 3]), attempt=int(tokens[at + 2]), subject=msg.subject
-        )
+    # The ack subject says where the message is stored and how often it was delivered.
+    fields = ack_subject_fields(msg.reply)
+    if fields is not None:
+        return Delivery(stream_sequence=fields[3], attempt=fields[2], subject=msg.subject)
     meta = msg.metadata
     return Delivery(
         stream_sequence=meta.sequence.stream,

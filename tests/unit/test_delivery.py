@@ -35,3 +35,11 @@ def test_the_delivery_is_read_from_the_ack_subject_as_nats_reads_it(reply: str) 
         meta.num_delivered,
     )
     assert delivery.subject == subject and delivery.message_id == "seq:42"
+
+
+def test_a_stages_metrics_name_its_durable_from_the_ack_subject() -> None:
+    from toolgate.runtime.telemetry import _durable_of
+
+    reply = "$JS.ACK.TOOLGATE_EVENTS.executor-echo.3.42.40.1767322445678901234.7"
+    assert _durable_of(_ReadByHand(None, "s", reply, b"")) == "executor-echo"  # type: ignore[arg-type]
+    assert _durable_of(Msg(None, "s", "_INBOX.x", b"")) == ""  # type: ignore[arg-type]
