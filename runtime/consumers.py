@@ -279,7 +279,7 @@ class PullConsumer(PullLoop):
 
     async def _handle(self, msg: Msg) -> None:
         # This task's log lines (the handler's, settle's) name the message's call.
-        call_context.handling(call_context.call_of_message(msg.subject, msg.data))
+        call_context.handling_message(msg.subject, msg.data)
         try:
             await self._consumer.handler(msg)
         except Exception:  # settle decides every failure; this is a bug: redelivered later

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from toolgate.runtime import telemetry
+from toolgate.runtime.jetstream import ack_subject_fields
 
 log = logging.getLogger("toolgate")
 
@@ -60,6 +61,10 @@ class Delivery:
 
 
 def delivery_of(msg: Msg) -> Delivery:
+    # The ack subject says where the message is stored and how often it was delivered.
+    fields = ack_subject_fields(msg.reply)
+    if fields is not None:
+        return Delivery(stream_sequence=fields[3], attempt=fields[2], subject=msg.subject)
     meta = msg.metadata
     return Delivery(
         stream_sequence=meta.sequence.stream,

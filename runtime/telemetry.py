@@ -276,6 +276,11 @@ def observed(settle: Settle) -> Settle:
 
 
 def _durable_of(msg: Any) -> str:
+    from toolgate.runtime.jetstream import ack_subject_fields  # (nats-py: loaded by then)
+
+    fields = ack_subject_fields(getattr(msg, "reply", None))
+    if fields is not None:
+        return fields[1]
     try:
         return str(msg.metadata.consumer)
     except Exception:  # not a JetStream delivery

@@ -53,17 +53,56 @@ async def test_waiting_calls_enter_in_arrival_order() -> None:
     assert gate.counts("A") == (0, 0)
 
 
-async def test_a_full_room_turns_calls_away_for_later() -> None:
-    gate = FairAdmission(in_flight=1, waiting=2, waiting_total=100)
+async def test_full_rooms_turn_calls_away_for_later() -> None:
+    gate = FairAdmission(in_flight=1, waiting=2, waiting_total=2)
     assert await gate.enter("A") is not None
     held = [asyncio.ensure_future(gate.enter("A")) for _ in range(2)]
     await asyncio.sleep(0)
-    assert await gate.enter("A") is None  # A's room is full
+    assert await gate.enter("A") is None  # A's room is full, and no place is free
     assert await gate.enter("B") is not None  # B's is its own
     for h in held:
         h.cancel()
     await asyncio.gather(*held, return_exceptions=True)
     assert gate.counts("A") == (1, 0)
+
+
+async def test_an_agent_past_its_room_waits_in_places_no_one_else_uses() -> None:
+    """A lone agent's burst waits for its releases instead of being turned away (and
+    coming back to a full room, a nak each time)."""
+    gate = FairAdmission(in_flight=1, waiting=2, waiting_total=6)
+    first = await gate.enter("A")
+    assert first is not None
+    held = [asyncio.ensure_future(gate.enter("A")) for _ in range(6)]
+    await asyncio.sleep(0)
+    assert not any(h.done() for h in held) and gate.counts("A") == (1, 6)
+    assert await gate.enter("A") is None  # every place is taken: later
+    gate.release(first)
+    assert (await held[0]) is not None and gate.counts("A") == (1, 5)
+    for h in held[1:]:
+        h.cancel()
+    await asyncio.gather(*held[1:], return_exceptions=True)
+
+
+async def test_a_borrowed_place_goes_back_to_an_agent_within_its_room() -> None:
+    gate = FairAdmission(in_flight=1, waiting=2, waiting_total=4)
+    assert await gate.enter("A") is not None
+    a_held = [asyncio.ensure_future(gate.enter("A")) for _ in range(4)]  # 2 borrowed
+    await asyncio.sleep(0)
+    assert await gate.enter("B") is not None  # B's share of the pipeline: no room needed
+    b_held = asyncio.ensure_future(gate.enter("B"))  # B's own room: A gives a place back
+    await asyncio.sleep(0)
+    assert (await a_held[-1]) is None  # A's latest arrival, turned away for later
+    assert not b_held.done() and not any(h.done() for h in a_held[:-1])
+    assert gate.counts("A") == (1, 3) and gate.counts("B") == (1, 1)
+    c_first = await gate.enter("C")
+    assert c_first is not None
+    c_held = asyncio.ensure_future(gate.enter("C"))  # A's last borrowed place
+    await asyncio.sleep(0)
+    assert (await a_held[-2]) is None and not c_held.done()
+    assert await gate.enter("A") is None  # A is at its own room's size, and all is taken
+    for h in [*a_held[:-2], b_held, c_held]:
+        h.cancel()
+    await asyncio.gather(*a_held, b_held, c_held, return_exceptions=True)
 
 
 async def test_all_rooms_together_are_bounded() -> None:
@@ -121,7 +160,7 @@ async def test_a_slot_is_given_back_once() -> None:
 
 async def test_calls_turned_away_come_back_spaced_at_the_agents_rate() -> None:
     clock = Clock()
-    gate = FairAdmission(in_flight=1, waiting=2, clock=clock)
+    gate = FairAdmission(in_flight=1, waiting=2, waiting_total=2, clock=clock)
     slot = await gate.enter("A")
     assert slot is not None
     room = [asyncio.ensure_future(gate.enter("A")) for _ in range(2)]
