@@ -75,7 +75,10 @@ class ClickHouseTarget:
             secure=secure,
         )
 
-    def client(self, with_database: bool = True, **settings: object) -> Client:
+    def client(
+        self, with_database: bool = True, answer_within_s: float = 60, **settings: object
+    ) -> Client:
+        """A client; `answer_within_s` is how long it waits for a query's answer."""
         import clickhouse_connect
 
         # No session id: the sink inserts from a worker thread, and ClickHouse
@@ -92,7 +95,7 @@ class ClickHouseTarget:
             secure=self.secure,
             autogenerate_session_id=False,
             connect_timeout=5,
-            send_receive_timeout=60,
+            send_receive_timeout=answer_within_s,
             settings=settings or None,
         )
 

@@ -59,3 +59,34 @@ def test_comments_are_stripped_and_checksums_are_stable():
     ddl = load_ddl("single")[1]
     assert all(not s.lstrip().startswith("--") for s in ddl.statements())
     assert ddl.checksum == load_ddl("single")[1].checksum
+
+
+def test_the_schema_is_applied_by_a_client_that_waits_for_a_backfill(monkeypatch):
+    """008 backfills call_stages from every stored event in one statement: minutes at tens
+    of millions of rows. The client that applies the files waits for it; with the usual
+    minute a sink's start-up would give up, retry, and begin the backfill again forever."""
+    from typing import Any
+
+    from toolgate.services.audit import schema
+    from toolgate.services.audit.connection import ClickHouseTarget
+
+    waits: list[float] = []
+
+    class Recorded:
+        def command(self, sql: str) -> None:
+            pass
+
+        def insert(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def query(self, sql: str) -> Any:
+            return type("Result", (), {"result_rows": []})()
+
+    def client(self, with_database=True, answer_within_s=60, **settings):  # type: ignore[no-untyped-def]
+        waits.append(answer_within_s)
+        return Recorded()
+
+    monkeypatch.setattr(ClickHouseTarget, "client", client)
+    target = ClickHouseTarget.from_url("http://u:p@127.0.0.1:1/toolgate")
+    assert schema.apply_schema(target) == [f.version for f in load_ddl()]
+    assert waits[-1] >= 3600  # the client that ran the files, 008 among them
