@@ -75,10 +75,13 @@ class ClickHouseTarget:
             secure=secure,
         )
 
-    def client(
-        self, with_database: bool = True, answer_within_s: float = 60, **settings: object
+    def client(self, with_database: bool = True, **settings: object) -> Client:
+        return self.patient_client(60.0, with_database, **settings)
+
+    def patient_client(
+        self, answer_within_s: float, with_database: bool = True, **settings: object
     ) -> Client:
-        """A client; `answer_within_s` is how long it waits for a query's answer."""
+        """A client that waits `answer_within_s` for a query's answer (`client`: a minute)."""
         import clickhouse_connect
 
         # No session id: the sink inserts from a worker thread, and ClickHouse

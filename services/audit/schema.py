@@ -114,7 +114,7 @@ def apply_schema(target: ClickHouseTarget, ddl_set: str = "single", cluster: str
     # A file may backfill what it adds from the events already stored (008: one pass over
     # event_log, minutes at tens of millions of rows): wait for it rather than give up
     # after the usual minute and run it again from the start.
-    client = target.client(answer_within_s=BACKFILL_WAIT_S)
+    client = target.patient_client(BACKFILL_WAIT_S)
     # The first file creates schema_versions itself; it is IF NOT EXISTS like all.
     for statement in files[0].statements(cluster):
         client.command(statement)

@@ -82,11 +82,11 @@ def test_the_schema_is_applied_by_a_client_that_waits_for_a_backfill(monkeypatch
         def query(self, sql: str) -> Any:
             return type("Result", (), {"result_rows": []})()
 
-    def client(self, with_database=True, answer_within_s=60, **settings):  # type: ignore[no-untyped-def]
+    def patient_client(self, answer_within_s, with_database=True, **settings):  # type: ignore[no-untyped-def]
         waits.append(answer_within_s)
         return Recorded()
 
-    monkeypatch.setattr(ClickHouseTarget, "client", client)
+    monkeypatch.setattr(ClickHouseTarget, "patient_client", patient_client)
     target = ClickHouseTarget.from_url("http://u:p@127.0.0.1:1/toolgate")
     assert schema.apply_schema(target) == [f.version for f in load_ddl()]
     assert waits[-1] >= 3600  # the client that ran the files, 008 among them
