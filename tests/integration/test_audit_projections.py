@@ -37,7 +37,7 @@ from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.schema import apply_schema, load_ddl
 from toolgate.services.audit.sql_console import run_readonly
-from toolgate.services.audit.writer import AuditWriter
+from toolgate.services.audit.writer import AuditWriter, stored_message
 
 PER_CALL, BY_EVENT_TYPE = "per_call", "by_event_type"
 # The texts of the queries 007 rewrote (QUERIES.md before it): an auditor's saved copy
@@ -248,3 +248,28 @@ def test_a_call_closed_in_a_later_block_leaves_the_calls_without_a_result(old_st
     now = answers(client)
     assert ("acme", "writer", "late") not in {row[:3] for row in now[title]}
     assert now == answers(client, original=True)
+
+
+def test_the_insert_only_writer_fills_call_stages(tmp_path):
+    """The sink logs in as toolgate_writer, which may only INSERT into event_log: the view
+    reads the block and writes call_stages as the admin that created it (SQL SECURITY
+    DEFINER), or every insert of the real sink would be refused."""
+    from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+
+    server = EmbeddedClickHouse(tmp_path / "clickhouse").start()
+    try:
+        apply_schema(ClickHouseTarget.from_url(server.url_for("admin")))
+        writer = AuditWriter(
+            ClickHouseTarget.from_url(server.url_for("writer")),
+            RowBuilder(registry()),
+            ensure_seal_key(tmp_path / "keys"),
+            "writer-sink",
+        )
+        # One insert as the sink makes it, once (the sink itself would retry a refusal).
+        stored_rows = [writer.builder.row_for(stored_message(m)) for m in messages(stories()[:3])]  # type: ignore[arg-type]
+        writer._insert(writer.chain.link(stored_rows), "writer-sink:1")
+        admin = ClickHouseTarget.from_url(server.url_for("admin")).client()
+        stored = admin.query(f"SELECT count() FROM {STAGES} FINAL").result_rows[0][0]
+        assert stored == 3
+    finally:
+        server.stop()

@@ -30,7 +30,10 @@ ENGINE = Distributed('${cluster}', currentDatabase(), call_stages_local, cityHas
 
 -- On each shard: the blocks inserted into its event_log_local (an insert into the
 -- Distributed event_log arrives there), into its call_stages_local.
-CREATE MATERIALIZED VIEW IF NOT EXISTS call_stages_mv ON CLUSTER '${cluster}' TO call_stages_local AS
+-- It runs as the admin that created it (SQL SECURITY DEFINER): the sink's login may only
+-- INSERT into event_log, and must not be given SELECT on it or INSERT on call_stages.
+CREATE MATERIALIZED VIEW IF NOT EXISTS call_stages_mv ON CLUSTER '${cluster}' TO call_stages_local
+DEFINER = CURRENT_USER SQL SECURITY DEFINER AS
 SELECT
     tenant,
     agent,

@@ -40,7 +40,10 @@ ENGINE = AggregatingMergeTree
 ORDER BY (tenant, agent, call_id);
 
 -- Each block the sink inserts into event_log, grouped by call: a few rows per block.
-CREATE MATERIALIZED VIEW IF NOT EXISTS call_stages_mv TO call_stages AS
+-- It runs as the admin that created it (SQL SECURITY DEFINER): the sink's login may only
+-- INSERT into event_log, and must not be given SELECT on it or INSERT on call_stages.
+CREATE MATERIALIZED VIEW IF NOT EXISTS call_stages_mv TO call_stages
+DEFINER = CURRENT_USER SQL SECURITY DEFINER AS
 SELECT
     tenant,
     agent,
