@@ -43,8 +43,15 @@ from xml.sax.saxutils import escape
 LOGINS_FILE = "logins.json"
 ROLES = ("admin", "writer", "auditor")
 USER_PREFIX = "toolgate_"
-# What the DDL sets create (single: MergeTree; cluster: the replicated ones behind Distributed).
-TABLE_ENGINES = ("MergeTree", "ReplicatedMergeTree", "Distributed")
+# What the DDL sets create (single: MergeTree; cluster: the replicated ones behind Distributed;
+# AggregatingMergeTree for call_stages, DDL 008).
+TABLE_ENGINES = (
+    "MergeTree",
+    "ReplicatedMergeTree",
+    "AggregatingMergeTree",
+    "ReplicatedAggregatingMergeTree",
+    "Distributed",
+)
 
 
 def user_of(role: str) -> str:

@@ -76,6 +76,12 @@ class ClickHouseTarget:
         )
 
     def client(self, with_database: bool = True, **settings: object) -> Client:
+        return self.patient_client(60.0, with_database, **settings)
+
+    def patient_client(
+        self, answer_within_s: float, with_database: bool = True, **settings: object
+    ) -> Client:
+        """A client that waits `answer_within_s` for a query's answer (`client`: a minute)."""
         import clickhouse_connect
 
         # No session id: the sink inserts from a worker thread, and ClickHouse
@@ -92,7 +98,7 @@ class ClickHouseTarget:
             secure=self.secure,
             autogenerate_session_id=False,
             connect_timeout=5,
-            send_receive_timeout=60,
+            send_receive_timeout=answer_within_s,
             settings=settings or None,
         )
 

@@ -23,6 +23,7 @@ from toolgate.services.audit.connection import ClickHouseTarget
 
 DDL_SETS = ("single", "cluster")
 ACCESS_DENIED = 497
+BACKFILL_WAIT_S = 3600.0
 _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
 
@@ -110,7 +111,10 @@ def apply_schema(target: ClickHouseTarget, ddl_set: str = "single", cluster: str
     target.client(with_database=False).command(
         f"CREATE DATABASE IF NOT EXISTS `{target.database}`{on_cluster}"
     )
-    client = target.client()
+    # A file may backfill what it adds from the events already stored (008: one pass over
+    # event_log, minutes at tens of millions of rows): wait for it rather than give up
+    # after the usual minute and run it again from the start.
+    client = target.patient_client(BACKFILL_WAIT_S)
     # The first file creates schema_versions itself; it is IF NOT EXISTS like all.
     for statement in files[0].statements(cluster):
         client.command(statement)

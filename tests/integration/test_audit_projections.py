@@ -11,23 +11,33 @@ over `calls` must read the projection rather than the events.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.integration.test_audit_queries import (
+    RESEARCHER,
     T0,
     WRITER,
     Story,
     documented_queries,
+    messages,
     record,
+    registry,
     stories,
 )
 from toolgate.contracts.calls import success
+from toolgate.contracts.events import ApprovalRequested, ExecutionStarted
+from toolgate.services.audit.chain import ensure_seal_key
 from toolgate.services.audit.connection import ClickHouseTarget
+from toolgate.services.audit.rows import RowBuilder
 from toolgate.services.audit.schema import apply_schema, load_ddl
 from toolgate.services.audit.sql_console import run_readonly
+from toolgate.services.audit.writer import AuditWriter, stored_message
 
 PER_CALL, BY_EVENT_TYPE = "per_call", "by_event_type"
 # The texts of the queries 007 rewrote (QUERIES.md before it): an auditor's saved copy
@@ -44,8 +54,22 @@ ORIGINAL = {
         "round(execute_ms, 3) AS execute_ms FROM calls "
         "WHERE final_status = 'invalid_tool_result' ORDER BY attached_at DESC"
     ),
+    # 008 rewrote these two to read call_stages.
+    "p50 / p99 time per stage, per tool": (
+        "SELECT tool, stage, count() AS calls, round(quantile(0.5)(ms), 3) AS p50_ms, "
+        "round(quantile(0.99)(ms), 3) AS p99_ms FROM calls "
+        "ARRAY JOIN ['check', 'policy', 'approval', 'queue', 'execute', 'attach', 'total'] "
+        "AS stage, [check_ms, policy_ms, approval_ms, queue_ms, execute_ms, attach_ms, "
+        "total_ms] AS ms WHERE ms IS NOT NULL GROUP BY tool, stage ORDER BY tool, "
+        "indexOf(['check', 'policy', 'approval', 'queue', 'execute', 'attach', 'total'], stage)"
+    ),
+    "Calls still without a result": (
+        "SELECT tenant, agent, call_id, tool, requested_at, last_decision, executed FROM calls "
+        "WHERE results = 0 AND requested_at < now64(6) - INTERVAL 5 MINUTE ORDER BY requested_at"
+    ),
 }
 BEFORE = 6  # the last DDL version before the projection
+STAGES = "call_stages"  # DDL 008: one row per call for the queries over every call
 
 
 def _normal(value: Any) -> Any:
@@ -105,7 +129,21 @@ def old_store(clickhouse_server, tmp_path, monkeypatch) -> str:  # type: ignore[
     ok = {"payload": "fine"}
     s = Story("wire-unapproved", "wire_money", WRITER, T0)
     planted = s.validated().authorized().executed(ok).attached(success(s.call.call_id, ok))
-    asyncio.run(record(url, tmp_path / "keys", [*stories(), planted]))  # the sink applies 1-6
+    # Two calls still without a result (one executed, one waiting for an approval).
+    s = Story("wire-running", "wire_money", WRITER, T0 + timedelta(minutes=3))
+    running = s.validated().approval("u-boss", True).authorized()
+    running.add(ExecutionStarted, attempt=1, worker="w")
+    s = Story("wire-waiting", "wire_money", RESEARCHER, T0 + timedelta(minutes=4))
+    waiting = s.add(
+        ApprovalRequested,
+        call=s.call,
+        policy_version="pv-1",
+        risk="critical",
+        expires_at=T0 + timedelta(hours=1),
+    )
+    asyncio.run(
+        record(url, tmp_path / "keys", [*stories(), planted, running, waiting])
+    )  # the sink applies 1-6
     monkeypatch.setattr(schema, "load_ddl", lambda ddl_set="single": every)
     return url
 
@@ -130,7 +168,7 @@ def test_queries_read_the_projection_their_where_reaches(old_store):
     client = target.client()
     wait_for_mutations(client)
     over_calls = {t: q for t, q in documented_queries().items() if "FROM calls" in q}
-    assert len(over_calls) >= 4
+    assert len(over_calls) >= 2
     for title, sql in over_calls.items():
         assert reads_projection(client, sql, PER_CALL), title
     # by_event_type is not asserted here: on these few rows it ties with the table in
@@ -154,3 +192,84 @@ def test_new_rows_get_the_projection_as_they_are_written(old_store, tmp_path):
     asyncio.run(record(old_store, tmp_path / "keys2", stories()))
     assert parts_without_projection(client) == 0
     assert answers(client) == before
+
+
+async def record_events(url: str, keys: Path, events_of: Story) -> None:
+    """Only the story's events (its call was stored before), by a sink of their own."""
+    writer = AuditWriter(
+        ClickHouseTarget.from_url(url), RowBuilder(registry()), ensure_seal_key(keys), "late-sink"
+    )
+    await writer.start()
+    await writer.write([m for m in messages([events_of]) if m.stream == "TOOLGATE_EVENTS"])  # type: ignore[misc]
+    await writer.close()
+
+
+def reads_tables(client, sql: str) -> set[str]:  # type: ignore[no-untyped-def]
+    plan = "\n".join(r[0] for r in client.query(f"EXPLAIN {sql}").result_rows)
+    return {name.split(".")[-1] for name in re.findall(r"ReadFromMergeTree \(([^)]*)\)", plan)}
+
+
+def test_queries_over_every_call_read_call_stages_not_the_events(old_store):
+    """The two queries that need every call read one short row per call (008), kept as the
+    events are inserted: neither the events nor 007's per-call aggregates."""
+    target = ClickHouseTarget.from_url(old_store)
+    apply_schema(target)
+    client = target.client()
+    wait_for_mutations(client)
+    queries = documented_queries()
+    for title in ("p50 / p99 time per stage, per tool", "Calls still without a result"):
+        assert reads_tables(client, queries[title]) == {STAGES}, title
+    # A store made before 008 got the calls it already held (the backfill), each once
+    # merged: one row per call of `calls`.
+    client.command(f"OPTIMIZE TABLE {STAGES} FINAL")
+    stored = client.query(f"SELECT count() FROM {STAGES}").result_rows[0][0]
+    assert stored == client.query("SELECT count() FROM calls").result_rows[0][0] > 0
+
+
+def test_a_call_closed_in_a_later_block_leaves_the_calls_without_a_result(old_store, tmp_path):
+    """call_stages is kept from each inserted block: a call opened in one insert and given
+    its result in a later one (by another sink) is a row without, then with, attached_at;
+    the queries answer what `calls` answers after each block."""
+    target = ClickHouseTarget.from_url(old_store)
+    apply_schema(target)
+    client = target.client()
+    wait_for_mutations(client)
+    title = "Calls still without a result"
+    s = Story("late", "echo", WRITER, T0 + timedelta(minutes=9))
+    ok = {"payload": "fine"}
+    opened = s.validated().authorized()
+    asyncio.run(record(old_store, tmp_path / "k1", [opened]))
+    now = answers(client)
+    assert ("acme", "writer", "late") in {row[:3] for row in now[title]}
+    assert now == answers(client, original=True)
+    closed = Story("late", "echo", WRITER, opened.at)
+    closed.executed(ok).attached(success(s.call.call_id, ok))
+    asyncio.run(record_events(old_store, tmp_path / "k2", closed))
+    now = answers(client)
+    assert ("acme", "writer", "late") not in {row[:3] for row in now[title]}
+    assert now == answers(client, original=True)
+
+
+def test_the_insert_only_writer_fills_call_stages(tmp_path):
+    """The sink logs in as toolgate_writer, which may only INSERT into event_log: the view
+    reads the block and writes call_stages as the admin that created it (SQL SECURITY
+    DEFINER), or every insert of the real sink would be refused."""
+    from toolgate.stack.clickhouse_server import EmbeddedClickHouse
+
+    server = EmbeddedClickHouse(tmp_path / "clickhouse").start()
+    try:
+        apply_schema(ClickHouseTarget.from_url(server.url_for("admin")))
+        writer = AuditWriter(
+            ClickHouseTarget.from_url(server.url_for("writer")),
+            RowBuilder(registry()),
+            ensure_seal_key(tmp_path / "keys"),
+            "writer-sink",
+        )
+        # One insert as the sink makes it, once (the sink itself would retry a refusal).
+        stored_rows = [writer.builder.row_for(stored_message(m)) for m in messages(stories()[:3])]  # type: ignore[arg-type]
+        writer._insert(writer.chain.link(stored_rows), "writer-sink:1")
+        admin = ClickHouseTarget.from_url(server.url_for("admin")).client()
+        stored = admin.query(f"SELECT count() FROM {STAGES} FINAL").result_rows[0][0]
+        assert stored == 3
+    finally:
+        server.stop()

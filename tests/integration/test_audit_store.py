@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -150,8 +151,10 @@ def test_cluster_ddl_parses(clickhouse_server):
                 "SELECT formatQuery({q:String})", parameters={"q": statement}
             ).result_rows[0][0]
             assert (
-                "ReplicatedMergeTree" in formatted
+                re.search(r"Replicated\w*MergeTree", formatted)
                 or "Distributed" in formatted
+                # 008's backfill: through the Distributed table, from one node
+                or formatted.startswith("INSERT INTO call_stages ")
                 or "VIEW" in formatted
                 or "ADD INDEX" in formatted
                 or ("PROJECTION" in formatted and "ON CLUSTER" in formatted)

@@ -13,6 +13,8 @@ CREATE USER IF NOT EXISTS toolgate_auditor ON CLUSTER '${cluster}' IDENTIFIED WI
 GRANT ON CLUSTER '${cluster}' SELECT, INSERT, ALTER, CREATE DATABASE, CREATE TABLE, CREATE VIEW, DROP TABLE, DROP VIEW, DROP DATABASE, TRUNCATE, OPTIMIZE, SHOW ON *.* TO toolgate_admin;
 GRANT ON CLUSTER '${cluster}' TABLE ENGINE ON MergeTree TO toolgate_admin;
 GRANT ON CLUSTER '${cluster}' TABLE ENGINE ON ReplicatedMergeTree TO toolgate_admin;
+GRANT ON CLUSTER '${cluster}' TABLE ENGINE ON AggregatingMergeTree TO toolgate_admin;
+GRANT ON CLUSTER '${cluster}' TABLE ENGINE ON ReplicatedAggregatingMergeTree TO toolgate_admin;
 GRANT ON CLUSTER '${cluster}' TABLE ENGINE ON Distributed TO toolgate_admin;
 GRANT ON CLUSTER '${cluster}' INSERT ON `toolgate`.event_log TO toolgate_writer;
 GRANT ON CLUSTER '${cluster}' INSERT ON `toolgate`.chain_checkpoints TO toolgate_writer;

@@ -13,6 +13,8 @@ CREATE USER IF NOT EXISTS toolgate_auditor IDENTIFIED WITH sha256_password BY '$
 GRANT SELECT, INSERT, ALTER, CREATE DATABASE, CREATE TABLE, CREATE VIEW, DROP TABLE, DROP VIEW, DROP DATABASE, TRUNCATE, OPTIMIZE, SHOW ON *.* TO toolgate_admin;
 GRANT TABLE ENGINE ON MergeTree TO toolgate_admin;
 GRANT TABLE ENGINE ON ReplicatedMergeTree TO toolgate_admin;
+GRANT TABLE ENGINE ON AggregatingMergeTree TO toolgate_admin;
+GRANT TABLE ENGINE ON ReplicatedAggregatingMergeTree TO toolgate_admin;
 GRANT TABLE ENGINE ON Distributed TO toolgate_admin;
 GRANT INSERT ON `toolgate`.event_log TO toolgate_writer;
 GRANT INSERT ON `toolgate`.chain_checkpoints TO toolgate_writer;
