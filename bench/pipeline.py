@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -57,15 +56,12 @@ from toolgate.bench.loops import (
     open_loop,
     say,
 )
+from toolgate.bench.targets import Target, gateway_target, principal_for
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import Principal
 from toolgate.runtime.creds import connect_options, identity_of_creds
-from toolgate.runtime.settings import env_nats_creds
 from toolgate.stack.processes import die_with_parent
 from toolgate.stack.services import AUDIT, PIPELINE
-from toolgate.stack.supervisor import Stack
 
-PRINCIPAL = Principal(tenant="bench", user="u-bench", agent="bench", session="s-bench")
 # The services one call passes through: validator, policy, executor, attacher.
 HOPS = floor.HOPS
 CURVE_FRACTIONS = (0.25, 0.50, 0.75, 0.90)
@@ -78,13 +74,6 @@ QUIET_TIMEOUT_S = 30.0
 STARTUP_QUIET_TIMEOUT_S = 60.0
 # Rows of the CPU table, in this order; others (if any) follow.
 PROCESS_ORDER = (*PIPELINE, AUDIT, "nats-server", "clickhouse", "floor hops", "client")
-
-
-def principal_for(creds: Path | None) -> Principal:
-    """The bench's principal: the agent `creds` speak for, else bench.bench."""
-    identity = identity_of_creds(creds) if creds is not None else None
-    tenant, agent = identity or (PRINCIPAL.tenant, PRINCIPAL.agent)
-    return Principal(tenant=tenant, user=PRINCIPAL.user, agent=agent, session=PRINCIPAL.session)
 
 
 # ---------------------------------------------------------------- waiting for quiet
@@ -147,21 +136,6 @@ class Gate:
 
 
 # ---------------------------------------------------------------- the runs
-
-
-@dataclass
-class Target:
-    """The gateway under test and who may do what on it."""
-
-    nats_url: str
-    agent_creds: Path | None
-    admin_creds: Path | None
-    processes: procs.Processes
-    description: str
-
-    @property
-    def principal(self) -> Principal:
-        return principal_for(self.agent_creds)
 
 
 async def _admin(target: Target) -> Client | None:
@@ -535,19 +509,6 @@ def _print(results: Sequence[Closed | Open | str]) -> None:
 # ---------------------------------------------------------------- the command
 
 
-def _creds_of(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
-    """(agent's, operator's) creds for a gateway given by --nats-url."""
-    creds: Path | None = args.creds
-    agent: Path | None = getattr(args, "agent_creds", None)
-    if creds is not None and identity_of_creds(creds) is not None:
-        # An agent's creds given as --creds: they drive the calls; the floor needs the admin's.
-        agent, creds = agent or creds, env_nats_creds("admin")
-    if agent is None:
-        recorded = env_nats_creds("agent")
-        agent = recorded if recorded is not None and identity_of_creds(recorded) else creds
-    return agent, creds
-
-
 def _load() -> str:
     try:
         one, five, _ = os.getloadavg()
@@ -576,35 +537,11 @@ def _header(args: argparse.Namespace, target: Target) -> str:
 
 def run_bench(args: argparse.Namespace) -> int:
     run = str(int(time.time()))
-    with tempfile.TemporaryDirectory(prefix="toolgate-bench-") as tmp:
-        stack = None
-        if args.nats_url is None:
-            say("starting a private gateway as `toolgate up` runs it (locked bus, audit on)")
-            stack = Stack(data_dir=Path(tmp) / "gateway", executor_args=["--concurrency", "8"])
-            try:
-                started = time.monotonic()
-                stack.start()
-                say(f"gateway processes started in {time.monotonic() - started:.1f} s")
-                target = Target(
-                    stack.url,
-                    stack.creds_of("agent"),
-                    stack.creds_of("admin"),
-                    procs.of_stack(stack),
-                    "a private gateway (locked bus, audit on)",
-                )
-                results = _run(args, target, run, Path(tmp))
-            finally:
-                stack.stop()
-        else:
-            agent, admin = _creds_of(args)
-            target = Target(
-                args.nats_url,
-                agent,
-                admin,
-                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
-                "a running gateway",
-            )
-            results = _run(args, target, run, Path(tmp))
+    with (
+        tempfile.TemporaryDirectory(prefix="toolgate-bench-") as tmp,
+        gateway_target(args, Path(tmp), say_started=True) as target,
+    ):
+        results = _run(args, target, run, Path(tmp))
     _print(results)
     print(f"(after: {_load()})")
     return 0

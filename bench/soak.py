@@ -57,15 +57,12 @@ from toolgate.bench.pipeline import (
     PROCESS_ORDER,
     STARTUP_QUIET_TIMEOUT_S,
     Gate,
-    Target,
     _admin,
-    _creds_of,
     _wait_for_pipeline,
 )
 from toolgate.bench.results import LoadAverage, load_average
+from toolgate.bench.targets import Target, gateway_target
 from toolgate.contracts import subjects
-from toolgate.stack.services import AUDIT, PIPELINE
-from toolgate.stack.supervisor import Stack
 
 DEFAULT_CALLS = 100_000
 RATE_FRACTION = 0.60
@@ -724,32 +721,11 @@ def cmd_bench_soak(args: argparse.Namespace, reachable: Callable[[], None] = lam
             file=sys.stderr,
         )
     run = str(int(time.time()))
-    with tempfile.TemporaryDirectory(prefix="toolgate-soak-") as tmp:
-        if args.nats_url is None:
-            say("starting a private gateway as `toolgate up` runs it (locked bus, audit on)")
-            stack = Stack(data_dir=Path(tmp) / "gateway", executor_args=["--concurrency", "8"])
-            try:
-                stack.start()
-                target = Target(
-                    stack.url,
-                    stack.creds_of("agent"),
-                    stack.creds_of("admin"),
-                    procs.of_stack(stack),
-                    "a private gateway (locked bus, audit on)",
-                )
-                report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))
-            finally:
-                stack.stop()
-        else:
-            agent, admin = _creds_of(args)
-            target = Target(
-                args.nats_url,
-                agent,
-                admin,
-                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
-                f"a running gateway at {args.nats_url}",
-            )
-            report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))
+    with (
+        tempfile.TemporaryDirectory(prefix="toolgate-soak-") as tmp,
+        gateway_target(args, Path(tmp), running=f"a running gateway at {args.nats_url}") as target,
+    ):
+        report = asyncio.run(measure(target, calls, args.rate, args.burst, run, load))
     markdown = render(report)
     print(markdown, end="", flush=True)
     args.results_markdown = markdown  # what --save writes (toolgate.bench.results.saving)

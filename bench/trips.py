@@ -41,20 +41,17 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from toolgate.bench import procs
 from toolgate.bench.drivers import PlainClient, tool_call
 from toolgate.bench.loops import say
 from toolgate.bench.pipeline import (
     Gate,
-    Target,
-    _creds_of,
     _load,
     _wait_for_pipeline,
 )
+from toolgate.bench.targets import Target, gateway_target
 from toolgate.contracts import subjects
 from toolgate.runtime.creds import connect_options
-from toolgate.stack.services import AUDIT, PIPELINE
-from toolgate.stack.supervisor import Stack
+from toolgate.stack.services import AUDIT
 
 # The tap's own requests (consumer and stream info) come back on this prefix: not counted.
 OWN_INBOX = "_INBOX_trips"
@@ -365,32 +362,11 @@ def cmd_bench_trips(args: argparse.Namespace) -> int:
         )
         return 2
     run = str(int(time.time()))
-    with tempfile.TemporaryDirectory(prefix="toolgate-trips-") as tmp:
-        if args.nats_url is None:
-            say("starting a private gateway as `toolgate up` runs it (locked bus, audit on)")
-            stack = Stack(data_dir=Path(tmp) / "gateway", executor_args=["--concurrency", "8"])
-            try:
-                stack.start()
-                target = Target(
-                    stack.url,
-                    stack.creds_of("agent"),
-                    stack.creds_of("admin"),
-                    procs.of_stack(stack),
-                    "a private gateway (locked bus, audit on)",
-                )
-                windows = asyncio.run(_count(target, args, run))
-            finally:
-                stack.stop()
-        else:
-            agent, admin = _creds_of(args)
-            target = Target(
-                args.nats_url,
-                agent,
-                admin,
-                procs.of_running_gateway(args.nats_url, (*PIPELINE, AUDIT)),
-                "a running gateway",
-            )
-            windows = asyncio.run(_count(target, args, run))
+    with (
+        tempfile.TemporaryDirectory(prefix="toolgate-trips-") as tmp,
+        gateway_target(args, Path(tmp)) as target,
+    ):
+        windows = asyncio.run(_count(target, args, run))
     calls = " and ".join(
         f"{w.calls} calls {'at once' if w.name == 'burst' else 'one at a time'}" for w in windows
     )

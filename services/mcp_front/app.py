@@ -45,6 +45,7 @@ import mcp_types as types
 import msgspec
 import nats
 import nats.errors
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware, get_access_token
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
@@ -53,16 +54,17 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.routes import build_resource_metadata_url
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
+from mcp.shared._otel import extract_trace_context
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import RequestParams
 from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
-from opentelemetry.trace import get_current_span
+from opentelemetry.trace import ProxyTracerProvider, get_current_span, get_tracer_provider
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -167,6 +169,9 @@ class FrontDoor:
     task_ttl_s: int | None = int(Topology().retention_s)
     # Each agent's listing as last served (tools_for).
     listings: dict[tuple[str, str], dict[str, ListedTool]] = field(default_factory=dict)
+    # Per agent, the tools of its listing whose input schema declares `x-mcp-header`
+    # (the only ones whose Mcp-Param-* headers the SDK has anything to check against).
+    header_tools: dict[tuple[str, str], frozenset[str]] = field(default_factory=dict)
     listing_warned: bool = False
 
     async def tools_for(
@@ -195,6 +200,9 @@ class FrontDoor:
                 )
             tools = {spec.name: listed_tool(spec) for spec in self.registry.visible_to(identity[1])}
         self.listings[identity] = tools
+        self.header_tools[identity] = frozenset(
+            name for name, tool in tools.items() if logic.declares_mcp_headers(tool.input_schema)
+        )
         return tools
 
     async def tool_named(self, identity: tuple[str, str], name: str) -> ListedTool | None:
@@ -274,8 +282,12 @@ def build_server(door: FrontDoor) -> Server[Any]:
             call_id, fresh = door.retries.claim(key, time.monotonic(), new_call_id)
         else:
             call_id, fresh = requested, False
-        # The client's trace goes on with the call: every event and audit row carries it.
-        traceparent = logic.traceparent_of_span(get_current_span().get_span_context())
+        # The client's trace goes on with the call: every event and audit row carries it
+        # (the SDK's span when spans are recorded, else the context the client sent).
+        span = get_current_span().get_span_context()
+        if not span.is_valid:  # no span recorded: the context the client sent, if any
+            span = get_current_span(extract_trace_context(meta)).get_span_context()
+        traceparent = logic.traceparent_of_span(span)
         call = ToolCall(
             call_id=call_id,
             tool=params.name,
@@ -477,11 +489,15 @@ def build_server(door: FrontDoor) -> Server[Any]:
 
     def input_schema(name: str) -> dict[str, Any] | None:
         # The SDK checks a call's Mcp-Param-* headers against the tool's schema; without
-        # this it would run the whole tools/list handler for every call to find it.
+        # this it would run the whole tools/list handler for every call to find it. A
+        # schema that declares no `x-mcp-header` has nothing to check: None skips the
+        # SDK's walk of it (the same answer, for less CPU on every call).
         token = get_access_token()
         if token is None:
             return None
         tenant, _, agent = token.client_id.partition(".")
+        if name not in door.header_tools.get((tenant, agent), ()):
+            return None
         spec = (door.listings.get((tenant, agent)) or {}).get(name)
         return spec.input_schema if spec is not None else None
 
@@ -495,6 +511,13 @@ def build_server(door: FrontDoor) -> Server[Any]:
         lifespan=lifespan,
         get_tool_input_schema=input_schema,
     )
+    # The SDK's span per request only when something records spans (`toolgate serve`
+    # with tracing on, or a tracer provider set in this process): without one it is a
+    # no-op span that still cost a few percent of the door's CPU per call.
+    server.middleware = [
+        SpansWhenRecorded(m) if isinstance(m, OpenTelemetryMiddleware) else m
+        for m in server.middleware
+    ]
     # SEP-2663: a call that waits for a human may be answered with a task; the task is
     # the call, so these read JetStream and any front door (or a restarted one) answers.
     # (Added as a handler: its answer may be a task, not only a CallToolResult.)
@@ -504,6 +527,20 @@ def build_server(door: FrontDoor) -> Server[Any]:
     server.add_request_handler("tasks/cancel", TaskParams, tasks_cancel)
     server.extensions[logic.TASKS_EXTENSION] = {}
     return server
+
+
+class SpansWhenRecorded:
+    """The SDK's OpenTelemetry middleware, run only while a tracer provider is set (the
+    global one is no longer OpenTelemetry's proxy): otherwise its span records nothing,
+    and the client's trace context still reaches the call (`call_tool` reads `_meta`)."""
+
+    def __init__(self, otel: OpenTelemetryMiddleware) -> None:
+        self.otel = otel
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> Any:
+        if isinstance(get_tracer_provider(), ProxyTracerProvider):
+            return await call_next(ctx)
+        return await self.otel(ctx, call_next)
 
 
 class TaskParams(RequestParams):

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 import mcp_types as types
 import msgspec
+from mcp.shared.inbound import X_MCP_HEADER_KEY
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
@@ -31,6 +32,18 @@ PROVENANCE_META_KEY: Final = "toolgate/provenance"
 USER_META_KEY: Final = "toolgate/user"
 SESSION_META_KEY: Final = "toolgate/session"
 TASK_META_KEY: Final = "toolgate/task_id"
+
+
+def declares_mcp_headers(schema: Any) -> bool:
+    """Whether a tool's input schema has an `x-mcp-header` key anywhere: only then can
+    a call's Mcp-Param-* headers be checked against it (SEP-2243)."""
+    if isinstance(schema, dict):
+        return X_MCP_HEADER_KEY in schema or any(
+            declares_mcp_headers(value) for value in schema.values()
+        )
+    if isinstance(schema, list):
+        return any(declares_mcp_headers(value) for value in schema)
+    return False
 
 
 def traceparent_of_span(span_context: Any) -> str | None:

@@ -230,6 +230,32 @@ async def test_a_retry_with_the_same_meta_call_id_returns_the_recorded_result(
     assert runs_of(door.data_dir).count(call_id) == 1
 
 
+async def test_the_clients_trace_context_goes_with_the_call_when_no_span_is_recorded(
+    door: Gateway,
+) -> None:
+    """This door exports no traces, so it skips the SDK's per-request span: the trace
+    context the client sent in `_meta` still goes with the call, as the call's own."""
+    url = door.stack.mcp_url or ""
+    token = await agent_token(door, "acme", "researcher")
+    call_id = f"traced-{uuid.uuid4().hex[:8]}"
+    traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
+    async with mcp_client(url, token) as c:
+        result = await c.call_tool(
+            "echo", {"payload": "traced"}, meta={**meta(call_id), "traceparent": traceparent}
+        )
+    assert result.is_error is False
+    nc = await door.connect()
+    try:
+        stored = await nc.jetstream().get_last_msg(
+            subjects.CALLS_STREAM, subjects.calls_subject("acme", "researcher")
+        )
+    finally:
+        await nc.close()
+    call = msgspec.json.decode(stored.data, type=ToolCall)
+    assert call.call_id == call_id
+    assert call.context.get("traceparent") == traceparent
+
+
 async def test_two_clients_with_the_same_jsonrpc_ids_get_calls_of_their_own(
     door: Gateway,
 ) -> None:

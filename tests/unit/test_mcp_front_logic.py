@@ -424,3 +424,22 @@ class TestTasks:
         assert body["result"]["structuredContent"] == {"v": 1}
         working = logic.task_body("t.c", "working", created_at="a", updated_at="b", ttl_s=None)
         assert working["pollIntervalMs"] == logic.TASK_POLL_INTERVAL_MS
+
+
+def test_only_a_schema_with_an_x_mcp_header_has_mcp_param_headers_to_check() -> None:
+    plain = {"type": "object", "properties": {"payload": {"type": "string"}}}
+    nested = {
+        "type": "object",
+        "properties": {
+            "where": {
+                "type": "object",
+                "properties": {"region": {"type": "string", "x-mcp-header": "Region"}},
+            }
+        },
+    }
+    in_a_list = {"anyOf": [plain, {"properties": {"a": {"x-mcp-header": "A"}}}]}
+    assert not logic.declares_mcp_headers(plain)
+    assert not logic.declares_mcp_headers({})
+    assert not logic.declares_mcp_headers(None)
+    assert logic.declares_mcp_headers(nested)
+    assert logic.declares_mcp_headers(in_a_list)
