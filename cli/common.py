@@ -176,16 +176,31 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
     if unlimited:
         between = float(options.get("reconnect_time_wait", NATS_RECONNECT_WAIT_S))
         options["max_reconnect_attempts"] = math.ceil(timeout / between) + 1
-    try:
-        nc = await asyncio.wait_for(nats.connect(nats_servers(url), **options), timeout)
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
+
+    def failure(cause: BaseException | str) -> Failed:
         # A refused login often ends in a reset connection: the refusal is the news.
         refusal = [
             e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()
         ]
-        raise connect_failure(
-            url, refusal[-1] if refusal else errors[-1] if errors else exc
-        ) from None
+        return connect_failure(url, refusal[-1] if refusal else errors[-1] if errors else cause)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(nats_servers(url), **options), max(deadline - loop.time(), 0.01)
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise failure(exc) from None
+        if nc.is_connected:
+            break
+        # nats-py returns a client that never had its PONG when the server closes the socket
+        # in the handshake (a refused login whose -ERR went with the socket): no connection.
+        # Again within `timeout` (the next refusal is usually read), then Failed.
+        await nc.close()
+        if loop.time() >= deadline:
+            raise failure("the server closed the connection during the login")
     if unlimited:
         nc.options["max_reconnect_attempts"] = -1
     return nc
