@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats
-from clickhouse_connect.driver.client import Client
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
@@ -43,6 +43,9 @@ from toolgate.contracts.events import (
 )
 from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.stack.processes import die_with_parent
+
+if TYPE_CHECKING:  # clickhouse-connect: not for every command (`toolgate bench`'s flags are)
+    from clickhouse_connect.driver.client import Client
 
 GOAL_RATIO = 5.0
 ROWS_PER_CALL = 6

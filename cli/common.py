@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 CONNECT_TIMEOUT_S = 5.0
+# nats-py's reconnect_time_wait when none is given.
+NATS_RECONNECT_WAIT_S = 2.0
 
 
 class Failed(Exception):
@@ -164,16 +167,43 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
         **connect_options(creds),
         **options,
     }
-    try:
-        return await asyncio.wait_for(nats.connect(nats_servers(url), **options), timeout)
-    except (TimeoutError, OSError, nats.errors.Error) as exc:
+    # Unlimited reconnects (a command that may wait out a server restart) start with as many
+    # attempts as fill `timeout`: the loop must end by itself. wait_for's cancellation of
+    # nats-py's connect loop is lost on Python 3.11 when it lands as one of nats-py's inner
+    # wait_fors completes (that one returns instead of raising), and the loop would then
+    # retry refused creds for ever. Unlimited again once connected.
+    unlimited = bool(options["allow_reconnect"]) and options.get("max_reconnect_attempts", 0) < 0
+    if unlimited:
+        between = float(options.get("reconnect_time_wait", NATS_RECONNECT_WAIT_S))
+        options["max_reconnect_attempts"] = math.ceil(timeout / between) + 1
+
+    def failure(cause: BaseException | str) -> Failed:
         # A refused login often ends in a reset connection: the refusal is the news.
         refusal = [
             e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()
         ]
-        raise connect_failure(
-            url, refusal[-1] if refusal else errors[-1] if errors else exc
-        ) from None
+        return connect_failure(url, refusal[-1] if refusal else errors[-1] if errors else cause)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            nc = await asyncio.wait_for(
+                nats.connect(nats_servers(url), **options), max(deadline - loop.time(), 0.01)
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise failure(exc) from None
+        if nc.is_connected:
+            break
+        # nats-py returns a client that never had its PONG when the server closes the socket
+        # in the handshake (a refused login whose -ERR went with the socket): no connection.
+        # Again within `timeout` (the next refusal is usually read), then Failed.
+        await nc.close()
+        if loop.time() >= deadline:
+            raise failure("the server closed the connection during the login")
+    if unlimited:
+        nc.options["max_reconnect_attempts"] = -1
+    return nc
 
 
 class _OneLineNatsErrors(logging.Filter):

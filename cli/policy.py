@@ -34,14 +34,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import nats
-import nats.errors
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from nats.aio.client import Client as NATS
-from nats.js.errors import Error as JetStreamError
-from nats.js.errors import KeyWrongLastSequenceError
+from typing import TYPE_CHECKING, Any
 
 from toolgate.cli.audit import (
     Failed,
@@ -51,8 +44,8 @@ from toolgate.cli.audit import (
     since_of,
     store_of,
 )
-from toolgate.contracts.registry import Registry, RegistryError
-from toolgate.runtime.creds import CredentialsError, connect_options
+from toolgate.contracts.registry import RegistryError
+from toolgate.runtime.creds import CredentialsError
 from toolgate.runtime.outside_text import visible
 from toolgate.runtime.settings import (
     CONTEXT_FILE,
@@ -64,21 +57,17 @@ from toolgate.runtime.settings import (
     read_context,
     recorded_registry,
 )
-from toolgate.services.policy import versions
-from toolgate.services.policy.argument_names import unknown_arguments
-from toolgate.services.policy.bundle import BundleError, bundle_version, read_bundle_dir
-from toolgate.services.policy.bundle_store import (
-    ACTIVE_KEY,
-    POLICIES_BUCKET,
-    policies_bucket_config,
-)
-from toolgate.services.policy.engine import CedarEngine, engine_from_files
-from toolgate.services.policy.pushing import BucketState, push_next_version, read_state
-from toolgate.services.policy.signing import (
-    PRIVATE_KEY_FILE,
-    StoredBundle,
-    ensure_signing_key,
-)
+
+# nats-py, cryptography and the policy service (cedarpy, httpx) are imported by the
+# commands that use them: every `toolgate` command builds this group's parser.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from nats.aio.client import Client as NATS
+
+    from toolgate.contracts.registry import Registry
+    from toolgate.services.policy.engine import CedarEngine
+    from toolgate.services.policy.pushing import BucketState
+    from toolgate.services.policy.signing import StoredBundle
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
@@ -211,6 +200,10 @@ def checked_engine(
     """The bundle's files and engine, or None once each problem is printed (file:line:
     column and the reason, one line each): Cedar's, then each argument a policy reads that
     no tool it applies to takes."""
+    from toolgate.services.policy.argument_names import unknown_arguments
+    from toolgate.services.policy.bundle import BundleError, read_bundle_dir
+    from toolgate.services.policy.engine import engine_from_files
+
     try:
         files = read_bundle_dir(directory)
         engine = engine_from_files(files)
@@ -250,6 +243,11 @@ async def connect_bus(
 ) -> NATS:
     """One connection, within `connect_timeout` or PushFailed (nats-py alone would retry
     the first connect for ever, printing a traceback each time)."""
+    import nats
+    import nats.errors
+
+    from toolgate.runtime.creds import connect_options
+
     errors: list[Exception] = []
 
     async def remember(exc: Exception) -> None:
@@ -285,6 +283,14 @@ async def push_versioned(
 ) -> tuple[int, StoredBundle, Pushing, bool]:
     """Connect, read the bucket, sign what `make` says as the next version, write it:
     (revision, bundle, what, key created now)."""
+    import nats.errors
+    from nats.js.errors import Error as JetStreamError
+    from nats.js.errors import KeyWrongLastSequenceError
+
+    from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
+    from toolgate.services.policy.pushing import push_next_version, read_state
+    from toolgate.services.policy.signing import ensure_signing_key
+
     keys_dir = Path(args.data_dir) / "keys"
     nc = await connect_bus(args.nats_url, args.creds, args.connect_timeout)
     try:
@@ -317,6 +323,8 @@ class Pushing:
 
 
 def _bus_refused(what: str, nc: NATS, exc: BaseException) -> str:
+    from toolgate.services.policy.bundle_store import POLICIES_BUCKET
+
     return (
         f"cannot {what} {POLICIES_BUCKET} at "
         f"{nc.connected_url.netloc if nc.connected_url else '?'}: "
@@ -328,6 +336,8 @@ def _run_push(
     command: str, args: argparse.Namespace, make: Callable[[BucketState, Ed25519PublicKey], Pushing]
 ) -> tuple[int, StoredBundle, Pushing] | int:
     """push_versioned as a command: its result, or the exit status after one line."""
+    from toolgate.services.policy.signing import PRIVATE_KEY_FILE
+
     keys_dir = Path(args.data_dir) / "keys"
     try:
         revision, bundle, what, created = asyncio.run(push_versioned(args, make))
@@ -356,6 +366,9 @@ def _run_push(
 
 
 def cmd_push(args: argparse.Namespace) -> int:
+    from toolgate.services.policy import versions
+    from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
+
     try:
         registry, _ = registry_of(args)
     except Failed as exc:
@@ -378,6 +391,15 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
+    from toolgate.services.policy import versions
+    from toolgate.services.policy.bundle import BundleError, bundle_version
+    from toolgate.services.policy.bundle_store import (
+        ACTIVE_KEY,
+        POLICIES_BUCKET,
+        policies_bucket_config,
+    )
+    from toolgate.services.policy.engine import engine_from_files
+
     wanted = args.version
     if wanted < 1:
         print(
@@ -422,6 +444,9 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_test(args: argparse.Namespace) -> int:
     from toolgate.cli.policy_history import evaluate_history, read_recorded
     from toolgate.services.audit.progress import Progress
+    from toolgate.services.policy.argument_names import unknown_arguments
+    from toolgate.services.policy.bundle import BundleError, read_bundle_dir
+    from toolgate.services.policy.engine import engine_from_files
 
     since = since_of(args.since)
     assert since is not None  # --since has a default

@@ -23,7 +23,6 @@ from toolgate.cli.common import (
     quiet_nats_tracebacks,
 )
 from toolgate.cli.mcp import add_serve_flags
-from toolgate.runtime import process
 from toolgate.runtime import settings as env
 from toolgate.runtime.call_context import SERVICE_LOG_FORMAT, log_calls
 from toolgate.runtime.outside_text import log_visibly
@@ -217,6 +216,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         return serve_mcp(args, settings)
     app = build(settings, args)
+    from toolgate.runtime import process  # faststream: only a service loads it
+
     process.tune_gc_for_a_service()
     run = app.run()
     if args.http_port is not None:  # health and metrics beside the service

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from faststream import FastStream
+from typing import TYPE_CHECKING, Any
 
 from toolgate.runtime.settings import GatewaySettings
 
-Build = Callable[[GatewaySettings, argparse.Namespace], FastStream]
+if TYPE_CHECKING:  # faststream: loaded by the service a process runs, not by every command
+    from faststream import FastStream
+
+Build = Callable[[GatewaySettings, argparse.Namespace], "FastStream"]
 
 
 @dataclass(frozen=True)

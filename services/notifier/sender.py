@@ -14,8 +14,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
-
 DEFAULT_TIMEOUT_S = 10.0
 
 
@@ -40,6 +38,8 @@ class HttpSender:
     """POSTs with one shared connection pool (httpx)."""
 
     def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        import httpx  # here: `toolgate serve`'s flags read DEFAULT_TIMEOUT_S in every command
+
         self.timeout_s = timeout_s
         # httpx logs every request's URL at INFO: a webhook URL is a credential.
         for name in ("httpx", "httpcore"):
@@ -51,6 +51,8 @@ class HttpSender:
         )
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        import httpx
+
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self._client.stream("POST", url, content=body, headers=headers) as r:
