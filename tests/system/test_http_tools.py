@@ -240,7 +240,8 @@ def assert_no_secret_anywhere(shop: Shop, secrets: list[str], kinds: set[str]) -
     tables = [r[0] for r in client.query("SHOW TABLES").result_rows]
     assert "event_log" in tables
     everything = "\n".join(
-        client.raw_query(f"SELECT * FROM `{table}` FORMAT TSVRaw").decode() for table in tables
+        client.raw_query(f"SELECT * FROM `{table}` FORMAT TSVRaw").decode(errors="replace")
+        for table in tables
     )
     logs = [p for p in shop.gateway.data_dir.rglob("*.log") if p.is_file()]
     assert any(p.name == "executor.log" for p in logs)
