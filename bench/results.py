@@ -193,7 +193,7 @@ def save_results(
 
 def text_block(printed: str) -> str:
     """Figures printed as aligned text, kept as printed (a fenced block)."""
-    return "```text\n" + printed.strip("\n") + "\n```"
+    return "```\n" + printed.strip("\n") + "\n```"
 
 
 # ---------------------------------------------------------------- `--save`

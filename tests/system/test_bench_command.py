@@ -85,7 +85,7 @@ def test_bench_rate_holds_one_open_loop_rate(tmp_path: Path) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\d-pipeline-open-loop\.md", saved.name)
     text = saved.read_text()
     assert "| command | `toolgate bench --rate 20 --duration 1 --save --save-dir out` |" in text
-    assert text.endswith("## Figures\n\n```text\n" + out.strip("\n") + "\n```\n")
+    assert text.endswith("## Figures\n\n```\n" + out.strip("\n") + "\n```\n")
     assert f"saved: out/{saved.name}" in done.stderr
     assert re.search(
         r"^latency ms\s+p50" + NUMBER + r"\s+p90" + NUMBER + r"\s+p99" + NUMBER, out, re.MULTILINE

@@ -142,7 +142,7 @@ def test_save_keeps_what_a_bench_prints_and_the_load_before_it(
     text = path.read_text()
     assert header(text)["command"] == "`toolgate bench fairness --save`"
     assert header(text)["load average at start"].startswith("0.50 (1 min)")
-    assert text.endswith("## Figures\n\n```text\nalone        1.00  2.00\n```\n")
+    assert text.endswith("## Figures\n\n```\nalone        1.00  2.00\n```\n")
 
 
 def test_save_takes_a_bench_s_own_markdown_and_nothing_of_a_failed_run(tmp_path: Path) -> None:
