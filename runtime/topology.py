@@ -265,7 +265,11 @@ EXECUTOR_ACK_WAIT_CAP_S = 15.0
 NOTIFIER_ACK_WAIT_S = 30.0
 NOTIFIER_DELIVERIES_DURABLE = "notifier-deliveries"
 # The audit holds messages while a batch fills and is inserted (about 1 s, longer
-# while ClickHouse is slow); the sink sets its own (services/audit).
+# while ClickHouse is slow: the sink says in_progress meanwhile). Short, because a
+# SIGKILLed sink's batch waits this long to be redelivered. The sink creates its
+# durables with it (one value, here).
+AUDIT_ACK_WAIT_S = 10.0
+# JetStream's own default, for comparison: what a durable without ours would wait.
 DEFAULT_ACK_WAIT_S = 30.0
 
 
@@ -274,7 +278,7 @@ def stage_ack_wait(durable: str) -> float:
     if durable.startswith("executor-"):
         return EXECUTOR_ACK_WAIT_CAP_S
     if durable == "audit":
-        return DEFAULT_ACK_WAIT_S
+        return AUDIT_ACK_WAIT_S
     if durable == NOTIFIER_DELIVERIES_DURABLE:
         return NOTIFIER_ACK_WAIT_S
     return STAGE_ACK_WAIT_S

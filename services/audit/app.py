@@ -29,6 +29,7 @@ from toolgate.runtime import process
 from toolgate.runtime.served_registry import ServedRegistry, start_registry
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.runtime.stage import BatchStage, StageRunner
+from toolgate.runtime.topology import AUDIT_ACK_WAIT_S
 from toolgate.services.audit.chain import Checkpoint, ensure_seal_key, seal_bytes
 from toolgate.services.audit.connection import ClickHouseTarget, login_url
 from toolgate.services.audit.lag import WARN_AFTER_S, audit_lag
@@ -41,9 +42,8 @@ log = logging.getLogger("toolgate.audit")
 # ClickHouse wants thousands of rows about once a second per table.
 BATCH_ROWS = 2000
 FLUSH_S = 1.0
-# Short, because a SIGKILLed sink's batch waits this long to be redelivered;
-# a live sink keeps a batch that waits for ClickHouse `in progress`.
-ACK_WAIT_S = 10.0
+# The topology's (runtime/topology.py).
+ACK_WAIT_S = AUDIT_ACK_WAIT_S
 MAX_ACK_PENDING = 20_000
 LAG_CHECK_S = 10.0
 

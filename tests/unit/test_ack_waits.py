@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from toolgate.runtime import consumers
 from toolgate.runtime.topology import (
+    AUDIT_ACK_WAIT_S,
     DEFAULT_ACK_WAIT_S,
     EXECUTOR_ACK_MARGIN_S,
     EXECUTOR_ACK_WAIT_CAP_S,
@@ -31,7 +32,14 @@ class TestStageAckWait:
         assert stage_ack_wait(NOTIFIER_DELIVERIES_DURABLE) == NOTIFIER_ACK_WAIT_S > 10.0
 
     def test_the_audit_keeps_room_for_a_batch(self) -> None:
-        assert stage_ack_wait("audit") == DEFAULT_ACK_WAIT_S
+        # A batch fills for about a second; the sink says in_progress while it waits.
+        assert stage_ack_wait("audit") == AUDIT_ACK_WAIT_S >= 3 * 1.0
+
+    def test_the_sink_creates_its_durables_with_the_topology_value(self) -> None:
+        # One value: the table said 30 s while the sink created its durables with 10 s.
+        from toolgate.services.audit import app as audit_app
+
+        assert audit_app.ACK_WAIT_S == stage_ack_wait("audit")
 
     def test_consumer_config_takes_the_stage_value_unless_told(self) -> None:
         assert consumers.consumer_config("validator", "x.>").ack_wait == stage_ack_wait("validator")
