@@ -460,10 +460,40 @@ def pages_that_run() -> list[str]:
     return [name for name in names if any(runnable(b) and not b.file for b in page_blocks(name))]
 
 
-@pytest.mark.system
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page", pages_that_run())
-def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
+# The pages' runs are spread over PAGE_GROUPS test files, tests/docs/test_pages_N.py:
+# pytest-xdist hands out whole files (addopts' `--dist loadfile`), and one file holding
+# every page ran all thirteen gateways one after another on one worker.
+PAGE_GROUPS = 4
+
+
+def gateways_started(page: str) -> int:
+    """How many `toolgate up`s a page's run starts (its background `toolgate up` blocks)."""
+    return sum(
+        1 for b in page_blocks(page) if b.ready_at and not b.not_run and "toolgate up" in b.text
+    )
+
+
+def page_group(number: int) -> list[str]:
+    """The pages test_pages_{number}.py runs: dealt out in turn, the pages that start the
+    most gateways (then those with the most blocks) first, so the groups cost alike."""
+    by_cost = sorted(
+        pages_that_run(),
+        key=lambda page: (-gateways_started(page), -len(page_blocks(page)), page),
+    )
+    return by_cost[number - 1 :: PAGE_GROUPS]
+
+
+def test_every_page_that_runs_is_in_a_group_file() -> None:
+    grouped = [page for number in range(1, PAGE_GROUPS + 1) for page in page_group(number)]
+    assert sorted(grouped) == sorted(pages_that_run())
+    for number in range(1, PAGE_GROUPS + 1):
+        module = Path(__file__).with_name(f"test_pages_{number}.py")
+        assert f"page_group({number})" in module.read_text(), module
+    assert not Path(__file__).with_name(f"test_pages_{PAGE_GROUPS + 1}.py").exists()
+
+
+def run_page(page: str, tmp_path: Path) -> None:
+    """`page` read top to bottom by a reader in a fresh folder: test_pages_N.py's test."""
     home = tmp_path / "reader"
     home.mkdir()
     reader = Reader(home, reader_env())
