@@ -28,6 +28,10 @@ from pydantic import (
 from .subjects import TOOL_NAME_PATTERN
 
 BUILTIN_TOOLS_DIR = Path(__file__).parent / "tools"
+# libyaml's safe loader where PyYAML has it (its wheels do): it reads the same documents
+# about ten times faster than the pure-Python one, and every process a gateway starts
+# reads the whole registry at start-up, some several times.
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 Risk = Literal["low", "medium", "high", "critical"]
 AuditMode = Literal["full", "hash", "none"]
@@ -572,6 +576,11 @@ class Registry:
         return len(self._tools)
 
 
+def read_yaml(text: str) -> Any:
+    """One YAML document, as `yaml.safe_load` reads it (with libyaml when there)."""
+    return yaml.load(text, Loader=_YAML_LOADER)
+
+
 def load_tool_file(path: Path) -> ToolSpec:
     try:
         text = path.read_text()
@@ -583,7 +592,7 @@ def load_tool_file(path: Path) -> ToolSpec:
 def load_tool_text(text: str, where: str) -> ToolSpec:
     """One tool file's text (`where` names it in errors: a path, or a pushed file's name)."""
     try:
-        raw = yaml.safe_load(text)
+        raw = read_yaml(text)
     except yaml.YAMLError as exc:
         raise RegistryError(f"{where}: cannot read: {exc}") from exc
     if not isinstance(raw, dict):

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import nkeys
-import yaml
 
 from toolgate.contracts import subjects
 from toolgate.contracts.events import TERMINAL_EVENTS
+from toolgate.contracts.registry import read_yaml
 from toolgate.runtime.creds import CredentialsError, connect_options, nats_servers
 from toolgate.runtime.topology import MAX_MESSAGE_BYTES
 from toolgate.stack import nats_jwt
@@ -118,7 +118,7 @@ class RolePermissions:
 
 
 def load_permissions(path: Path = PERMISSIONS_FILE) -> dict[str, Any]:
-    document = yaml.safe_load(Path(path).read_text())
+    document = read_yaml(Path(path).read_text())
     if not isinstance(document, dict) or not isinstance(document.get("roles"), dict):
         raise CredentialsError(f"{path}: expected a mapping with `roles`")
     for role in document["roles"]:

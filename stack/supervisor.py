@@ -45,6 +45,7 @@ from toolgate.stack.processes import (
     kill_process,
     port_is_free,
     stop_process,
+    stop_processes,
 )
 from toolgate.stack.services import AUDIT, MCP, NOTIFIER, PIPELINE, SERVICES
 
@@ -52,6 +53,8 @@ log = logging.getLogger("toolgate.up")
 # How long streams and buckets may wait for a just-started JetStream to take them.
 JETSTREAM_READY_S = 30.0
 
+# How long a service may take to stop on SIGTERM before it is killed.
+SERVICE_STOP_S = 15.0
 # How often `toolgate up` asks each service's /healthz.
 HEALTH_CHECK_S = 5.0
 # The identity `toolgate up` mints for first use (`toolgate agents add` makes more).
@@ -167,7 +170,7 @@ class ServiceProcess:
         self.command[self.command.index("--http-port") + 1] = str(port)
         self.http_port = port
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = SERVICE_STOP_S) -> None:
         stop_process(self.process, timeout)
 
     def kill(self) -> None:
@@ -725,8 +728,9 @@ class Stack:
                 service.start()
 
     def stop(self) -> None:
-        for service in reversed(self.services):
-            service.stop()
+        # Every service at once: each one finishes what it holds on its own (what it has
+        # not acked stays in JetStream), so Ctrl-C waits for the slowest, not for the sum.
+        stop_processes((s.process for s in reversed(self.services)), SERVICE_STOP_S)
         if self.clickhouse is not None:
             self.clickhouse.stop()
         if self.nats is not None:

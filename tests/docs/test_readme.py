@@ -15,7 +15,11 @@ reader does. Liberties taken, and only these:
 - `toolgate up` gets `--nats-port 0`, so this can run beside a gateway on 4222;
 - a `toolgate up` block stops the one running first, as the page says (Ctrl-C);
 - the audit page names placeholders that the table PLACEHOLDERS below fills
-  in from its own run.
+  in from its own run;
+- the pages GUESTS below names, which offer to run against a gateway already
+  running ("or use a running one, from its folder"), run so: in the folder of
+  the page they follow, against its gateway (their `toolgate up` block is that
+  page's, checked to be running there), one after another.
 """
 
 from __future__ import annotations
@@ -257,6 +261,14 @@ class Reader:
     last_background: Background | None = None
     last_stdout: str = ""
     ran: int = 0
+    # The page being read (its commands' logs go under .readme/PAGE/), and whether it
+    # joins the gateway already running here (GUESTS) instead of starting one.
+    page: str = ""
+    joining: bool = False
+
+    @property
+    def notes(self) -> Path:
+        return self.home / ".readme" / self.page.replace("/", "_")
 
     # -------------------------------------------------------------- commands as they run
 
@@ -277,7 +289,7 @@ class Reader:
 
     def shell(self, block: Block) -> None:
         commands = shell_commands(block.text)
-        logs = self.home / ".readme" / f"block{block.line}"
+        logs = self.notes / f"block{block.line}"
         logs.mkdir(parents=True)
         script = ["set +e"]
         for number, command in enumerate(commands):
@@ -335,7 +347,7 @@ class Reader:
         path.write_text(block.text)
 
     def python(self, block: Block) -> None:
-        path = self.home / ".readme" / f"block{block.line}.py"
+        path = self.notes / f"block{block.line}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(block.text)
         done = subprocess.run(
@@ -363,13 +375,22 @@ class Reader:
             if not run:
                 continue  # only install commands
             is_up = run.startswith("toolgate up")
+            if is_up and self.joining:  # the gateway this page offers to use: running here
+                assert run == "toolgate up --nats-port 0", f"{block.where}: {run!r}"
+                assert self.up is not None and self.up.process.poll() is None, (
+                    f"{block.where}: no gateway runs in this folder to use"
+                )
+                assert block.ready_at in self.up.output(), block.where
+                self.joining = False
+                self.ran += 1
+                continue
             if is_up and self.up is not None:
                 assert self.up.stop() == 0, (
                     f"toolgate up did not stop cleanly: {self.up.output()[-3000:]}"
                 )
                 self.up = None
-            logs = self.home / ".readme"
-            logs.mkdir(exist_ok=True)
+            logs = self.notes
+            logs.mkdir(parents=True, exist_ok=True)
             out, err = logs / f"bg{block.line}.{number}.out", logs / f"bg{block.line}.{number}.err"
             with open(out, "wb") as stdout, open(err, "wb") as stderr:
                 process = subprocess.Popen(
@@ -426,7 +447,8 @@ class Reader:
             f"{block.where}: printed\n{json.dumps(actual, indent=2)}\nnot as documented"
         )
 
-    def stop_all(self) -> None:
+    def stop_services(self) -> list[str]:
+        """Ctrl-C in each shell still running something other than `toolgate up`."""
         problems = []
         for service in reversed(self.services):
             code = service.stop()
@@ -434,6 +456,11 @@ class Reader:
                 problems.append(
                     f"{service.command!r} exited {code} on Ctrl-C:\n{service.output()[-2000:]}"
                 )
+        self.services = []
+        return problems
+
+    def stop_all(self) -> None:
+        problems = self.stop_services()
         if self.up is not None:
             code = self.up.stop()
             if code != 0:
@@ -460,36 +487,111 @@ def pages_that_run() -> list[str]:
     return [name for name in names if any(runnable(b) and not b.file for b in page_blocks(name))]
 
 
-@pytest.mark.system
-@pytest.mark.timeout(1200)
-@pytest.mark.parametrize("page", pages_that_run())
-def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
+# Pages run after another page, in its folder and against its gateway, because they offer
+# to (`toolgate up` in a fresh folder, "or use a running one, from its folder"; "with a
+# gateway running in a folder"): each `toolgate up` started costs ~15 CPU-s. None of
+# them needs an empty store: clients.md's calls take new call_ids, identities.md adds,
+# uses and revokes its own agent acme.writer (no other page here uses it),
+# observability.md asks `toolgate status` (exit 0 whatever the counts), scaling.md
+# starts copies of services beside the running ones and stops them.
+GUESTS = {
+    "docs/getting-started.md": (
+        "docs/clients.md",
+        "docs/identities.md",
+        "docs/operations/observability.md",
+        "docs/operations/scaling.md",
+    ),
+}
+
+
+def runs() -> list[str]:
+    """The pages that start a run of their own (the others are GUESTS of one of them)."""
+    guests = {page for pages in GUESTS.values() for page in pages}
+    return [page for page in pages_that_run() if page not in guests]
+
+
+def test_guests_run_and_offer_a_running_gateway() -> None:
+    hosts = runs()
+    for host, guests in GUESTS.items():
+        assert host in hosts
+        for page in guests:
+            assert page in pages_that_run(), page
+            ups = [b for b in page_blocks(page) if b.ready_at and "toolgate up" in b.text]
+            assert [b.text for b in ups] == ["toolgate up\n"], page  # the one it may skip
+            assert not any(b.file for b in page_blocks(page)), page
+
+
+# The runs are spread over PAGE_GROUPS test files, tests/docs/test_pages_N.py: pytest-xdist
+# hands out whole files (addopts' `--dist loadfile`), and one file holding every page ran
+# them all one after another on one worker.
+PAGE_GROUPS = 4
+
+
+def gateways_started(page: str) -> int:
+    """How many `toolgate up`s a page's run starts (its background `toolgate up` blocks)."""
+    return sum(
+        1 for b in page_blocks(page) if b.ready_at and not b.not_run and "toolgate up" in b.text
+    )
+
+
+def run_cost(page: str) -> tuple[int, int]:
+    pages = [page, *GUESTS.get(page, ())]
+    return gateways_started(page), sum(len(page_blocks(p)) for p in pages)
+
+
+def page_group(number: int) -> list[str]:
+    """The runs test_pages_{number}.py makes: dealt out in turn, those that start the most
+    gateways (then those with the most blocks) first, so that the groups cost alike."""
+    by_cost = sorted(runs(), key=lambda page: (*(-n for n in run_cost(page)), page))
+    return by_cost[number - 1 :: PAGE_GROUPS]
+
+
+def test_every_page_that_runs_is_in_a_group_file() -> None:
+    grouped = [page for number in range(1, PAGE_GROUPS + 1) for page in page_group(number)]
+    assert sorted(grouped) == sorted(runs())
+    for number in range(1, PAGE_GROUPS + 1):
+        module = Path(__file__).with_name(f"test_pages_{number}.py")
+        assert f"page_group({number})" in module.read_text(), module
+    assert not Path(__file__).with_name(f"test_pages_{PAGE_GROUPS + 1}.py").exists()
+
+
+def run_page(page: str, tmp_path: Path) -> None:
+    """`page` read top to bottom by a reader in a fresh folder, then its GUESTS in turn in
+    the same folder: test_pages_N.py's test."""
     home = tmp_path / "reader"
     home.mkdir()
     reader = Reader(home, reader_env())
-    found = page_blocks(page)
+    read = [page, *GUESTS.get(page, ())]
+    expected = 0
     try:
-        for block in found:
-            if block.not_run:
-                continue
-            if block.file:
-                reader.save(block)
-            elif block.ready_at:
-                reader.background(block)
-            elif block.output_of:
-                reader.output(block)
-            elif RUNNABLE.get(block.language) == "sh":
-                reader.shell(block)
-            elif block.language == "python":
-                reader.python(block)
+        for number, name in enumerate(read):
+            reader.page, reader.joining = name, number > 0
+            reader.last_background, reader.last_stdout = None, ""
+            found = page_blocks(name)
+            for block in found:
+                if block.not_run:
+                    continue
+                if block.file:
+                    reader.save(block)
+                elif block.ready_at:
+                    reader.background(block)
+                elif block.output_of:
+                    reader.output(block)
+                elif RUNNABLE.get(block.language) == "sh":
+                    reader.shell(block)
+                elif block.language == "python":
+                    reader.python(block)
+            assert not reader.joining, f"{name}: no `toolgate up` block to join"
+            problems = reader.stop_services()  # the page's own shells, Ctrl-C
+            assert not problems, "\n".join(problems)
+            # Every command of every block ran (an install-only command has nothing to run).
+            expected += sum(
+                1
+                if b.language == "python"
+                else sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
+                for b in found
+                if runnable(b) and not b.file
+            )
+            assert reader.ran == expected, name
     finally:
         reader.stop_all()
-    # Every command of every block ran (an install-only command has nothing to run).
-    expected = sum(
-        1
-        if b.language == "python"
-        else sum(1 for c in shell_commands(b.text) if reader.as_run(c.text))
-        for b in found
-        if runnable(b) and not b.file
-    )
-    assert reader.ran == expected
