@@ -48,18 +48,39 @@ def key_id(public_key: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
+# The key id of each key a process signs or verifies with, kept with the key itself (so
+# its id() is not reused while the entry stands): found once, not per call (the public
+# half derived, serialised and hashed on every sign was a sixth of the policy's signing).
+_key_ids: dict[int, tuple[Ed25519PrivateKey | Ed25519PublicKey, str]] = {}
+_KEY_IDS_KEPT = 16
+
+
+def _key_id_of(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
+    found = _key_ids.get(id(key))
+    if found is not None and found[0] is key:
+        return found[1]
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    kid = key_id(public)
+    if len(_key_ids) >= _KEY_IDS_KEPT:
+        _key_ids.clear()
+    _key_ids[id(key)] = (key, kid)
+    return kid
+
+
 def sign(auth: Authorization, private_key: Ed25519PrivateKey) -> Authorization:
-    auth = msgspec.structs.replace(auth, key_id=key_id(private_key.public_key()), signature="")
-    signature = private_key.sign(_signed_bytes(auth))
+    auth = msgspec.structs.replace(auth, key_id=_key_id_of(private_key), signature="")
+    signature = private_key.sign(canonical_json(auth))  # its signature is "" already
     return msgspec.structs.replace(auth, signature=base64.b64encode(signature).decode())
 
 
 def verify(auth: Authorization, public_key: Ed25519PublicKey) -> bool:
+    if auth.key_id != _key_id_of(public_key):
+        return False  # signed with another key (or not at all): no signature check needed
     try:
         public_key.verify(base64.b64decode(auth.signature, validate=True), _signed_bytes(auth))
     except (InvalidSignature, ValueError):
         return False
-    return auth.key_id == key_id(public_key)
+    return True
 
 
 def ensure_keypair(keys_dir: Path) -> None:

@@ -35,7 +35,7 @@ from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from toolgate.runtime import call_context
+from toolgate.runtime import acking, call_context
 from toolgate.runtime.topology import heartbeat_interval, stage_ack_wait
 
 log = logging.getLogger("toolgate")
@@ -155,6 +155,9 @@ class PullLoop:
 
     async def start(self) -> Self:
         await ensure_consumer(self._nc, self._stream, self._config)
+        # A settled message's ack goes out with this connection's next write
+        # (runtime/acking.py): one socket write fewer per message.
+        acking.hold_acks_on(self._nc)
         self._subscription = await self._nc.subscribe(
             self._inbox + ".*", cb=self._on_message, pending_msgs_limit=-1, pending_bytes_limit=-1
         )
@@ -175,6 +178,11 @@ class PullLoop:
             await asyncio.wait(set(self._handling), timeout=grace_s)
         if self._keeping is not None:
             self._keeping.cancel()
+        try:  # the acks held for the last messages, sent and seen by the server
+            await acking.send_held(self._nc)
+            await self._nc.flush(timeout=2)
+        except Exception as exc:  # the bus is away: AckWait redelivers them
+            log.debug("acks held by %s not sent: %r", self._durable, exc)
 
     async def _on_message(self, msg: Msg) -> None:
         raise NotImplementedError
@@ -304,6 +312,7 @@ class PullConsumer(PullLoop):
             reply = self._next_request()
             request = b'{"batch":%d,"expires":%d}' % (free, int(PULL_EXPIRES_S * 1e9))
             try:
+                await acking.send_held(self._nc)  # in the request's write
                 await self._nc.publish(self._api, request, reply=reply)
             except Exception as exc:  # NATS reconnecting: ask again in a moment
                 log.warning("pull request on %s failed: %r", self._durable, exc)

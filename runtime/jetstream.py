@@ -18,6 +18,8 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError
 
+from toolgate.runtime import acking
+
 
 class _PubAckReply(msgspec.Struct):
     stream: str = ""
@@ -111,6 +113,7 @@ class LeanJetStream(JetStreamContext):
         # callbacks were 7-8% of the executor's and the attacher's CPU.
         timer = loop.call_later(timeout or self._timeout, _time_out, reply)
         try:
+            await acking.send_held(self._nc)  # acks held on this connection: in this write
             await self._nc.publish(
                 subject, payload, reply=self._reply_prefix + token, headers=headers or None
             )

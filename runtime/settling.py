@@ -17,7 +17,7 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
-from toolgate.runtime import telemetry
+from toolgate.runtime import acking, telemetry
 from toolgate.runtime.jetstream import ack_subject_fields
 
 log = logging.getLogger("toolgate")
@@ -163,6 +163,7 @@ async def settle(
     `give_up(exc)` records a dead letter (and ends the call in an error result
     where the message names it: `give_up_on`) and the message is terminated.
     If even that fails, the message is nak'ed again: never dropped silently.
+    The ack goes out with the connection's next write (runtime/acking.py).
     """
     try:
         await work()
@@ -170,7 +171,7 @@ async def settle(
         await _failed(msg, delivery, exc, give_up)
         return
     FAILURES.forget(delivery)
-    await msg.ack()
+    await acking.ack(msg)
 
 
 async def settle_batch(

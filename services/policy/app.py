@@ -400,6 +400,8 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
             engine.bundle.settings.approval_ttl_s,
             utc_now(),
             resources,
+            # hash_problem found the event's hash to be the arguments': not computed again
+            checked_sha256=event.arguments_sha256,
         )
 
     async def on_granted(event: ApprovalGranted, delivery: settling.Delivery) -> Event | None:
@@ -422,7 +424,13 @@ def build_app(settings: GatewaySettings, policy_dir: Path | None = None) -> Fast
         resources = await resolvers.look_up(engine, registry, event.call)
         decision = decide_safely(engine, registry, event.call, event.approvers, resources)
         return logic.after_approval(
-            event, delivery.message_id, decision, signer, utc_now(), resources
+            event,
+            delivery.message_id,
+            decision,
+            signer,
+            utc_now(),
+            resources,
+            checked_sha256=event.arguments_sha256,  # as hash_problem found it
         )
 
     def stage(

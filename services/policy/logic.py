@@ -102,13 +102,16 @@ def authorized(
     now: datetime,
     approvers: Sequence[str] = (),
     resources: Sequence[ResourceSeen] | None = None,
+    checked_sha256: str | None = None,
 ) -> CallAuthorized:
-    """Allowed: signed for exactly this call of this principal (the whole six-tuple)."""
+    """Allowed: signed for exactly this call of this principal (the whole six-tuple).
+    `checked_sha256`: the SHA-256 of the call's arguments as `hash_problem` found it
+    (then it is not computed a second time), else None."""
     authorization = sign(
         Authorization(
             call_id=call.call_id,
             tool=call.tool,
-            arguments_sha256=arguments_sha256(call.arguments),
+            arguments_sha256=checked_sha256 or arguments_sha256(call.arguments),
             policy_version=decision.policy_version,
             approvals=sorted(set(approvers)),
             expires_at=now + signer.ttl,
@@ -167,8 +170,10 @@ def after_validation(
     approval_ttl_s: float,
     now: datetime,
     resources: Sequence[ResourceSeen] | None = None,
+    checked_sha256: str | None = None,
 ) -> Event:
-    """The event a validated call gets, given the engine's decision and the rate limiter's."""
+    """The event a validated call gets, given the engine's decision and the rate limiter's.
+    `checked_sha256`: the arguments' hash, once `hash_problem` found none (see `authorized`)."""
     call = event.call
     if not decision.allowed and not decision.awaits_approval:
         return denied(event, message_id, decision, now, resources)
@@ -201,7 +206,16 @@ def after_validation(
             resources=list(resources or ()),
             **carried_fields(event),
         )
-    return authorized(event, call, message_id, decision, signer, now, resources=resources)
+    return authorized(
+        event,
+        call,
+        message_id,
+        decision,
+        signer,
+        now,
+        resources=resources,
+        checked_sha256=checked_sha256,
+    )
 
 
 def after_approval(
@@ -211,10 +225,20 @@ def after_approval(
     signer: Signer,
     now: datetime,
     resources: Sequence[ResourceSeen] | None = None,
+    checked_sha256: str | None = None,
 ) -> Event:
-    """The quorum was reached and the call decided again (bundle and resources as now)."""
+    """The quorum was reached and the call decided again (bundle and resources as now).
+    `checked_sha256`: the arguments' hash, once `hash_problem` found none (see `authorized`)."""
     if not decision.allowed:
         return denied(event, message_id, decision, now, resources)
     return authorized(
-        event, event.call, message_id, decision, signer, now, event.approvers, resources
+        event,
+        event.call,
+        message_id,
+        decision,
+        signer,
+        now,
+        event.approvers,
+        resources,
+        checked_sha256,
     )

@@ -260,3 +260,25 @@ class TestCedarSemantics:
         search = registry.get("search_sources")
         assert engine.decide(call("search_sources", {"limit": 5}), search).allowed
         assert not engine.decide(call("search_sources", {"limit": 6}), search).allowed
+
+
+class TestCallEntities:
+    """A call's entities (its tool's base plus its user, agent and tasks) are parsed once
+    per distinct set: calls of one agent in one task reuse them; anything that differs
+    (another user, another tool version) gets its own."""
+
+    def test_calls_with_the_same_entities_share_one_parse_and_others_do_not(
+        self, registry: Registry
+    ) -> None:
+        engine = CedarEngine(load_bundle())
+        save = spec(registry, "save_evidence")
+        first = engine._prepare(call("save_evidence", EVIDENCE), save, None).entities
+        again = engine._prepare(call("save_evidence", {**EVIDENCE, "claim": "y"}), save, None)
+        assert again.entities is first  # other arguments, the same entities: parsed once
+        bob = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-2")
+        other = engine._prepare(call("save_evidence", EVIDENCE, principal=bob), save, None)
+        assert other.entities is not first
+        changed = spec(registry, "save_evidence", risk="high")  # a pushed version of it
+        newer = engine._prepare(call("save_evidence", EVIDENCE), changed, None).entities
+        assert newer is not first
+        assert engine.decide(call("save_evidence", EVIDENCE), save).allowed
