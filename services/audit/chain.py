@@ -36,8 +36,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from toolgate.contracts.authorization import canonical_json, key_id
 from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
 
-_encode = msgspec.json.Encoder().encode
-
 # A key of its own: the audit seal must not be able to authorize a call, and
 # rotating the authorization key must not orphan the audit's signatures.
 SEAL_KEY_FILE = "audit-seal.key"
@@ -155,14 +153,6 @@ def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | Non
     return digest.hexdigest()
 
 
-def insert_line(row: dict[str, Any], chain_id: str, seq: int, chain_hash: str) -> bytes:
-    """The row as a JSONCompactEachRow line, in INSERT_COLUMNS order."""
-    values = list(_content_values(row))
-    values[_AT] = time_text(values[_AT])
-    values += (chain_id, seq, chain_hash)
-    return _encode(values)
-
-
 class Chain:
     """One writer's chain. `link` is tentative until `commit` (after the insert succeeded)."""
 
@@ -172,7 +162,7 @@ class Chain:
         self.head = genesis_hash(chain_id)
 
     def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows with their chain columns, and `line`: what the insert sends."""
+        """The rows with their chain columns: what the insert sends."""
         previous, seq, linked = self.head, self.seq, []
         for row in rows:
             seq += 1
@@ -184,7 +174,6 @@ class Chain:
                     "chain_id": self.chain_id,
                     "chain_seq": seq,
                     "chain_hash": previous,
-                    "line": insert_line(row, self.chain_id, seq, previous),
                 }
             )
         return linked
