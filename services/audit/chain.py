@@ -162,21 +162,17 @@ class Chain:
         self.head = genesis_hash(chain_id)
 
     def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows with their chain columns: what the insert sends."""
-        previous, seq, linked = self.head, self.seq, []
+        """The rows given chain columns (set in place): what the insert sends. Each link is
+        link_hash's, its three parts hashed as one text."""
+        previous, seq, chain_id, sha256 = self.head, self.seq, self.chain_id, hashlib.sha256
         for row in rows:
             seq += 1
-            content = content_bytes(row)
-            previous = link_hash(previous, seq, row, content)
-            linked.append(
-                {
-                    **row,
-                    "chain_id": self.chain_id,
-                    "chain_seq": seq,
-                    "chain_hash": previous,
-                }
-            )
-        return linked
+            inner = sha256(content_bytes(row)).digest()
+            previous = sha256(b"%b/%d/%b" % (previous.encode(), seq, inner)).hexdigest()
+            row["chain_id"] = chain_id
+            row["chain_seq"] = seq
+            row["chain_hash"] = previous
+        return list(rows)
 
     def commit(self, linked: list[dict[str, Any]]) -> None:
         if linked:
