@@ -36,8 +36,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from toolgate.contracts.authorization import canonical_json, key_id
 from toolgate.services.audit.rows import CONTENT_COLUMNS, to_micros
 
-_encode = msgspec.json.Encoder().encode
-
 # A key of its own: the audit seal must not be able to authorize a call, and
 # rotating the authorization key must not orphan the audit's signatures.
 SEAL_KEY_FILE = "audit-seal.key"
@@ -155,14 +153,6 @@ def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | Non
     return digest.hexdigest()
 
 
-def insert_line(row: dict[str, Any], chain_id: str, seq: int, chain_hash: str) -> bytes:
-    """The row as a JSONCompactEachRow line, in INSERT_COLUMNS order."""
-    values = list(_content_values(row))
-    values[_AT] = time_text(values[_AT])
-    values += (chain_id, seq, chain_hash)
-    return _encode(values)
-
-
 class Chain:
     """One writer's chain. `link` is tentative until `commit` (after the insert succeeded)."""
 
@@ -172,22 +162,17 @@ class Chain:
         self.head = genesis_hash(chain_id)
 
     def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The rows with their chain columns, and `line`: what the insert sends."""
-        previous, seq, linked = self.head, self.seq, []
+        """The rows given chain columns (set in place): what the insert sends. Each link is
+        link_hash's, its three parts hashed as one text."""
+        previous, seq, chain_id, sha256 = self.head, self.seq, self.chain_id, hashlib.sha256
         for row in rows:
             seq += 1
-            content = content_bytes(row)
-            previous = link_hash(previous, seq, row, content)
-            linked.append(
-                {
-                    **row,
-                    "chain_id": self.chain_id,
-                    "chain_seq": seq,
-                    "chain_hash": previous,
-                    "line": insert_line(row, self.chain_id, seq, previous),
-                }
-            )
-        return linked
+            inner = sha256(content_bytes(row)).digest()
+            previous = sha256(b"%b/%d/%b" % (previous.encode(), seq, inner)).hexdigest()
+            row["chain_id"] = chain_id
+            row["chain_seq"] = seq
+            row["chain_hash"] = previous
+        return list(rows)
 
     def commit(self, linked: list[dict[str, Any]]) -> None:
         if linked:

@@ -20,7 +20,6 @@ excerpt: nothing tells which tool's secret it may carry.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,6 +38,9 @@ MAX_PAYLOAD_CHARS = 256 * 1024
 EXCERPT_CHARS = 512
 REDACTED = "[redacted]"
 UNKNOWN_TOOL_AUDIT = AuditSpec(arguments="hash", result="hash")
+NO_TOOL_AUDIT = AuditSpec()
+# The tool names whose rules a builder remembers (names come from the bus: bounded).
+MAX_REMEMBERED_TOOLS = 4096
 
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
@@ -87,9 +89,9 @@ _DECISIONS: dict[type[ev.Event], str] = {
 _call_decoder = msgspec.json.Decoder(ToolCall)
 
 
-@dataclass(frozen=True)
-class StoredMessage:
-    """What the sink knows of one JetStream message (decoupled from nats-py for tests)."""
+class StoredMessage(msgspec.Struct, frozen=True):
+    """What the sink knows of one JetStream message (decoupled from nats-py for tests). A
+    msgspec struct: made once per row, ten times cheaper than a frozen dataclass."""
 
     stream: str
     sequence: int
@@ -131,19 +133,30 @@ class RowBuilder:
     def __init__(self, registry: Registry, max_call_bytes: int = 1024 * 1024) -> None:
         self.registry = registry
         self.max_call_bytes = max_call_bytes
+        self._rules: dict[str, tuple[AuditSpec, str]] = {}  # tool -> (audit, risk)
 
     def audit_of(self, tool: str) -> AuditSpec:
         """The registry's rule for `tool`; a name it does not know is kept as `hash` (a
         secret meant for a guarded tool may come under a misspelt name). An event of no
         tool (a dead letter, a malformed call) carries no arguments to keep."""
-        if not tool:
-            return AuditSpec()
-        spec = self.registry.get(tool)
-        return spec.audit if spec is not None else UNKNOWN_TOOL_AUDIT
+        return self._rule(tool)[0]
 
     def risk_of(self, tool: str) -> str:
-        spec = self.registry.get(tool)
-        return spec.risk if spec is not None else ""
+        return self._rule(tool)[1]
+
+    def _rule(self, tool: str) -> tuple[AuditSpec, str]:
+        """(audit, risk) of `tool`, looked up in the registry once per name."""
+        rule = self._rules.get(tool)
+        if rule is None:
+            spec = self.registry.get(tool)
+            if not tool:
+                audit = NO_TOOL_AUDIT
+            else:
+                audit = spec.audit if spec is not None else UNKNOWN_TOOL_AUDIT
+            rule = (audit, spec.risk if spec is not None else "")
+            if len(self._rules) < MAX_REMEMBERED_TOOLS:
+                self._rules[tool] = rule
+        return rule
 
     def row_for(self, message: StoredMessage) -> dict[str, Any]:
         if message.stream == CALLS_STREAM:
@@ -332,15 +345,12 @@ class RowBuilder:
             )
 
     def _blank(self, message: StoredMessage, event_id: str, event_type: str) -> dict[str, Any]:
-        row: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "")
-        row.update(
-            event_id=event_id,
-            event_type=event_type,
-            occurred_at=message.stored_at,
-            duration_ms=None,
-            source_stream=message.stream,
-            source_seq=message.sequence,
-        )
+        row = _BLANK_ROW.copy()
+        row["event_id"] = event_id
+        row["event_type"] = event_type
+        row["occurred_at"] = message.stored_at
+        row["source_stream"] = message.stream
+        row["source_seq"] = message.sequence
         return row
 
     def _finish(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +373,7 @@ class RowBuilder:
 
 
 _MISSING = object()
+_BLANK_ROW: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "") | {"duration_ms": None}
 
 
 def _add_note(row: dict[str, Any], text: str) -> None:

@@ -68,6 +68,21 @@ ORIGINAL = {
         "WHERE results = 0 AND requested_at < now64(6) - INTERVAL 5 MINUTE ORDER BY requested_at"
     ),
 }
+# "p50 / p99" as 008 wrote it (every call's stages unrolled, then grouped by tool and
+# stage): the text now aggregates per tool first. A saved copy must answer the same rows.
+STAGES_BY_ROW = (
+    "SELECT tool, stage, count() AS calls, round(quantile(0.5)(ms), 3) AS p50_ms, "
+    "round(quantile(0.99)(ms), 3) AS p99_ms FROM call_stages FINAL "
+    "ARRAY JOIN ['check', 'policy', 'approval', 'queue', 'execute', 'attach', 'total'] AS stage, "
+    "[dateDiff('microsecond', requested_at, checked_at) / 1000.0, "
+    "dateDiff('microsecond', checked_at, decided_at) / 1000.0, "
+    "dateDiff('microsecond', approval_requested_at, approval_decided_at) / 1000.0, "
+    "dateDiff('microsecond', authorized_at, started_at) / 1000.0, execute_ms, "
+    "dateDiff('microsecond', finished_at, attached_at) / 1000.0, "
+    "dateDiff('microsecond', requested_at, attached_at) / 1000.0] AS ms "
+    "WHERE ms IS NOT NULL GROUP BY tool, stage ORDER BY tool, "
+    "indexOf(['check', 'policy', 'approval', 'queue', 'execute', 'attach', 'total'], stage)"
+)
 BEFORE = 6  # the last DDL version before the projection
 STAGES = "call_stages"  # DDL 008: one row per call for the queries over every call
 
@@ -273,3 +288,35 @@ def test_the_insert_only_writer_fills_call_stages(tmp_path):
         assert stored == 3
     finally:
         server.stop()
+
+
+def test_stage_percentiles_aggregate_per_tool_and_answer_as_before(old_store, tmp_path):
+    """ "p50 / p99 per stage" aggregates one array of stage times per call, keyed by tool
+    alone (not a (tool, stage) row per call and stage: 7x the rows, and a string key), and
+    answers what 008's text and the text over `calls` answered: on the old store, and with
+    a call open in one block and closed in a later one."""
+    target = ClickHouseTarget.from_url(old_store)
+    apply_schema(target)
+    client = target.client()
+    wait_for_mutations(client)
+    title = "p50 / p99 time per stage, per tool"
+    sql = documented_queries()[title]
+    plan = [r[0].strip(" │└─") for r in client.query(f"EXPLAIN {sql}").result_rows]
+    keys = [line for line in plan if line.startswith("Keys:")]
+    assert keys == ["Keys: tool"], plan
+
+    def same() -> list[tuple[Any, ...]]:
+        now = run_readonly(client, sql)[1]
+        assert now == run_readonly(client, STAGES_BY_ROW)[1]
+        assert now == run_readonly(client, ORIGINAL[title])[1]
+        return now
+
+    assert same()
+    s = Story("split", "echo", WRITER, T0 + timedelta(minutes=11))
+    opened = s.validated().authorized()
+    asyncio.run(record(old_store, tmp_path / "k1", [opened]))
+    same()
+    closed = Story("split", "echo", WRITER, opened.at)
+    closed.executed({"payload": "ok"}).attached(success(s.call.call_id, {"payload": "ok"}))
+    asyncio.run(record_events(old_store, tmp_path / "k2", closed))
+    assert same()
