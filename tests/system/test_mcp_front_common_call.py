@@ -21,7 +21,7 @@ import uvicorn
 import yaml
 
 from tests.harness import Gateway, make_test_registry
-from tests.mcp_support import agent_token, wait_for_front_door
+from tests.mcp_support import agent_token, mcp_client, wait_for_front_door
 from toolgate.runtime.settings import GatewaySettings
 from toolgate.services.mcp_front.app import (
     FrontDoor,
@@ -257,3 +257,9 @@ async def test_both_paths_answer_the_same_bytes_and_only_the_common_requests_ski
                     "payload": {"text": "hé ✓ \u2028 </b>", "yes": True, "n": [1, 2.5]}
                 }
         assert sdk_door.common_served == 0
+        # The SDK's own client (the 2026-07-28 era, its default) is answered by the common path.
+        async with mcp_client(common_url, token) as client:
+            taken = common_door.common_served
+            result = await client.call_tool("echo", {"payload": "sdk"})
+        assert result.is_error is False and result.structured_content == {"payload": "sdk"}
+        assert common_door.common_served == taken + 1
