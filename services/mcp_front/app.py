@@ -68,6 +68,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import RequestParams
 from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS
+from opentelemetry.propagate import get_global_textmap
 from opentelemetry.trace import ProxyTracerProvider, get_current_span, get_tracer_provider
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
@@ -330,7 +331,9 @@ async def call_tool(
     # The client's trace goes on with the call: every event and audit row carries it
     # (the SDK's span when spans are recorded, else the context the client sent).
     span = get_current_span().get_span_context()
-    if not span.is_valid:  # no span recorded: the context the client sent, if any
+    # No span recorded: the context the client sent, if `_meta` has a key the propagator
+    # reads (none: nothing to extract, and nothing spent on it).
+    if not span.is_valid and logic.may_carry_trace(meta, get_global_textmap().fields):
         span = get_current_span(extract_trace_context(meta)).get_span_context()
     traceparent = logic.traceparent_of_span(span)
     call = ToolCall(
@@ -396,19 +399,23 @@ async def run_call(
                 progress=asked.progress,
                 receive=asked.receive,
             )
-            submitting = asyncio.ensure_future(
-                door.client_for((tenant, agent)).submit(
-                    call,
-                    timeout=door.options.result_timeout_s,
-                    on_pending=on_pending,
-                    # A call_id minted here has no stored result to look for; a
-                    # client's own (a retry) may have one.
-                    fresh=fresh,
-                    user_token=user_token,
-                )
+            submit = door.client_for((tenant, agent)).submit(
+                call,
+                timeout=door.options.result_timeout_s,
+                on_pending=on_pending,
+                # A call_id minted here has no stored result to look for; a
+                # client's own (a retry) may have one.
+                fresh=fresh,
+                user_token=user_token,
             )
             try:
-                if as_task:
+                if not as_task:
+                    # Nothing to race it against: awaited as it is (no task of its own).
+                    # Cancelled (the client's stream closed, or it went away), the call
+                    # goes on; nobody reads this answer.
+                    return await submit
+                submitting = asyncio.ensure_future(submit)
+                try:
                     either: set[asyncio.Future[Any]] = {submitting, for_human}
                     await asyncio.wait(either, return_when="FIRST_COMPLETED")
                     if not submitting.done():
@@ -430,12 +437,11 @@ async def run_call(
                             ttl_s=door.task_ttl_s,
                             message=logic.waiting_message(for_human.result()),
                         )
-                return await submitting
-            except BaseException:
-                # Cancelled (the client's stream closed, or it cancelled the request):
-                # the call goes on; nobody reads this answer.
-                submitting.cancel()
-                raise
+                    return await submitting
+                except BaseException:
+                    # Cancelled: the call goes on; nobody reads this answer.
+                    submitting.cancel()
+                    raise
             finally:
                 waiting.stop()
     except ResultTimeout:

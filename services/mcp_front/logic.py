@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -58,6 +58,12 @@ def traceparent_of_span(span_context: Any) -> str | None:
         return None
     flags = int(span_context.trace_flags) & 0xFF
     return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags:02x}"
+
+
+def may_carry_trace(meta: Mapping[str, Any], fields: Iterable[str]) -> bool:
+    """Whether a request's `_meta` has any key the trace propagator reads (its `fields`):
+    without one, there is no trace context to extract."""
+    return any(key in meta for key in fields)
 
 
 class BadMeta(ValueError):

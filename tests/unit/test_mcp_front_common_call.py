@@ -570,3 +570,13 @@ async def test_an_operators_token_is_one_access_token_while_it_stays_valid(tmp_p
         json.dumps({"tenant": "acme", "agent": "researcher", "user": "U1", "revoked_at": "now"})
     )
     assert await tokens.verify_token(token) is None
+
+
+def test_a_trace_context_is_extracted_only_from_a_meta_that_can_carry_one() -> None:
+    from opentelemetry.propagate import get_global_textmap
+
+    fields = get_global_textmap().fields
+    assert logic.may_carry_trace({"traceparent": "00-1-2-01"}, fields)
+    assert logic.may_carry_trace({"baggage": "k=v"}, fields)
+    assert not logic.may_carry_trace({"toolgate/call_id": "c1"}, fields)
+    assert not logic.may_carry_trace({}, fields)
