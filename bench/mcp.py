@@ -12,6 +12,9 @@ machine's drift hits every way alike:
   sends, written on one keep-alive HTTP/1.1 connection and read back by
   Content-Length: what the front door itself adds, without an SDK client's
   own cost on the same cores;
+- `plain POST, SDK pipeline`: the same request to a second front door on the same
+  gateway that sends every request through the SDK's pipeline (its common call path
+  off: services/mcp_front/common_call.py): what that path saves, A/B in one run;
 - `NATS (GatewayClient)`: the same call straight on the wire contract, as
   another agent of the same tenant (an agent's results reach every connection
   listening for that agent: one agent for both would wake each client for
@@ -48,8 +51,10 @@ from toolgate.bench.loops import percentile, say
 BLOCK = 50
 NATS = "NATS (GatewayClient)"
 PLAIN = "plain POST 2026-07-28"
+PLAIN_SDK = "plain POST, SDK pipeline"
 MODERN_ERA = "2026-07-28"
 FRONT_DOOR = "mcp"  # the front door's process, as the stack names it
+SDK_DOOR = "mcp-sdk"  # the second front door, every request through the SDK's pipeline
 # Upstream rows: (direct session, through the gateway), per transport.
 UPSTREAM_ROWS = {
     "stdio": ("upstream stdio, direct", "upstream stdio, gateway"),
@@ -171,6 +176,22 @@ class PlainPost:
         return found
 
 
+async def _wait_for_door(url: str) -> None:
+    import httpx2
+
+    async with httpx2.AsyncClient() as probe:  # 401 without a token: it is up
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if (await probe.post(url, json={})).status_code == 401:
+                    return
+            except httpx2.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the front door at {url} never answered")
+            await asyncio.sleep(0.2)
+
+
 async def _measure(
     stack: object,
     calls: int,
@@ -178,6 +199,7 @@ async def _measure(
     nats_creds: Path,
     upstream_tools: dict[str, str],
     http_url: str,
+    sdk_door: tuple[str, int],
 ) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
     import httpx2
     from mcp import Client
@@ -188,28 +210,22 @@ async def _measure(
 
     assert isinstance(stack, Stack) and stack.mcp_url is not None
     url = stack.mcp_url
-    async with httpx2.AsyncClient() as probe:  # wait for the front door
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if (await probe.post(url, json={})).status_code == 401:
-                    break
-            except httpx2.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the front door at {url} never answered")
-            await asyncio.sleep(0.2)
+    sdk_url, sdk_pid = sdk_door
+    await _wait_for_door(url)
+    await _wait_for_door(sdk_url)
     modern_http, legacy_http = (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
         for _ in range(2)
     )
     gateway = await GatewayClient.connect(stack.url, nats_creds)
     processes = procs.of_stack(stack)
+    processes.add(SDK_DOOR, sdk_pid)
     async with (
         modern_http,
         legacy_http,
         gateway,
         PlainPost(url, token) as plain,
+        PlainPost(sdk_url, token) as plain_sdk,
         Client(streamable_http_client(url, http_client=modern_http)) as modern,
         Client(streamable_http_client(url, http_client=legacy_http), mode="legacy") as legacy,
         direct_sessions(http_url) as direct,
@@ -223,10 +239,13 @@ async def _measure(
 
             return call
 
-        async def via_plain(i: int) -> None:
-            answer = await plain.call(i, "echo", {"payload": i})
-            if answer.get("result", {}).get("isError") is not False:
-                raise RuntimeError(f"echo failed through the front door: {answer}")
+        def via_plain(post: PlainPost) -> Callable[[int], Awaitable[None]]:
+            async def call(i: int) -> None:
+                answer = await post.call(i, "echo", {"payload": i})
+                if answer.get("result", {}).get("isError") is not False:
+                    raise RuntimeError(f"echo failed through the front door: {answer}")
+
+            return call
 
         async def via_nats(i: int) -> None:
             result = await gateway.call("echo", {"payload": i}, user="u-bench", session="s-bench")
@@ -252,26 +271,28 @@ async def _measure(
         ways = {
             f"SDK client {modern.protocol_version}": via(modern),
             f"SDK client {legacy.protocol_version}": via(legacy),
-            PLAIN: via_plain,
+            PLAIN: via_plain(plain),
+            PLAIN_SDK: via_plain(plain_sdk),
             NATS: via_nats,
         }
         for transport, (direct_row, gateway_row) in UPSTREAM_ROWS.items():
             ways[direct_row] = upstream_direct(direct[transport])
             ways[gateway_row] = upstream_gateway(upstream_tools[transport])
+        posts = {PLAIN: plain, PLAIN_SDK: plain_sdk}
         times: dict[str, list[float]] = {name: [] for name in ways}
         cpu: dict[str, dict[str, float]] = {name: {} for name in ways}
         # Warm up every path (connections, the pipeline's first-call costs).
         for name, way in ways.items():
-            if name == PLAIN:
-                await plain.reopen()
+            if name in posts:
+                await posts[name].reopen()
             for i in range(20):
                 await way(i)
         done = 0
         while done < calls:
             block = min(BLOCK, calls - done)
             for name, way in ways.items():
-                if name == PLAIN:
-                    await plain.reopen()  # not timed
+                if name in posts:
+                    await posts[name].reopen()  # not timed
                 before = processes.snapshot()
                 for i in range(block):
                     started = time.perf_counter()
@@ -304,7 +325,8 @@ def _report(times: dict[str, list[float]], cpu: dict[str, dict[str, float]]) -> 
         per_call = {process: s * 1000 / len(values) for process, s in cpu[name].items()}
         print(
             f"{name:26} {len(values):>6} {p50:>8.2f} {p99:>8.2f} {adds:>19}"
-            f" {per_call.get(FRONT_DOOR, 0.0):>9.2f} {per_call.get('client', 0.0):>11.2f}"
+            f" {per_call.get(SDK_DOOR if name == PLAIN_SDK else FRONT_DOOR, 0.0):>9.2f}"
+            f" {per_call.get('client', 0.0):>11.2f}"
             f" {sum(per_call.values()):>8.2f}"
         )
     print(
@@ -321,6 +343,19 @@ def _report(times: dict[str, list[float]], cpu: dict[str, dict[str, float]]) -> 
             "direct session to the same server (a local tool on NATS: "
             f"{nats_p50:.2f} ms at p50)"
         )
+    common, sdk = sorted(times[PLAIN]), sorted(times[PLAIN_SDK])
+    door_cpu = {  # of the door that answered the way
+        way: cpu[way].get(door, 0.0) * 1000 / len(times[way])
+        for way, door in ((PLAIN, FRONT_DOOR), (PLAIN_SDK, SDK_DOOR))
+    }
+    print(
+        f"the common call path: plain POST adds {percentile(common, 0.50) - nats_p50:.2f} ms "
+        f"at p50 ({(percentile(common, 0.50) - nats_p50) / nats_p50:.2f}x of NATS), door CPU "
+        f"{door_cpu[PLAIN]:.2f} ms a call; through the SDK's pipeline "
+        f"{percentile(sdk, 0.50) - nats_p50:.2f} ms "
+        f"({(percentile(sdk, 0.50) - nats_p50) / nats_p50:.2f}x), door CPU "
+        f"{door_cpu[PLAIN_SDK]:.2f} ms"
+    )
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"(load average {load}, {os.cpu_count()} cores)")
 
@@ -350,6 +385,7 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
         http_url = f"http://127.0.0.1:{port}/mcp"
         upstream = subprocess.Popen([*ECHO_COMMAND, "--port", str(port)])
         stack = None
+        sdk_door: subprocess.Popen[bytes] | None = None
         try:
             upstream_tools = _wait_and_register(upstream, Path(tmp) / "registry", http_url)
             stack = Stack(
@@ -365,10 +401,23 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
             _, account = nats_auth.mcp_front_account_jwt(keys, stack.data_dir)
             nats_creds, nats_agent = nats_auth.add_agent(stack.data_dir, DEFAULT_TENANT, "bench")
             nats_auth.push_account_jwts_sync(stack.url, stack.data_dir, [account, nats_agent])
+            sdk_port = free_port()
+            sdk_door = subprocess.Popen(sdk_door_command(stack, sdk_port))
             times, cpu = asyncio.run(
-                _measure(stack, calls, token, nats_creds, upstream_tools, http_url)
+                _measure(
+                    stack,
+                    calls,
+                    token,
+                    nats_creds,
+                    upstream_tools,
+                    http_url,
+                    (f"http://127.0.0.1:{sdk_port}/mcp", sdk_door.pid),
+                )
             )
         finally:
+            if sdk_door is not None:
+                sdk_door.terminate()
+                sdk_door.wait(10)
             if stack is not None:
                 with contextlib.suppress(Exception):
                     stack.stop()
@@ -377,3 +426,38 @@ def cmd_bench_mcp(args: argparse.Namespace) -> int:
     _report(times, cpu)
     sys.stdout.flush()
     return 0
+
+
+def sdk_door_command(stack: Any, port: int) -> list[str]:
+    """A second front door on `stack`'s bus, every request through the SDK's pipeline."""
+    command = [sys.executable, "-m", "toolgate.bench.mcp", "--nats-url", stack.url]
+    command += ["--creds", str(stack.creds_of("mcp_front")), "--data-dir", str(stack.data_dir)]
+    for directory in stack.registry_dirs:
+        command += ["--registry", str(directory)]
+    return command + ["--port", str(port)]
+
+
+def serve_sdk_door(argv: list[str]) -> int:
+    """`python -m toolgate.bench.mcp ...`: the front door with its common call path off."""
+    from toolgate.runtime.settings import GatewaySettings
+    from toolgate.services.mcp_front.app import FrontDoorOptions, serve
+
+    parser = argparse.ArgumentParser(prog="toolgate.bench.mcp")
+    parser.add_argument("--nats-url", required=True)
+    parser.add_argument("--creds", type=Path)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--registry", type=Path, action="append", default=[])
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    settings = GatewaySettings(
+        nats_url=args.nats_url,
+        nats_creds=args.creds,
+        data_dir=args.data_dir,
+        registry_dirs=tuple(args.registry),
+    )
+    serve(settings, FrontDoorOptions(port=args.port, common_path=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_sdk_door(sys.argv[1:]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -13,6 +13,7 @@ from typing import Any, Final
 import mcp_types as types
 import msgspec
 from mcp.shared.inbound import X_MCP_HEADER_KEY
+from mcp_types.methods import serialize_server_result
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter, ValidationError
 
@@ -57,6 +58,12 @@ def traceparent_of_span(span_context: Any) -> str | None:
         return None
     flags = int(span_context.trace_flags) & 0xFF
     return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags:02x}"
+
+
+def may_carry_trace(meta: Mapping[str, Any], fields: Iterable[str]) -> bool:
+    """Whether a request's `_meta` has any key the trace propagator reads (its `fields`):
+    without one, there is no trace context to extract."""
+    return any(key in meta for key in fields)
 
 
 class BadMeta(ValueError):
@@ -201,6 +208,48 @@ def call_result(
     )
 
 
+# The protocol version whose wire `call_answer` writes (the SDK's surface for it).
+ANSWER_VERSION: Final = "2026-07-28"
+
+
+def call_answer(result: ToolResult, spec: ToolSpec | ListedTool | None = None) -> dict[str, Any]:
+    """`call_result` as the SDK puts it on the 2026-07-28 wire (its result surface:
+    keys in the surface's order, none left null), without the server's identity stamp:
+    what the door's common path answers without building and re-validating the models.
+    An upstream's content blocks, passed through as they came, are shaped by the SDK's
+    own serializer (their many kinds are its to write)."""
+    meta: dict[str, Any] = {CALL_ID_META_KEY: result.call_id, STATUS_META_KEY: result.status}
+    if not isinstance(result.provenance, msgspec.UnsetType):
+        meta[PROVENANCE_META_KEY] = msgspec.to_builtins(result.provenance)
+    if result.ok:
+        blocks = upstream_content(result.data) if spec and passes_content(spec) else None
+        if blocks is not None:
+            return wire_form(types.CallToolResult(content=blocks, is_error=False, _meta=meta))
+        answer: dict[str, Any] = {
+            "_meta": meta,
+            "content": [{"text": json.dumps(result.data, ensure_ascii=False), "type": "text"}],
+            "isError": False,
+            "resultType": "complete",
+        }
+        if isinstance(result.data, dict):
+            answer["structuredContent"] = result.data
+        return answer
+    text = json.dumps(error_body(result), ensure_ascii=False)
+    return {
+        "_meta": meta,
+        "content": [{"text": text, "type": "text"}],
+        "isError": True,
+        "resultType": "complete",
+    }
+
+
+def wire_form(result: types.CallToolResult) -> dict[str, Any]:
+    """A CallToolResult as the SDK shapes it for the 2026-07-28 wire (its own dump and
+    serializer), without the server's identity stamp."""
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return serialize_server_result("tools/call", ANSWER_VERSION, dumped)
+
+
 def still_waiting(call_id: str, waited_s: float) -> types.CallToolResult:
     """No result within the front door's wait: the call goes on; a retry with the same
     `_meta` call_id collects its result."""
@@ -336,7 +385,11 @@ def wants_tasks(protocol_version: str | None, capabilities: Any) -> bool:
     extension, on a protocol version whose results may say `resultType: "task"`."""
     if protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return False
-    extensions = getattr(capabilities, "extensions", None)
+    # The SDK's ClientCapabilities, or the raw `_meta` object (the common path's).
+    if isinstance(capabilities, dict):
+        extensions = capabilities.get("extensions")
+    else:
+        extensions = getattr(capabilities, "extensions", None)
     return isinstance(extensions, dict) and TASKS_EXTENSION in extensions
 
 
