@@ -33,19 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
-import jwt
-from jwt.exceptions import (
-    ExpiredSignatureError,
-    ImmatureSignatureError,
-    InvalidAudienceError,
-    InvalidIssuerError,
-    InvalidTokenError,
-    MissingRequiredClaimError,
-    PyJWKError,
-)
-
 from toolgate.contracts.calls import ErrorCode
+
+# httpx and PyJWT (~0.3 CPU-s of imports) are imported where they are used: the validator
+# and the executor import this module, and most gateways run without an issuer.
 
 log = logging.getLogger("toolgate.oidc")
 
@@ -154,6 +145,8 @@ class KeySet:
         self._lock = asyncio.Lock()
 
     async def _get_json(self, url: str) -> Any:
+        import httpx
+
         try:
             async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S, follow_redirects=False) as http:
                 response = await http.get(url, headers={"Accept": "application/json"})
@@ -258,6 +251,9 @@ class TokenVerifier:
         cache_key = (kid, algorithm, id(jwk))
         found = self._key_objects.get(cache_key)
         if found is None:
+            import jwt
+            from jwt.exceptions import InvalidTokenError, PyJWKError
+
             try:
                 found = jwt.PyJWK(jwk, algorithm).key
             except (PyJWKError, InvalidTokenError, ValueError, TypeError):
@@ -284,6 +280,16 @@ class TokenVerifier:
         return verified
 
     async def _verify(self, token: str) -> VerifiedToken:
+        import jwt
+        from jwt.exceptions import (
+            ExpiredSignatureError,
+            ImmatureSignatureError,
+            InvalidAudienceError,
+            InvalidIssuerError,
+            InvalidTokenError,
+            MissingRequiredClaimError,
+        )
+
         header = unverified_header(token)
         algorithm = header.get("alg")
         if algorithm not in ALLOWED_ALGORITHMS:
@@ -360,6 +366,9 @@ def unverified_header(token: str) -> dict[str, Any]:
 
 def unverified_expiry(token: str) -> float | None:
     """The `exp` of a token verified before (the executor's check at run time), or None."""
+    import jwt
+    from jwt.exceptions import InvalidTokenError
+
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except InvalidTokenError:

@@ -40,10 +40,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import quote
 
-import httpx
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,6 +53,9 @@ from toolgate.contracts.registry import (
     RESOURCE_TYPE_PATTERN,
     pointer_steps,
 )
+
+if TYPE_CHECKING:  # imported by the HTTP lookup: a policy without one never loads httpx
+    import httpx
 
 # Found entities kept at most this many (per policy process); expired ones go first.
 MAX_CACHE_ENTRIES = 10_000
@@ -194,6 +196,8 @@ class _HttpLookup:
         self.client: httpx.AsyncClient | None = None
 
     async def __call__(self, resource_id: str, tenant: str) -> Mapping[str, Any] | None:
+        import httpx
+
         if self.client is None:  # made in the running loop, kept for its connections
             self.client = httpx.AsyncClient(
                 timeout=self.config.timeout_s, headers=self.config.headers, follow_redirects=False

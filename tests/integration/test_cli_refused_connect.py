@@ -12,6 +12,8 @@ tests/system/test_operator_failures.py (its --connect-timeout, 5 s, is a multipl
 Here the same connect path (cli/calls.py) runs against a real locked nats-server with a
 revoked agent's creds, many times at once with timeouts spread over the attempt period:
 every one must end (exit 3). The give-up wait bounds only how long a hang is waited on.
+The library's own connect (GatewayClient.connect: the frameworks' sessions, the benches,
+an agent platform) had the same pattern and gets the same test: ConnectFailed every time.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 
 from toolgate.cli.calls import _connect_client
 from toolgate.cli.common import Failed
+from toolgate.client.gateway_client import ConnectFailed, GatewayClient
 from toolgate.stack import nats_auth
 from toolgate.stack.nats_server import EmbeddedNats
 
@@ -77,4 +80,30 @@ def test_refused_creds_end_the_connect_every_time(revoked: tuple[str, Path]) -> 
     # Refused, or (the shortest timeouts, on a busy machine) no answer in time: exit 3.
     assert len(outcomes) == TRIES
     assert all(o is not None and o.code == 3 for o in outcomes), outcomes
+    assert any("authorization refused" in str(o) for o in outcomes), outcomes
+
+
+def test_refused_creds_end_the_library_connect_every_time(revoked: tuple[str, Path]) -> None:
+    url, kept = revoked
+    draw = random.Random(26)
+    timeouts = [draw.uniform(0.1, 1.2) for _ in range(TRIES)]
+    outcomes: list[BaseException | None] = []
+
+    async def one(timeout: float) -> BaseException | None:
+        try:
+            client = await GatewayClient.connect(url, kept, connect_timeout=timeout)
+        except ConnectFailed as failed:
+            return failed
+        await client.close()
+        return None
+
+    async def every_one() -> None:
+        outcomes.extend(await asyncio.gather(*(one(t) for t in timeouts)))
+
+    tries = threading.Thread(target=asyncio.run, args=(every_one(),), daemon=True)
+    tries.start()
+    tries.join(GIVE_UP_S)
+    assert not tries.is_alive(), "connects with refused creds never ended"
+    assert len(outcomes) == TRIES
+    assert all(isinstance(o, ConnectFailed) for o in outcomes), outcomes
     assert any("authorization refused" in str(o) for o in outcomes), outcomes

@@ -6,12 +6,17 @@ trickles a request head, a byte at a time, is disconnected by the server; a
 connection over the cap is closed at once; a well-behaved client is served after the
 slow ones are cut. The bounds below are limits on how long a test waits, not
 performance assertions.
+
+The doors run with their own limits (cap, guard, protocol) but shorter deadlines
+(`sooner`): the head and body timeouts are settings of the same guard, and the
+defaults' 10 s and 30 s were waited out in every test (about 90 s of idle wall).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http.client
 import socket
 import threading
@@ -22,16 +27,24 @@ from typing import Any
 import pytest
 import uvicorn
 
-from toolgate.runtime.http_server import BODY_TIMEOUT_S
+from toolgate.runtime.http_server import SlowClientLimits
 from toolgate.services.approvals.inbox import INBOX_LIMITS, Inbox
+from toolgate.services.mcp_front import app as front_door_app
 from toolgate.services.mcp_front.app import FRONT_DOOR_LIMITS, FrontDoorOptions, front_door_config
 from toolgate.stack.nats_server import EmbeddedNats
 from toolgate.stack.supervisor import free_port
 
-pytestmark = pytest.mark.slow  # each test waits out a door's timeout (10 s and more)
+pytestmark = pytest.mark.slow  # each test waits out a door's timeout
+
+
+def sooner(limits: SlowClientLimits) -> SlowClientLimits:
+    """A door's limits with deadlines a test can wait out (uvicorn's keep-alive is whole
+    seconds); the cap stays the door's."""
+    return dataclasses.replace(limits, head_timeout_s=1.5, body_timeout_s=2.5, idle_timeout_s=1)
+
 
 # How long a test waits for the server to act: far beyond the head and body timeouts.
-GIVE_UP_S = BODY_TIMEOUT_S * 2 + 20
+GIVE_UP_S = sooner(FRONT_DOOR_LIMITS).body_timeout_s * 2 + 20
 HEAD_START = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
@@ -131,8 +144,10 @@ async def healthz(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @pytest.fixture
-def front_door_port() -> Iterator[int]:
-    """uvicorn as the front door configures it, around a trivial app."""
+def front_door_port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """uvicorn as the front door configures it (with `sooner` deadlines), around a
+    trivial app."""
+    monkeypatch.setattr(front_door_app, "FRONT_DOOR_LIMITS", sooner(FRONT_DOOR_LIMITS))
     options = FrontDoorOptions(host="127.0.0.1", port=free_port("127.0.0.1"))
     config = front_door_config(healthz, options)
     config.lifespan = "off"
@@ -150,7 +165,7 @@ def front_door_port() -> Iterator[int]:
 
 @pytest.fixture
 async def inbox_port(nats_server: EmbeddedNats) -> AsyncIterator[int]:
-    inbox = await asyncio.to_thread(Inbox(nats_server.url).start)
+    inbox = await asyncio.to_thread(Inbox(nats_server.url, limits=sooner(INBOX_LIMITS)).start)
     yield inbox.port
     await asyncio.to_thread(inbox.stop)
 

@@ -27,7 +27,10 @@ from tests.system.test_audit_pipeline import expected_rows
 from toolgate.contracts.calls import Principal, ToolCall
 from toolgate.services.audit.lag import audit_lag
 
-pytestmark = pytest.mark.system
+# Each test runs minutes by design (a three-minute outage, then the drain): 300 s per test
+# was close under a busy machine's load. A longer timeout also hands the file out first
+# (tests/conftest.py), so it does not start late and end the run alone.
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 CAROL = Principal(tenant="acme", user="u-carol", agent="researcher", session="s-7")
 OUTAGE_S = 180.0

@@ -12,28 +12,21 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
-from langgraph.prebuilt import create_react_agent
-from langgraph.types import Command
 
 from tests.harness import Gateway, count_types, events_of
-from tests.system.framework_fakes import ScriptedChat, StateChat, calls, tool_call
-from tests.system.framework_graph import approve_in_cli
 from tests.tools.faulty import runs_of
-from toolgate.client.frameworks.langchain import (
-    ApprovalPending,
-    GatewayToolkit,
-    GatewayToolMiddleware,
-)
-from toolgate.client.frameworks.langgraph import APPROVAL_INTERRUPT, SQLiteCheckpointer
 from toolgate.client.frameworks.session import GatewaySession, SessionError
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.registry import load_registry
+
+# The frameworks are imported by the tests that use them, not at collection: every
+# xdist worker collects every test file, and these imports cost seconds of CPU each.
+if TYPE_CHECKING:
+    from langchain_core.messages import ToolMessage
+
 
 pytestmark = pytest.mark.system
 
@@ -61,6 +54,8 @@ async def session(shared_gateway: Gateway) -> AsyncIterator[GatewaySession]:
 
 
 def tool_messages(state: dict[str, Any]) -> list[ToolMessage]:
+    from langchain_core.messages import ToolMessage
+
     return [m for m in state["messages"] if isinstance(m, ToolMessage)]
 
 
@@ -76,6 +71,8 @@ async def ran(gateway: Gateway, call_id: str) -> int:
 async def test_toolkit_lists_the_tools_this_agent_may_call_with_their_contracts(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     tools = {t.name: t for t in GatewayToolkit(session=session).get_tools()}
     registry = load_registry(shared_gateway.registry_dir)
     assert set(tools) == {spec.name for spec in registry.visible_to("researcher")}
@@ -92,6 +89,12 @@ async def test_toolkit_lists_the_tools_this_agent_may_call_with_their_contracts(
 async def test_seed_search_fetch_save_through_a_langchain_agent(
     shared_gateway: Gateway, session: GatewaySession, document_server: str
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     url = f"{document_server}/sessions"
     model = ScriptedChat(
         responses=[
@@ -129,6 +132,12 @@ def test_limit_50_comes_back_as_an_error_the_model_reads_and_corrects(
     shared_gateway: Gateway,
 ) -> None:
     """Synchronous agent.invoke, on a session with a loop thread of its own."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     session = GatewaySession.connect_in_background(
         shared_gateway.url,
         asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
@@ -165,6 +174,12 @@ def test_limit_50_comes_back_as_an_error_the_model_reads_and_corrects(
 async def test_a_denied_call_is_a_final_error_and_never_runs(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     other_task = {"task_id": "task_someone_else", "claim": "x", "source_url": "https://a.org"}
     model = ScriptedChat(
         responses=[calls(tool_call("save_evidence", other_task, "call_x")), AIMessage("no")]
@@ -198,6 +213,12 @@ async def test_a_call_needing_approval_without_a_checkpointer_is_an_error_with_i
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
     """create_agent with no checkpointer cannot pause: the tool message is an error."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     model = ScriptedChat(
         responses=[calls(tool_call("approved_action", {"amount": 3}, "call_a")), AIMessage("ok")]
     )
@@ -216,6 +237,12 @@ async def test_create_react_agent_with_the_toolkit_and_no_middleware_does_not_re
     """The finding of issue 27: LangGraph's prebuilt create_react_agent, GatewayToolkit's
     tools, no middleware, no checkpointer. The tool message was status=success
     "WAITING FOR APPROVAL..." and the graph finished as if the call were done."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.prebuilt import create_react_agent
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     model = ScriptedChat(
         responses=[calls(tool_call("approved_action", {"amount": 4}, "call_r")), AIMessage("ok")]
     )
@@ -230,6 +257,12 @@ def test_create_react_agent_driven_synchronously_does_not_report_done_either(
     shared_gateway: Gateway,
 ) -> None:
     """The same finding through graph.invoke (the tool's synchronous path)."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.prebuilt import create_react_agent
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     session = GatewaySession.connect_in_background(
         shared_gateway.url,
         asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
@@ -255,6 +288,15 @@ async def test_create_react_agent_with_the_toolkit_and_a_checkpointer_pauses_and
 ) -> None:
     """With a checkpointer the same agent pauses with the gateway's interrupt; after a
     human's approval a resume gets the result, and the tool ran once, in the gateway."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.prebuilt import create_react_agent
+    from langgraph.types import Command
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import approve_in_cli
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+    from toolgate.client.frameworks.langgraph import APPROVAL_INTERRUPT, SQLiteCheckpointer
+
     checkpointer = SQLiteCheckpointer(tmp_path / "react.sqlite")
     graph = create_react_agent(
         StateChat(tool="approved_action", args={"amount": 5}, call_id="call_p"),
@@ -285,6 +327,8 @@ async def test_a_bare_invocation_of_a_call_needing_approval_raises(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
     """Invoked with bare arguments there is no message to flag as an error: it raises."""
+    from toolgate.client.frameworks.langchain import ApprovalPending, GatewayToolkit
+
     (act,) = [t for t in GatewayToolkit(session=session).get_tools() if t.name == "approved_action"]
     with pytest.raises(ApprovalPending) as raised:
         await act.ainvoke({"amount": 6})
@@ -296,6 +340,13 @@ async def test_a_bare_invocation_of_a_call_needing_approval_raises(
 async def test_the_middleware_without_a_checkpointer_fails_a_call_needing_approval(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolMiddleware
+
     local_runs: list[int] = []
 
     @tool
@@ -323,6 +374,13 @@ async def test_a_model_naming_a_tool_the_agent_may_not_call_gets_denied(
 ) -> None:
     """browser-bot's toolkit has no save_evidence; its own tool of that name, behind the
     middleware, is denied by the gateway and its body never runs."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolMiddleware
+
     local_runs: list[dict[str, Any]] = []
 
     @tool
@@ -346,6 +404,13 @@ async def test_a_model_naming_a_tool_the_agent_may_not_call_gets_denied(
 async def test_the_middleware_runs_no_tool_the_gateway_did_not_authorize(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolMiddleware
+
     local_runs: list[str] = []
 
     @tool
@@ -383,6 +448,12 @@ async def test_the_middleware_runs_no_tool_the_gateway_did_not_authorize(
 async def test_a_model_reusing_a_call_id_gets_a_call_of_its_own_not_that_result(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     victim = await session.client.call(
         "count_runs", {}, user="u-bob", session="s-9", call_id="victim_call_1"
     )
@@ -404,6 +475,12 @@ async def test_the_same_model_call_id_for_two_users_is_two_calls(
 ) -> None:
     """One agent serving two end users: Bob's model and Alice's name the same tool call id,
     with the same arguments; each gets a run of their own, not the other's result."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     bob = session.for_user("u-bob", "s-bob")
     answers = []
     for who in (bob, session):
@@ -424,6 +501,13 @@ async def test_the_same_model_call_id_for_two_users_is_two_calls(
 def test_the_middleware_refuses_the_same_way_when_driven_synchronously(
     shared_gateway: Gateway,
 ) -> None:
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+
+    from tests.system.framework_fakes import ScriptedChat, calls, tool_call
+    from toolgate.client.frameworks.langchain import GatewayToolMiddleware
+
     local_runs: list[str] = []
 
     @tool
@@ -458,6 +542,8 @@ async def test_a_sync_tool_call_on_the_sessions_own_loop_is_a_precise_error(
     session: GatewaySession,
 ) -> None:
     """Waiting synchronously on the loop that must deliver the answer would hang: refused."""
+    from toolgate.client.frameworks.langchain import GatewayToolkit
+
     (echo,) = [t for t in GatewayToolkit(session=session).get_tools() if t.name == "echo"]
     with pytest.raises(SessionError, match="use the async API"):
         echo.invoke({"name": "echo", "args": {"payload": 1}, "id": "c1", "type": "tool_call"})
@@ -479,6 +565,16 @@ async def test_with_pause_for_approval_a_langchain_agent_pauses_and_resumes(
 ) -> None:
     """create_agent runs on LangGraph: the middleware can pause it like GatewayToolNode, and
     the agent's own stand-in for the tool never runs, before or after the approval."""
+    from langchain.agents import create_agent
+    from langchain_core.messages import HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.types import Command
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import approve_in_cli
+    from toolgate.client.frameworks.langchain import GatewayToolMiddleware
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     local_runs: list[int] = []
 
     @tool

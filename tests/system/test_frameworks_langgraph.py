@@ -19,28 +19,24 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.types import Command
 
 from tests.harness import REPO_ROOT, Gateway, count_types, events_of
-from tests.system.framework_fakes import StateChat, tool_call
-from tests.system.framework_graph import APPROVED, approve_in_cli, build
 from tests.tools.faulty import runs_of
-from toolgate.client.frameworks.langgraph import (
-    APPROVAL_INTERRUPT,
-    GatewayToolNode,
-    SQLiteCheckpointer,
-)
 from toolgate.client.frameworks.session import GatewaySession
 from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.registry import load_registry
 from toolgate.runtime.creds import connect_options
 from toolgate.services.approvals.approvers import add_approver
 from toolgate.services.approvals.client import ApprovalsClient
+
+# The frameworks are imported by the tests that use them, not at collection: every
+# xdist worker collects every test file, and these imports cost seconds of CPU each.
+if TYPE_CHECKING:
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
 
 pytestmark = pytest.mark.system
 
@@ -92,6 +88,12 @@ async def pause(
     gateway: Gateway, checkpoint: Path, thread: str, **node: Any
 ) -> tuple[dict[str, Any], GatewaySession, SQLiteCheckpointer, Any]:
     """Run the graph until the gateway's interrupt; the approval request it carries."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import APPROVED, build
+    from toolgate.client.frameworks.langgraph import APPROVAL_INTERRUPT, SQLiteCheckpointer
+
     session = await open_session(gateway)
     checkpointer = SQLiteCheckpointer(checkpoint)
     graph = build(session, checkpointer, StateChat(**APPROVED), **node)
@@ -141,6 +143,11 @@ def resume_in_fresh_process(
 async def test_high_risk_call_pauses_then_resumes_in_a_fresh_process_after_cli_approval(
     shared_gateway: Gateway, tmp_path: Path
 ) -> None:
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Command
+
+    from tests.system.framework_graph import approve_in_cli
+
     checkpoint, thread = tmp_path / "graph.sqlite", f"thread-{uuid.uuid4().hex[:8]}"
     request, session, checkpointer, graph = await pause(
         shared_gateway, checkpoint, thread, resume_wait=1
@@ -189,6 +196,9 @@ async def test_high_risk_call_pauses_then_resumes_in_a_fresh_process_after_cli_a
 async def test_a_denied_approval_resumes_into_approval_denied_and_never_runs(
     shared_gateway: Gateway, tmp_path: Path
 ) -> None:
+    from langchain_core.messages import ToolMessage
+    from langgraph.types import Command
+
     thread = f"thread-{uuid.uuid4().hex[:8]}"
     request, session, checkpointer, graph = await pause(
         shared_gateway, tmp_path / "g.sqlite", thread
@@ -214,6 +224,11 @@ async def test_arguments_changed_in_the_checkpoint_after_approval_are_a_new_call
     shared_gateway: Gateway, tmp_path: Path
 ) -> None:
     """The approval of amount 7 is for amount 7: a state edited to 9000 asks again."""
+    from langchain_core.messages import AIMessage, ToolMessage
+
+    from tests.system.framework_fakes import tool_call
+    from tests.system.framework_graph import approve_in_cli
+
     thread = f"thread-{uuid.uuid4().hex[:8]}"
     request, session, checkpointer, graph = await pause(
         shared_gateway, tmp_path / "g.sqlite", thread, resume_wait=1
@@ -244,6 +259,12 @@ async def test_the_node_asks_the_gateway_for_a_tool_the_agent_may_not_call(
     shared_gateway: Gateway, tmp_path: Path
 ) -> None:
     """The node holds no tools and lists none: any name goes to the gateway, which decides."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import build
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     args = {"task_id": "task_c04", "claim": "x", "source_url": "https://a.org"}
     session = await open_session(shared_gateway, "browser-bot")
     checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
@@ -270,6 +291,13 @@ def test_a_graph_driven_synchronously_pauses_and_resumes_the_same_way(
 ) -> None:
     """graph.invoke: the node interrupts in the graph's own thread, the gateway steps run
     on the session's loop thread (GatewaySession.connect_in_background)."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langgraph.types import Command
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import APPROVED, approve_in_cli, build
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     creds = asyncio.run(shared_gateway.agent_creds("acme", "researcher"))
     session = GatewaySession.connect_in_background(
         shared_gateway.url,
@@ -303,6 +331,12 @@ async def test_without_pausing_a_waiting_call_is_an_error_and_bad_arguments_neve
     """pause_for_approval=False: the model reads an approval_pending error with the call_id,
     never a success (DESIGN invariant 13). A tool call whose arguments are not an object
     (LangChain's own validation bypassed) is answered MALFORMED_CALL without a round trip."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from tests.system.framework_fakes import tool_call
+    from toolgate.client.frameworks.langgraph import GatewayToolNode, SQLiteCheckpointer
+
     broken = AIMessage.model_construct(
         content="",
         tool_calls=[
@@ -342,6 +376,12 @@ async def test_the_interrupt_carries_the_hash_the_approvers_vote_on(
 ) -> None:
     """The model wrote 7.0; the gateway validated it as the integer 7 and asks approvers
     about that. The interrupt carries the gateway's hash, which an approver's vote matches."""
+    from langchain_core.messages import HumanMessage
+
+    from tests.system.framework_fakes import StateChat
+    from tests.system.framework_graph import build
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     session = await open_session(shared_gateway)
     checkpointer = SQLiteCheckpointer(tmp_path / "g.sqlite")
     try:
@@ -369,6 +409,12 @@ async def test_a_graph_without_a_checkpointer_fails_a_waiting_call_instead_of_pa
     """An interrupt in a graph with no checkpointer is a pause nothing can resume: the graph
     would end with no tool message while the call sits in the inbox. The node answers
     with an error naming the call_id instead (DESIGN invariant 13)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from tests.system.framework_fakes import tool_call
+    from toolgate.client.frameworks.langgraph import GatewayToolNode
+
     session = await open_session(shared_gateway)
     try:
         graph = StateGraph(MessagesState)

@@ -12,32 +12,33 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from agents import Agent, RunConfig, Runner, ToolOutputGuardrailTripwireTriggered
-from agents.items import ToolCallOutputItem
-from agents.run_state import RunState
-from agents.testing import ScriptedModel, assistant_message, function_call
-from agents.tool_guardrails import (
-    ToolGuardrailFunctionOutput,
-    ToolInputGuardrailData,
-    tool_input_guardrail,
-)
 
 from tests.harness import Gateway, count_types, events_of
-from tests.system.framework_graph import approve_in_cli
 from tests.tools.faulty import runs_of
-from toolgate.client.frameworks.openai_agents import GatewayOutput, gateway_function_tools
 from toolgate.client.frameworks.session import GatewaySession
 from toolgate.contracts.registry import Registry, load_registry
+
+# The SDK (and our adapter of it) is imported by the tests, not at collection: every xdist
+# worker collects every test file.
+if TYPE_CHECKING:
+    from agents import RunConfig
+
+    from toolgate.client.frameworks.openai_agents import GatewayOutput
 
 pytestmark = pytest.mark.system
 
 DEADLINE_S = 120.0
 
 SEARCH = {"query": "OpenAI Agents SDK state management", "source_type": "official", "limit": 3}
-OFFLINE = RunConfig(tracing_disabled=True)
+
+
+def offline() -> RunConfig:
+    from agents import RunConfig
+
+    return RunConfig(tracing_disabled=True)
 
 
 async def open_session(gateway: Gateway, **options: Any) -> GatewaySession:
@@ -59,6 +60,8 @@ async def session(shared_gateway: Gateway) -> AsyncIterator[GatewaySession]:
 
 
 def outputs(items: list[Any]) -> list[GatewayOutput]:
+    from agents.items import ToolCallOutputItem
+
     return [i.output for i in items if isinstance(i, ToolCallOutputItem)]
 
 
@@ -69,6 +72,11 @@ async def ran(gateway: Gateway, call_id: str) -> int:
 async def test_seed_search_fetch_save_as_function_tools(
     shared_gateway: Gateway, session: GatewaySession, document_server: str
 ) -> None:
+    from agents import Agent, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     url = f"{document_server}/sessions"
     save = {"task_id": "task_c04", "claim": "Sessions store state.", "source_url": url}
     model = ScriptedModel(
@@ -84,7 +92,7 @@ async def test_seed_search_fetch_save_as_function_tools(
         s.name for s in load_registry(shared_gateway.registry_dir).visible_to("researcher")
     }
     agent = Agent(name="researcher", model=model, tools=tools)
-    result = await Runner.run(agent, "research sessions", run_config=OFFLINE)
+    result = await Runner.run(agent, "research sessions", run_config=offline())
     assert result.final_output == "saved"
     search, fetch, saved = outputs(result.new_items)
     assert all(o.observation.status == "ok" for o in (search, fetch, saved))
@@ -98,6 +106,11 @@ async def test_seed_search_fetch_save_as_function_tools(
 async def test_limit_50_is_rejected_content_the_model_reads(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from agents import Agent, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     model = ScriptedModel(
         [
             [function_call("search_sources", {**SEARCH, "limit": 50}, call_id="fc_big")],
@@ -106,7 +119,7 @@ async def test_limit_50_is_rejected_content_the_model_reads(
         ]
     )
     agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
-    result = await Runner.run(agent, "search", run_config=OFFLINE)
+    result = await Runner.run(agent, "search", run_config=offline())
     rejected, allowed = result.tool_output_guardrail_results
     assert rejected.output.behavior["type"] == "reject_content"
     assert rejected.output.output_info["status"] == "invalid_arguments"
@@ -121,6 +134,11 @@ async def test_limit_50_is_rejected_content_the_model_reads(
 async def test_a_denied_call_can_halt_the_run(
     shared_gateway: Gateway, session: GatewaySession
 ) -> None:
+    from agents import Agent, Runner, ToolOutputGuardrailTripwireTriggered
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     other_task = {"task_id": "task_else", "claim": "x", "source_url": "https://a.org"}
     model = ScriptedModel(
         [[function_call("save_evidence", other_task, call_id="fc_x")], [assistant_message("x")]]
@@ -128,7 +146,7 @@ async def test_a_denied_call_can_halt_the_run(
     tools = gateway_function_tools(session, halt_on={"denied"})
     agent = Agent(name="researcher", model=model, tools=tools)
     with pytest.raises(ToolOutputGuardrailTripwireTriggered) as tripped:
-        await Runner.run(agent, "save", run_config=OFFLINE)
+        await Runner.run(agent, "save", run_config=offline())
     info = tripped.value.output.output_info
     assert info["status"] == "denied" and info["remedy"] == "final"
     assert await ran(shared_gateway, info["call_id"]) == 0
@@ -137,11 +155,18 @@ async def test_a_denied_call_can_halt_the_run(
 async def test_a_call_needing_a_human_interrupts_the_run_until_approved_in_the_cli(
     shared_gateway: Gateway,
 ) -> None:
+    from agents import Agent, Runner
+    from agents.run_state import RunState
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from tests.system.framework_graph import approve_in_cli
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     conversation = "conv-approval-1"
     async with await open_session(shared_gateway, namespace=conversation) as first:
         model = ScriptedModel([[function_call("approved_action", {"amount": 11}, call_id="fc_a")]])
         agent = Agent(name="researcher", model=model, tools=gateway_function_tools(first))
-        paused = await Runner.run(agent, "act", run_config=OFFLINE)
+        paused = await Runner.run(agent, "act", run_config=offline())
         (item,) = paused.interruptions
         assert item.name == "approved_action"
         saved = paused.to_state().to_json()
@@ -157,7 +182,7 @@ async def test_a_call_needing_a_human_interrupts_the_run_until_approved_in_the_c
         state = await RunState.from_json(agent, saved)
         (item,) = state.get_interruptions()
         state.approve(item)
-        result = await Runner.run(agent, state, run_config=OFFLINE)
+        result = await Runner.run(agent, state, run_config=offline())
     assert result.final_output == "refunded"
     (done,) = outputs(result.new_items)
     assert done.observation.status == "ok" and done.observation.call_id == call_id
@@ -170,6 +195,11 @@ def test_run_sync_on_its_own_loop_reaches_the_gateway_through_a_background_sessi
 ) -> None:
     """Runner.run_sync runs the agent on a loop of its own; the session's connection lives on
     another (its background thread): each gateway step is handed over, awaited, answered."""
+    from agents import Agent, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     session = GatewaySession.connect_in_background(
         shared_gateway.url,
         asyncio.run(shared_gateway.agent_creds("acme", "researcher")),
@@ -183,7 +213,7 @@ def test_run_sync_on_its_own_loop_reaches_the_gateway_through_a_background_sessi
             [[function_call("search_sources", SEARCH, call_id="fc_s")], [assistant_message("ok")]]
         )
         agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
-        result = Runner.run_sync(agent, "search", run_config=OFFLINE)
+        result = Runner.run_sync(agent, "search", run_config=offline())
     finally:
         session.close()
     (found,) = outputs(result.new_items)
@@ -196,6 +226,15 @@ async def test_the_platforms_own_input_guardrail_stops_a_call_before_the_gateway
     """needs_approval runs before the SDK's tool input guardrails: a tool that does not
     need a human is published only when invoked, so a guardrail that refuses it first
     leaves nothing at the gateway."""
+    from agents import Agent, Runner
+    from agents.testing import ScriptedModel, assistant_message, function_call
+    from agents.tool_guardrails import (
+        ToolGuardrailFunctionOutput,
+        ToolInputGuardrailData,
+        tool_input_guardrail,
+    )
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
 
     @tool_input_guardrail
     def no_limit_over_2(data: ToolInputGuardrailData) -> ToolGuardrailFunctionOutput:
@@ -210,7 +249,7 @@ async def test_the_platforms_own_input_guardrail_stops_a_call_before_the_gateway
         [[function_call("search_sources", SEARCH, call_id="fc_g")], [assistant_message("x")]]
     )
     agent = Agent(name="researcher", model=model, tools=tools)
-    result = await Runner.run(agent, "search", run_config=OFFLINE)
+    result = await Runner.run(agent, "search", run_config=offline())
     assert result.tool_input_guardrail_results[0].output.behavior["type"] == "reject_content"
     assert "the platform allows limit <= 2" in json.dumps(model.calls[1].input, default=str)
     call_id = session.call_id_for("fc_g", "search_sources", SEARCH)
@@ -224,6 +263,11 @@ async def test_a_call_a_policy_sends_to_a_human_fails_the_tool_call_never_succee
     still sends to a human, as a policy may: the tool call fails with approval_pending and
     its call_id, rejected by the output guardrail, or halting the run when asked to
     (DESIGN invariant 13). It was published once and has not run."""
+    from agents import Agent, Runner, ToolOutputGuardrailTripwireTriggered
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    from toolgate.client.frameworks.openai_agents import gateway_function_tools
+
     listed = load_registry(shared_gateway.registry_dir)
     spec = listed.get("approved_action")
     assert spec is not None
@@ -237,7 +281,7 @@ async def test_a_call_a_policy_sends_to_a_human_fails_the_tool_call_never_succee
             ]
         )
         agent = Agent(name="researcher", model=model, tools=gateway_function_tools(session))
-        result = await Runner.run(agent, "act", run_config=OFFLINE)
+        result = await Runner.run(agent, "act", run_config=offline())
         assert not result.interruptions
         (rejected,) = result.tool_output_guardrail_results
         assert rejected.output.behavior["type"] == "reject_content"
@@ -258,7 +302,7 @@ async def test_a_call_a_policy_sends_to_a_human_fails_the_tool_call_never_succee
         )
         with pytest.raises(ToolOutputGuardrailTripwireTriggered) as tripped:
             await Runner.run(
-                Agent(name="researcher", model=model, tools=halting), "act", run_config=OFFLINE
+                Agent(name="researcher", model=model, tools=halting), "act", run_config=offline()
             )
     halted = tripped.value.output.output_info["call_id"]
     assert tripped.value.output.output_info["status"] == "approval_pending"

@@ -3,37 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import pytest
-from anthropic.types import (
-    Message,
-    MessageParam,
-    TextBlock,
-    ThinkingBlock,
-    ToolResultBlockParam,
-    ToolUseBlock,
-    Usage,
-)
-from openai.types.chat import (
-    ChatCompletionMessage,
-    ChatCompletionMessageCustomToolCall,
-    ChatCompletionMessageFunctionToolCall,
-    ChatCompletionMessageParam,
-    ChatCompletionToolMessageParam,
-)
-from openai.types.chat.chat_completion_message_custom_tool_call import Custom
-from openai.types.chat.chat_completion_message_function_tool_call import Function
-from openai.types.responses import (
-    Response,
-    ResponseFunctionToolCall,
-    ResponseInputItemParam,
-    ResponseOutputMessage,
-    ResponseOutputText,
-    ResponseReasoningItem,
-)
-from openai.types.responses.response_input_item_param import FunctionCallOutput
 from pydantic import TypeAdapter
 
 from toolgate.client.adapters import (
@@ -60,6 +33,17 @@ from toolgate.contracts.calls import (
     success,
 )
 
+# The SDKs' types are imported in the tests that build or check them, not at collection:
+# every xdist worker collects every test file, and anthropic + openai cost ~1 CPU-s each.
+if TYPE_CHECKING:
+    from anthropic.types import Message, ToolUseBlock
+    from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageFunctionToolCall
+    from openai.types.responses import (
+        Response,
+        ResponseFunctionToolCall,
+        ResponseOutputMessage,
+    )
+
 PRINCIPAL = Principal(tenant="acme", user="u-1", agent="researcher", session="s-1")
 
 
@@ -68,18 +52,25 @@ PRINCIPAL = Principal(tenant="acme", user="u-1", agent="researcher", session="s-
 
 
 def chat_message(*tool_calls: Any, content: str | None = None) -> ChatCompletionMessage:
+    from openai.types.chat import ChatCompletionMessage
+
     return ChatCompletionMessage(
         role="assistant", content=content, tool_calls=list(tool_calls) or None
     )
 
 
 def chat_call(call_id: str, name: str, arguments: str) -> ChatCompletionMessageFunctionToolCall:
+    from openai.types.chat import ChatCompletionMessageFunctionToolCall
+    from openai.types.chat.chat_completion_message_function_tool_call import Function
+
     return ChatCompletionMessageFunctionToolCall(
         id=call_id, type="function", function=Function(name=name, arguments=arguments)
     )
 
 
 def responses_call(call_id: str, name: str, arguments: str) -> ResponseFunctionToolCall:
+    from openai.types.responses import ResponseFunctionToolCall
+
     return ResponseFunctionToolCall(
         type="function_call",
         call_id=call_id,
@@ -91,6 +82,8 @@ def responses_call(call_id: str, name: str, arguments: str) -> ResponseFunctionT
 
 
 def response(*output: Any) -> Response:
+    from openai.types.responses import Response
+
     return Response(
         id="resp_1",
         created_at=0.0,
@@ -104,6 +97,8 @@ def response(*output: Any) -> Response:
 
 
 def output_message(text: str) -> ResponseOutputMessage:
+    from openai.types.responses import ResponseOutputMessage, ResponseOutputText
+
     return ResponseOutputMessage(
         id="msg_1",
         role="assistant",
@@ -114,6 +109,8 @@ def output_message(text: str) -> ResponseOutputMessage:
 
 
 def anthropic_message(*content: Any) -> Message:
+    from anthropic.types import Message, Usage
+
     return Message(
         id="msg_01",
         type="message",
@@ -127,6 +124,8 @@ def anthropic_message(*content: Any) -> Message:
 
 
 def tool_use(block_id: str, name: str, input: dict[str, Any]) -> ToolUseBlock:
+    from anthropic.types import ToolUseBlock
+
     return ToolUseBlock(type="tool_use", id=block_id, name=name, input=input)
 
 
@@ -232,6 +231,9 @@ def test_chat_call_with_empty_arguments_string_means_no_arguments():
 
 
 def test_chat_custom_tool_call_is_rejected_immediately_rather_than_dropped():
+    from openai.types.chat import ChatCompletionMessageCustomToolCall
+    from openai.types.chat.chat_completion_message_custom_tool_call import Custom
+
     custom = ChatCompletionMessageCustomToolCall(
         id="call_custom", type="custom", custom=Custom(name="grammar", input="free text")
     )
@@ -253,6 +255,8 @@ def test_chat_tool_call_without_id_is_an_adapter_error_not_a_rejection():
 
 
 def test_to_openai_chat_builds_a_valid_tool_message_carrying_the_whole_result():
+    from openai.types.chat import ChatCompletionToolMessageParam
+
     result = success("call_abc123", {"hits": [{"id": "doc-7"}]})
 
     reply = to_openai_chat(result)
@@ -271,6 +275,8 @@ def test_to_openai_chat_builds_a_valid_tool_message_carrying_the_whole_result():
 
 
 def test_chat_round_trip_yields_a_conversation_the_sdk_accepts():
+    from openai.types.chat import ChatCompletionMessageParam
+
     assistant = chat_message(
         chat_call("call_1", "echo", '{"text": "a"}'),
         chat_call("call_2", "echo", '{"text": "b"}'),
@@ -293,6 +299,8 @@ def test_chat_round_trip_yields_a_conversation_the_sdk_accepts():
 
 
 def test_responses_output_function_calls_map_in_order_and_other_items_are_skipped():
+    from openai.types.responses import ResponseReasoningItem
+
     resp = response(
         ResponseReasoningItem(id="rs_1", type="reasoning", summary=[]),
         output_message("Looking it up."),
@@ -335,6 +343,9 @@ def test_responses_malformed_arguments_become_immediate_invalid_arguments_result
 
 
 def test_to_openai_responses_builds_a_valid_function_call_output_item():
+    from openai.types.responses import ResponseInputItemParam
+    from openai.types.responses.response_input_item_param import FunctionCallOutput
+
     result = success("call_r1", {"text": "x"})
 
     item = to_openai_responses(result)
@@ -351,6 +362,8 @@ def test_to_openai_responses_builds_a_valid_function_call_output_item():
 
 
 def test_anthropic_tool_use_blocks_map_to_tool_calls_and_text_blocks_are_skipped():
+    from anthropic.types import TextBlock, ThinkingBlock
+
     message = anthropic_message(
         ThinkingBlock(type="thinking", thinking="need two tools", signature="sig"),
         TextBlock(type="text", text="I'll search, then save."),
@@ -385,6 +398,8 @@ def test_anthropic_tool_use_with_non_object_input_becomes_immediate_rejection():
 
 
 def test_to_anthropic_builds_a_valid_tool_result_block_flagging_errors():
+    from anthropic.types import ToolResultBlockParam
+
     ok_block = to_anthropic(success("toolu_01B", {"saved": True}))
     [rejection] = from_anthropic(
         [{"type": "tool_use", "id": "toolu_01C", "name": "", "input": {}}], principal=PRINCIPAL
@@ -404,6 +419,8 @@ def test_to_anthropic_builds_a_valid_tool_result_block_flagging_errors():
 
 
 def test_anthropic_round_trip_yields_a_user_turn_the_sdk_accepts():
+    from anthropic.types import MessageParam, TextBlock, ToolResultBlockParam
+
     assistant = anthropic_message(
         TextBlock(type="text", text="Two calls."),
         tool_use("toolu_1", "echo", {"text": "a"}),
@@ -549,6 +566,10 @@ def test_parse_arguments_accepts_an_already_parsed_object():
 def test_a_call_waiting_for_a_human_is_an_error_answer_in_every_provider_shape():
     """A platform told `on_pending` may answer the model before a human decided: every
     `to_*` then says the tool has not run, as an error, never as a success."""
+    from anthropic.types import ToolResultBlockParam
+    from openai.types.chat import ChatCompletionToolMessageParam
+    from openai.types.responses.response_input_item_param import FunctionCallOutput
+
     notice = PendingNotice(
         call_id="toolu_01P",
         message="waiting for 1 human approval(s) of this high-risk call",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from langgraph.graph import START, StateGraph
-from langgraph.types import Command, interrupt
-
-from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+# LangGraph is imported by the tests, not at collection (every xdist worker collects
+# every test file).
+if TYPE_CHECKING:
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
 
 
 class State(TypedDict, total=False):
@@ -17,10 +17,14 @@ class State(TypedDict, total=False):
 
 
 def ask(state: State) -> State:
+    from langgraph.types import interrupt
+
     return {"answer": interrupt({"question": state["asked"]})}
 
 
 def graph(checkpointer: SQLiteCheckpointer) -> Any:
+    from langgraph.graph import START, StateGraph
+
     builder = StateGraph(State)
     builder.add_node("ask", ask)
     builder.add_edge(START, "ask")
@@ -34,6 +38,10 @@ def config(thread: str) -> Any:
 def test_a_graph_paused_with_one_saver_resumes_with_another_on_the_same_file(
     tmp_path: Path,
 ) -> None:
+    from langgraph.types import Command
+
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     path = tmp_path / "graphs.sqlite"
     first = SQLiteCheckpointer(path)
     paused = graph(first).invoke({"asked": "approve?"}, config("t1"))
@@ -48,6 +56,10 @@ def test_a_graph_paused_with_one_saver_resumes_with_another_on_the_same_file(
 
 
 def test_two_savers_writing_one_file_lose_neither_thread(tmp_path: Path) -> None:
+    from langgraph.types import Command
+
+    from toolgate.client.frameworks.langgraph import SQLiteCheckpointer
+
     path = tmp_path / "graphs.sqlite"
     one, two = SQLiteCheckpointer(path), SQLiteCheckpointer(path)
     graph(one).invoke({"asked": "a"}, config("ta"))
