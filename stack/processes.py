@@ -28,11 +28,22 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def stop_process(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
-    """Ask politely, wait up to `timeout` seconds, then kill. A dead process is left alone."""
+def ask_to_stop(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, without waiting: several processes asked at once stop side by side."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+
+
+def stop_process(
+    process: subprocess.Popen[bytes] | None, timeout: float, asked: bool = False
+) -> None:
+    """Ask politely (unless `asked` already: a second SIGTERM makes uvicorn skip its
+    graceful shutdown), wait up to `timeout` seconds, then kill. A dead process is left
+    alone."""
     if process is None or process.poll() is not None:
         return
-    process.send_signal(signal.SIGTERM)
+    if not asked:
+        process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -40,6 +40,7 @@ from toolgate.stack.gateway_lock import GatewayRunning, claim_data_dir, release
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
 from toolgate.stack.processes import (
+    ask_to_stop,
     die_with_parent,
     free_port,
     kill_process,
@@ -167,8 +168,11 @@ class ServiceProcess:
         self.command[self.command.index("--http-port") + 1] = str(port)
         self.http_port = port
 
-    def stop(self, timeout: float = 15.0) -> None:
-        stop_process(self.process, timeout)
+    def stop(self, timeout: float = 15.0, asked: bool = False) -> None:
+        stop_process(self.process, timeout, asked)
+
+    def ask_to_stop(self) -> None:
+        ask_to_stop(self.process)
 
     def kill(self) -> None:
         kill_process(self.process)
@@ -725,8 +729,13 @@ class Stack:
                 service.start()
 
     def stop(self) -> None:
+        # Every service asked at once, then each waited for: the gateway stops in the time
+        # of its slowest service, not the sum (~0.5 s each: 3.8 s for seven on a busy
+        # machine, paid by every test gateway). They share nothing but NATS, stopped after.
         for service in reversed(self.services):
-            service.stop()
+            service.ask_to_stop()
+        for service in reversed(self.services):
+            service.stop(asked=True)
         if self.clickhouse is not None:
             self.clickhouse.stop()
         if self.nats is not None:
