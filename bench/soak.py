@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import math
 import sys
@@ -652,17 +653,23 @@ async def _soak(
         samples.append(taken)
         return taken
 
+    calls_ended = asyncio.Event()
+
     async def sampling() -> None:
-        while True:
+        # Ends between two samples, never inside one: a reading cancelled half-way
+        # would count as a sampler error of a soak that had none.
+        while not calls_ended.is_set():
             await sample()
-            await asyncio.sleep(every)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(calls_ended.wait(), every)
 
     before = target.processes.snapshot()
     sampler = asyncio.create_task(sampling())
     try:
         driven = await drive(driver, f"s{run}-soak", calls, rate, progress, answered)
     finally:
-        sampler.cancel()
+        calls_ended.set()
+        await sampler
     await sample()  # the calls have ended: each answered or given up
     at_end = await consumers(js) if js is not None else []
     caught_up_at = time.perf_counter()
