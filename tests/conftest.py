@@ -90,22 +90,29 @@ def document_server() -> Iterator[str]:
     server.shutdown()
 
 
-def start_gateway(base: Path) -> Gateway:
+def start_gateway(base: Path, with_mcp: bool = False) -> Gateway:
     registry = make_test_registry(base / "registry")
-    return Gateway(data_dir=base / "data", registry_dir=registry).start()
+    return Gateway(data_dir=base / "data", registry_dir=registry, with_mcp=with_mcp).start()
+
+
+def knocks_on_the_front_door(request: pytest.FixtureRequest) -> bool:
+    """Marked `front_door`: the gateway runs the MCP front door too."""
+    return request.node.get_closest_marker("front_door") is not None
 
 
 @pytest.fixture(scope="module")
-def shared_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def shared_gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     """One gateway for the tests that do not break anything."""
-    gateway = start_gateway(tmp_path_factory.mktemp("gateway"))
+    gateway = start_gateway(tmp_path_factory.mktemp("gateway"), knocks_on_the_front_door(request))
     yield gateway
     gateway.stop()
 
 
 @pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
     """A gateway of the test's own, for tests that kill parts of it."""
-    gateway = start_gateway(tmp_path)
+    gateway = start_gateway(tmp_path, knocks_on_the_front_door(request))
     yield gateway
     gateway.stop()

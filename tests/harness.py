@@ -76,6 +76,10 @@ class Gateway:
     registry_dir: Path
     # The audit (embedded ClickHouse + audit sink): off unless a test asks for it.
     with_audit: bool = False
+    # The MCP front door (`toolgate serve mcp`): off unless a test asks for it; the
+    # door's process costs a gateway about 2.6 CPU-s to start, and most tests never
+    # knock on it.
+    with_mcp: bool = False
     # More Stack settings: the notifier's webhooks (approval_webhooks, ...), a policy_dir.
     options: dict[str, Any] = field(default_factory=dict)
     stack: Stack = field(init=False)
@@ -91,6 +95,7 @@ class Gateway:
             builtin_tools=False,
             executor_args=["--concurrency", "16"],
             with_audit=self.with_audit,
+            with_mcp=self.with_mcp,
             **self.options,
         )
 

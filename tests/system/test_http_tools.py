@@ -136,7 +136,9 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
             (registry / path.name).write_text(path.read_text())  # reviewed: kept as imported
         for name, entry in hand_written(backend, auth).items():
             (registry / f"{name}.yaml").write_text(yaml.safe_dump(entry))
-        gateway = Gateway(data_dir=base / "data", registry_dir=registry, with_audit=True).start()
+        gateway = Gateway(
+            with_mcp=True, data_dir=base / "data", registry_dir=registry, with_audit=True
+        ).start()
         yield Shop(gateway, backend, idp)
     finally:
         if gateway is not None:
@@ -269,7 +271,9 @@ def test_token_exchange_end_to_end_as_the_verified_user(tmp_path: Path) -> None:
         registry = make_test_registry(tmp_path / "registry")
         entry = hand_written(backend, auth)["shop_my_orders"]
         (registry / "shop_my_orders.yaml").write_text(yaml.safe_dump(entry))
-        gateway = Gateway(data_dir=tmp_path / "data", registry_dir=registry, with_audit=True)
+        gateway = Gateway(
+            with_mcp=True, data_dir=tmp_path / "data", registry_dir=registry, with_audit=True
+        )
         gateway.stack.oidc_args = ["--oidc-issuer", idp.issuer, "--oidc-audience", "toolgate"]
         gateway.start()
         alice_token = idp.user_token("u-alice", audience="toolgate", tenant="acme")

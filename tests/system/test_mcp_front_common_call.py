@@ -53,7 +53,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     routed.update(name="echo_routed")
     routed["input_schema"]["properties"]["region"] = {"type": "string", "x-mcp-header": "Region"}
     (registry / "echo_routed.yaml").write_text(yaml.safe_dump(routed))
-    gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
+    gateway = Gateway(with_mcp=True, data_dir=base / "data", registry_dir=registry).start()
     asyncio.run(wait_for_front_door(gateway))
     yield gateway
     gateway.stop()

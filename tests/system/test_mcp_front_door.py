@@ -76,7 +76,7 @@ def door(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     hidden = yaml.safe_load((registry / "count_runs.yaml").read_text())
     hidden.update(name="writer_only", allowed_agents=["writer"])
     (registry / "writer_only.yaml").write_text(yaml.safe_dump(hidden))
-    gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
+    gateway = Gateway(with_mcp=True, data_dir=base / "data", registry_dir=registry).start()
     asyncio.run(wait_for_front_door(gateway))
     yield gateway
     gateway.stop()

@@ -34,7 +34,9 @@ LONG_READ = httpx2.Timeout(30.0, read=600.0)
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("mcp-tasks")
-    gateway = Gateway(data_dir=base / "data", registry_dir=make_test_registry(base / "reg"))
+    gateway = Gateway(
+        with_mcp=True, data_dir=base / "data", registry_dir=make_test_registry(base / "reg")
+    )
     gateway.start()
     asyncio.run(wait_for_front_door(gateway))
     yield gateway
@@ -242,7 +244,7 @@ async def pending(gateway: Gateway, call_id: str) -> bool:
 def test_toolgate_up_keeps_the_front_doors_port_for_its_data_dir(tmp_path: Path) -> None:
     registry = make_test_registry(tmp_path / "reg")
     data = tmp_path / "data"
-    first = Gateway(data_dir=data, registry_dir=registry).start()
+    first = Gateway(with_mcp=True, data_dir=data, registry_dir=registry).start()
     try:
         url = first.stack.mcp_url
     finally:
@@ -250,7 +252,7 @@ def test_toolgate_up_keeps_the_front_doors_port_for_its_data_dir(tmp_path: Path)
     assert url is not None
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     assert (data / MCP_PORT_FILE).read_text().strip() == str(port)
-    again = Gateway(data_dir=data, registry_dir=registry).start()
+    again = Gateway(with_mcp=True, data_dir=data, registry_dir=registry).start()
     try:
         assert again.stack.mcp_url == url
     finally:
@@ -260,6 +262,6 @@ def test_toolgate_up_keeps_the_front_doors_port_for_its_data_dir(tmp_path: Path)
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
         with pytest.raises(StackError) as taken:
-            Gateway(data_dir=data, registry_dir=registry).start()
+            Gateway(with_mcp=True, data_dir=data, registry_dir=registry).start()
     assert f"port {port}" in str(taken.value) and "--mcp-port" in str(taken.value)
     assert MCP_PORT_FILE in str(taken.value)

@@ -84,7 +84,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         imported(registry, "hd", http.url)
         # The gateway's services start with this in their environment.
         os.environ[SECRET] = "s3cret"
-        gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
+        gateway = Gateway(with_mcp=True, data_dir=base / "data", registry_dir=registry).start()
         yield Setup(gateway=gateway, http=http, registry=registry)
     finally:
         for name, value in saved.items():
@@ -214,7 +214,9 @@ def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> N
     """...and who accepted it lands in the audit (ClickHouse), for auditors to query."""
     upstream = Upstream().start()
     data_dir = tmp_path / "data"
-    gateway = Gateway(data_dir, make_test_registry(tmp_path / "served"), with_audit=True)
+    gateway = Gateway(
+        data_dir, make_test_registry(tmp_path / "served"), with_audit=True, with_mcp=True
+    )
     try:
         gateway.start()
         done = toolgate(

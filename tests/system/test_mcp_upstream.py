@@ -70,7 +70,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         import_into(registry, steady, "up")
         import_into(registry, drifting, "drift")
         import_into(registry, doubling, "dup")
-        gateway = Gateway(data_dir=base / "data", registry_dir=registry).start()
+        gateway = Gateway(with_mcp=True, data_dir=base / "data", registry_dir=registry).start()
         asyncio.run(wait_for_front_door(gateway))
         running.gateway = gateway
         yield running

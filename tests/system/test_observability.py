@@ -129,7 +129,9 @@ def observed(
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp[1])
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # export within a fraction of a second
-        gateway = Gateway(data_dir=base / "data", registry_dir=make_test_registry(base / "reg"))
+        gateway = Gateway(
+            with_mcp=True, data_dir=base / "data", registry_dir=make_test_registry(base / "reg")
+        )
         gateway.stack.health_grace_s = HEALTH_GRACE_S
         gateway.start()
     yield gateway
@@ -321,7 +323,10 @@ def test_the_endpoint_answers_404_elsewhere(observed: Gateway) -> None:
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("audited-health")
     gateway = Gateway(
-        data_dir=base / "data", registry_dir=make_test_registry(base / "reg"), with_audit=True
+        with_mcp=True,
+        data_dir=base / "data",
+        registry_dir=make_test_registry(base / "reg"),
+        with_audit=True,
     )
     gateway.stack.health_grace_s = HEALTH_GRACE_S
     gateway.start()

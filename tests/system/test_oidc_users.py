@@ -88,7 +88,7 @@ def oidc_gateway(
         (registry / f"{name}.yaml").write_text(
             WHOAMI.format(name=name, read_only=read_only, risk=risk, approval=approval, acts=acts)
         )
-    gateway = Gateway(data_dir=base / "data", registry_dir=registry, with_audit=True)
+    gateway = Gateway(with_mcp=True, data_dir=base / "data", registry_dir=registry, with_audit=True)
     gateway.stack.oidc_args = [
         "--oidc-issuer",
         provider.issuer,

@@ -35,7 +35,7 @@ from toolgate.runtime.bundle_bucket import ACTIVE_KEY
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.signed_bundles import StoredBundle
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.front_door]
 
 NO_ANSWER_S = 2.0  # how long a refused request is waited on before it counts as unanswered
 TRIES = 300  # polls of 0.1 s at most: only to give up, never a threshold under test
