@@ -390,7 +390,9 @@ def test_bad_input_and_clear_failures(gateway: Gateway, folder: Path) -> None:
         ),
         (["agents", "revoke", "acme", "nobody"], 2, ("no agent acme.nobody",)),
         (
-            ["call", "echo", '{"payload": 1}', "--timeout", "0.001"],
+            # A tool that answers no sooner than its 0.5 s timeout: an echo can be done
+            # before the CLI looks once more after its 1 ms (seen once in a full run).
+            ["call", "slow_backend", '{"sleep_s": 5}', "--timeout", "0.001"],
             3,
             ("no result for", "toolgate result", "--timeout"),
         ),
