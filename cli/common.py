@@ -5,9 +5,7 @@ runs for long, keeps reconnecting and says so in one line)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -20,8 +18,6 @@ NATS_SCHEMES = ("nats", "tls", "ws", "wss")
 
 
 CONNECT_TIMEOUT_S = 5.0
-# nats-py's reconnect_time_wait when none is given.
-NATS_RECONNECT_WAIT_S = 2.0
 
 
 class Failed(Exception):
@@ -150,10 +146,8 @@ def connect_failure(url: str, cause: BaseException | str) -> Failed:
 
 async def connect_nats(url: str, creds: Path | None, timeout: float, **options: Any) -> Any:
     """One NATS connection within `timeout`, or Failed: for a command that runs once."""
-    import nats
-    import nats.errors
-
-    from toolgate.runtime.creds import connect_options, nats_servers
+    from toolgate.runtime.creds import connect_options
+    from toolgate.runtime.first_connect import FirstConnectFailed, first_connect
 
     errors: list[Exception] = []
 
@@ -167,43 +161,11 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
         **connect_options(creds),
         **options,
     }
-    # Unlimited reconnects (a command that may wait out a server restart) start with as many
-    # attempts as fill `timeout`: the loop must end by itself. wait_for's cancellation of
-    # nats-py's connect loop is lost on Python 3.11 when it lands as one of nats-py's inner
-    # wait_fors completes (that one returns instead of raising), and the loop would then
-    # retry refused creds for ever. Unlimited again once connected.
-    unlimited = bool(options["allow_reconnect"]) and options.get("max_reconnect_attempts", 0) < 0
-    if unlimited:
-        between = float(options.get("reconnect_time_wait", NATS_RECONNECT_WAIT_S))
-        options["max_reconnect_attempts"] = math.ceil(timeout / between) + 1
-
-    def failure(cause: BaseException | str) -> Failed:
-        # A refused login often ends in a reset connection: the refusal is the news.
-        refusal = [
-            e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()
-        ]
-        return connect_failure(url, refusal[-1] if refusal else errors[-1] if errors else cause)
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            nc = await asyncio.wait_for(
-                nats.connect(nats_servers(url), **options), max(deadline - loop.time(), 0.01)
-            )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise failure(exc) from None
-        if nc.is_connected:
-            break
-        # nats-py returns a client that never had its PONG when the server closes the socket
-        # in the handshake (a refused login whose -ERR went with the socket): no connection.
-        # Again within `timeout` (the next refusal is usually read), then Failed.
-        await nc.close()
-        if loop.time() >= deadline:
-            raise failure("the server closed the connection during the login")
-    if unlimited:
-        nc.options["max_reconnect_attempts"] = -1
-    return nc
+    # Bounded by itself, even with unlimited reconnects (runtime/first_connect.py).
+    try:
+        return await first_connect(url, options, timeout, errors)
+    except FirstConnectFailed as failed:
+        raise connect_failure(url, failed.cause) from None
 
 
 class _OneLineNatsErrors(logging.Filter):

@@ -22,7 +22,6 @@ published while the connection was down is not missed.
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,7 +45,8 @@ from toolgate.contracts.calls import (
     failure,
 )
 from toolgate.contracts.registry_bundle import ToolListing
-from toolgate.runtime.creds import connect_options, identity_of_creds, nats_servers
+from toolgate.runtime.creds import connect_options, identity_of_creds
+from toolgate.runtime.first_connect import FirstConnectFailed, first_connect
 from toolgate.runtime.jetstream import LeanJetStream
 
 _result_decoder = msgspec.json.Decoder(ToolResult)
@@ -144,49 +144,6 @@ class _Waiter:
             self.on_pending(notice)
 
 
-def _refusal(errors: list[Exception]) -> Exception | None:
-    """The server's refusal of the login among nats-py's errors (a refused login often
-    ends in a reset connection: the refusal is the news), else the last error."""
-    refused = [e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()]
-    return refused[-1] if refused else errors[-1] if errors else None
-
-
-async def _first_connect(
-    nats_url: str, options: dict[str, Any], timeout: float, errors: list[Exception]
-) -> Client:
-    """The first connect, ended within `timeout` by itself: connected, or ConnectFailed.
-
-    Unlimited reconnects start with as many attempts as fill `timeout`, unlimited again
-    once connected. `asyncio.wait_for` alone is no bound: on Python 3.11 its cancellation
-    of nats-py's connect loop is lost when it lands as one of nats-py's inner wait_fors
-    completes, and the loop then retries refused creds for ever. And nats-py returns a
-    client that never had its PONG when the server closes the socket in the login (a
-    refused login whose -ERR went with the socket): that is no connection; tried again
-    within `timeout`. (The CLI's connect, cli/common.py connect_nats, does the same.)"""
-    unlimited = options.get("allow_reconnect", True) and options["max_reconnect_attempts"] < 0
-    if unlimited:
-        between = max(float(options["reconnect_time_wait"]), 0.01)
-        options = {**options, "max_reconnect_attempts": math.ceil(timeout / between) + 1}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            nc = await asyncio.wait_for(
-                nats.connect(nats_servers(nats_url), **options), max(deadline - loop.time(), 0.01)
-            )
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise ConnectFailed(nats_url, _refusal(errors) or exc) from None
-        if nc.is_connected:
-            break
-        await nc.close()
-        if loop.time() >= deadline:
-            cause = ConnectionError("the server closed the connection during the login")
-            raise ConnectFailed(nats_url, _refusal(errors) or cause)
-    if unlimited:
-        nc.options["max_reconnect_attempts"] = -1  # once connected, it reconnects forever
-    return nc
-
-
 class GatewayClient:
     def __init__(self, nc: Client, identity: tuple[str, str] | None = None) -> None:
         self._nc = nc
@@ -243,7 +200,10 @@ class GatewayClient:
             **options,
             "reconnected_cb": reconnected,
         }
-        nc = await _first_connect(nats_url, options, connect_timeout, errors)
+        try:
+            nc = await first_connect(nats_url, options, connect_timeout, errors)
+        except FirstConnectFailed as failed:
+            raise ConnectFailed(nats_url, failed.cause) from None
         made.append(cls(nc, identity))
         return made[0]
 
