@@ -175,6 +175,14 @@ def error_body(result: ToolResult) -> dict[str, Any]:
     }
 
 
+def result_meta(result: ToolResult) -> dict[str, Any]:
+    """What a tools/call answer's `_meta` says of the call: its id, status, provenance."""
+    meta: dict[str, Any] = {CALL_ID_META_KEY: result.call_id, STATUS_META_KEY: result.status}
+    if not isinstance(result.provenance, msgspec.UnsetType):
+        meta[PROVENANCE_META_KEY] = msgspec.to_builtins(result.provenance)
+    return meta
+
+
 def call_result(
     result: ToolResult, spec: ToolSpec | ListedTool | None = None
 ) -> types.CallToolResult:
@@ -186,9 +194,7 @@ def call_result(
     with the status and the error as JSON text, so a model can correct itself, and no
     structured content: what a client validates against the tool's listed
     outputSchema (the MCP Inspector does) is only ever a successful result."""
-    meta: dict[str, Any] = {CALL_ID_META_KEY: result.call_id, STATUS_META_KEY: result.status}
-    if not isinstance(result.provenance, msgspec.UnsetType):
-        meta[PROVENANCE_META_KEY] = msgspec.to_builtins(result.provenance)
+    meta = result_meta(result)
     if result.ok:
         blocks = upstream_content(result.data) if spec and passes_content(spec) else None
         if blocks is not None:
@@ -218,9 +224,7 @@ def call_answer(result: ToolResult, spec: ToolSpec | ListedTool | None = None) -
     what the door's common path answers without building and re-validating the models.
     An upstream's content blocks, passed through as they came, are shaped by the SDK's
     own serializer (their many kinds are its to write)."""
-    meta: dict[str, Any] = {CALL_ID_META_KEY: result.call_id, STATUS_META_KEY: result.status}
-    if not isinstance(result.provenance, msgspec.UnsetType):
-        meta[PROVENANCE_META_KEY] = msgspec.to_builtins(result.provenance)
+    meta = result_meta(result)
     if result.ok:
         blocks = upstream_content(result.data) if spec and passes_content(spec) else None
         if blocks is not None:
