@@ -22,7 +22,7 @@ import argparse
 import asyncio
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,11 +54,29 @@ def revoked(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         server.stop()
 
 
+def connects_at_once(
+    connect: Callable[[float], Awaitable[BaseException | None]], seed: int
+) -> list[BaseException | None]:
+    """TRIES connects at once, timeouts spread over the attempt period: each one's
+    failure (None: connected). In a thread of its own: a connect that never ends cannot
+    hold up the test's teardown."""
+    draw = random.Random(seed)
+    timeouts = [draw.uniform(0.1, 1.2) for _ in range(TRIES)]
+    outcomes: list[BaseException | None] = []
+
+    async def every_one() -> None:
+        outcomes.extend(await asyncio.gather(*(connect(t) for t in timeouts)))
+
+    tries = threading.Thread(target=asyncio.run, args=(every_one(),), daemon=True)
+    tries.start()
+    tries.join(GIVE_UP_S)
+    assert not tries.is_alive(), "connects with refused creds never ended"
+    assert len(outcomes) == TRIES
+    return outcomes
+
+
 def test_refused_creds_end_the_connect_every_time(revoked: tuple[str, Path]) -> None:
     url, kept = revoked
-    draw = random.Random(22)
-    timeouts = [draw.uniform(0.1, 1.2) for _ in range(TRIES)]
-    outcomes: list[Failed | None] = []
 
     async def one(timeout: float) -> Failed | None:
         args = argparse.Namespace(nats_url=url, creds=kept, connect_timeout=timeout)
@@ -69,25 +87,14 @@ def test_refused_creds_end_the_connect_every_time(revoked: tuple[str, Path]) -> 
         await client.close()
         return None
 
-    async def every_one() -> None:
-        outcomes.extend(await asyncio.gather(*(one(t) for t in timeouts)))
-
-    # In a thread of its own: a connect that never ends cannot hold up the test's teardown.
-    tries = threading.Thread(target=asyncio.run, args=(every_one(),), daemon=True)
-    tries.start()
-    tries.join(GIVE_UP_S)
-    assert not tries.is_alive(), "connects with refused creds never ended"
+    outcomes = connects_at_once(one, seed=22)
     # Refused, or (the shortest timeouts, on a busy machine) no answer in time: exit 3.
-    assert len(outcomes) == TRIES
-    assert all(o is not None and o.code == 3 for o in outcomes), outcomes
+    assert all(isinstance(o, Failed) and o.code == 3 for o in outcomes), outcomes
     assert any("authorization refused" in str(o) for o in outcomes), outcomes
 
 
 def test_refused_creds_end_the_library_connect_every_time(revoked: tuple[str, Path]) -> None:
     url, kept = revoked
-    draw = random.Random(26)
-    timeouts = [draw.uniform(0.1, 1.2) for _ in range(TRIES)]
-    outcomes: list[BaseException | None] = []
 
     async def one(timeout: float) -> BaseException | None:
         try:
@@ -97,13 +104,6 @@ def test_refused_creds_end_the_library_connect_every_time(revoked: tuple[str, Pa
         await client.close()
         return None
 
-    async def every_one() -> None:
-        outcomes.extend(await asyncio.gather(*(one(t) for t in timeouts)))
-
-    tries = threading.Thread(target=asyncio.run, args=(every_one(),), daemon=True)
-    tries.start()
-    tries.join(GIVE_UP_S)
-    assert not tries.is_alive(), "connects with refused creds never ended"
-    assert len(outcomes) == TRIES
+    outcomes = connects_at_once(one, seed=26)
     assert all(isinstance(o, ConnectFailed) for o in outcomes), outcomes
     assert any("authorization refused" in str(o) for o in outcomes), outcomes
