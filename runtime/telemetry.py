@@ -106,8 +106,6 @@ class Metrics:
             "ack pending)",
             registry=r,
         )
-        self._stages: dict[str, Any] = {}
-        self._events: dict[str, Any] = {}
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.up = Gauge(
             "toolgate_dependency_up", "1 while a dependency answers (nats, clickhouse)",
@@ -116,10 +114,7 @@ class Metrics:
 
     def stage(self, durable: str) -> Any:
         """The latency histogram of one durable (looked up once: labels() is not free)."""
-        found = self._stages.get(durable)
-        if found is None:
-            found = self._stages[durable] = self.stage_seconds.labels(self.service, durable)
-        return found
+        return self.child(self.stage_seconds, self.service, durable)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once per label values (a call's hot path
@@ -132,10 +127,7 @@ class Metrics:
 
     def emitted(self, event: Event) -> None:
         kind = type(event).__name__
-        counter = self._events.get(kind)
-        if counter is None:
-            counter = self._events[kind] = self.events.labels(kind)
-        counter.inc()
+        self.child(self.events, kind).inc()
         if kind == "ResultAttached":
             status = event.result.status  # type: ignore[attr-defined]
             self.child(self.calls, event.tool, status).inc()
@@ -144,7 +136,7 @@ class Metrics:
         elif kind in APPROVAL_OUTCOMES:
             self.child(self.approvals, APPROVAL_OUTCOMES[kind]).inc()
         elif kind == "MessageDeadLettered":
-            self.dead_letters.labels(event.service).inc()
+            self.child(self.dead_letters, event.service).inc()
 
 
 class Tracing:
