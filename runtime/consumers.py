@@ -14,7 +14,8 @@ consumers through the stage runner (runtime/stage.py).
 A batch stage's durable (the audit sink's: one ClickHouse insert per batch) reads
 through `BatchPullConsumer`: one request for up to a batch's worth of messages,
 waiting at most the stage's flush time, and the whole batch handed to one task.
-Both keep what they hold with one heartbeat (`in_progress` at a third of AckWait).
+Both keep what they hold with one heartbeat (`in_progress` every sixth of the AckWait
+for what was in hand a sixth ago: kept within a third of the AckWait).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ async def ensure_consumer(nc: Client, stream: str, config: ConsumerConfig) -> No
 class PullLoop:
     """What every durable's pull loop shares: the durable created if missing, one reply
     subject per request (`<inbox>.<n>`), the messages in hand (a task each: one message,
-    or a batch) and the one heartbeat that keeps them (`in_progress` at a third of the
+    or a batch) and the one heartbeat that keeps them (`in_progress` every sixth of the
     AckWait, for what was in hand at the previous round already)."""
 
     def __init__(self, nc: Client, stream: str, config: ConsumerConfig) -> None:
@@ -246,9 +247,9 @@ class PullConsumer(PullLoop):
     (408, 409) of a request given up on, arriving late on a busy loop, does not
     end the current one: before, each such late end started one more request
     that was never given up, and under load requests piled up, each with a
-    batch, past the handler slots. A message in hand longer than a third of
-    the AckWait is kept with `in_progress`, so a handler slowed by load is not
-    handed its message a second time (a redelivery counts as an attempt, and
+    batch, past the handler slots. A message in hand is kept with `in_progress`
+    no later than a third of the AckWait after it was handed over, so a handler
+    slowed by load is not handed its message a second time (a redelivery counts as an attempt, and
     MAX_ATTEMPTS of them give the message up).
     """
 

@@ -30,8 +30,8 @@ the table (one per source stream for the audit): a new row needs no code.
 
     runner.add_batch(BatchStage(write, max_messages=2000, max_wait_s=1.0, end_call=False))
 
-A message in hand longer than a third of its AckWait is kept with
-`in_progress` by the consumer (runtime/consumers.py: `PullLoop`): one heartbeat
+A message in hand is kept with `in_progress` by the consumer, no later than a
+third of its AckWait after it was handed over (runtime/consumers.py: `PullLoop`): one heartbeat
 for every stage, a long tool call's and a batch waiting for ClickHouse included.
 """
 

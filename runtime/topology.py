@@ -290,8 +290,11 @@ def executor_ack_wait(tool_timeout_s: float) -> float:
 
 
 def heartbeat_interval(ack_wait_s: float) -> float:
-    """How often a worker says `in_progress` for a message it still works on."""
-    return ack_wait_s / 3
+    """How often a worker says `in_progress` for a message it still works on: a sixth of
+    the AckWait, so a message in hand for a whole interval is kept no later than two
+    intervals (a third of its AckWait) after it was handed over, leaving two thirds of
+    the AckWait for a loaded loop to send it in."""
+    return ack_wait_s / 6
 
 
 def ack_waits(tool_timeouts: dict[str, float]) -> dict[tuple[str, str], float]:

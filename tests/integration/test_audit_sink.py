@@ -88,8 +88,8 @@ async def test_a_batch_waiting_for_clickhouse_is_kept_then_acked_once_written(
     from toolgate.services.audit import writer as writer_module
     from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 
-    # The first in_progress comes up to two heartbeats (2/3 of the AckWait) after the batch
-    # is handed over, which waits up to flush_s: 3 s leaves room for a loaded loop.
+    # The first in_progress comes up to two heartbeats (1/3 of the AckWait) after the batch
+    # is handed over, which waits up to flush_s: 3 s leaves ~1.8 s for a loaded loop.
     monkeypatch.setattr(audit_app, "ACK_WAIT_S", 3.0)
     monkeypatch.setattr(writer_module, "RETRY_MAX_S", 0.5)
     await apply_topology(nats_server.url)

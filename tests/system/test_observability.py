@@ -323,7 +323,6 @@ def test_the_endpoint_answers_404_elsewhere(observed: Gateway) -> None:
 def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("audited-health")
     gateway = Gateway(
-        with_mcp=True,
         data_dir=base / "data",
         registry_dir=make_test_registry(base / "reg"),
         with_audit=True,
@@ -346,7 +345,14 @@ async def test_the_audit_fails_its_health_check_while_clickhouse_is_lost(
         verdict = await asyncio.to_thread(probe, health)
         return verdict is not None and verdict["alive"] is alive
 
-    await _wait_for(lambda: verdict_is(True))
+    async def both_answer() -> bool:
+        verdict = await asyncio.to_thread(probe, health)
+        return verdict is not None and verdict["ready"] is True
+
+    # Ready, not only alive: within its first grace the audit is alive before it has
+    # connected to NATS (it does once ClickHouse has its schema and genesis seal), and
+    # ClickHouse lost then would leave NATS never answering too.
+    await _wait_for(both_answer)
     clickhouse.kill()
     try:
         await _wait_for(lambda: verdict_is(False))

@@ -53,5 +53,6 @@ class TestExecutorAckWait:
     def test_a_long_tool_is_capped_and_kept_alive_by_heartbeats(self) -> None:
         wait = executor_ack_wait(600.0)
         assert wait == EXECUTOR_ACK_WAIT_CAP_S < DEFAULT_ACK_WAIT_S
-        # Several heartbeats fit in one AckWait: one lost beat does not redeliver.
-        assert heartbeat_interval(wait) * 2 < wait
+        # Several heartbeats fit in one AckWait: one lost beat does not redeliver, and a
+        # message is kept (two beats at most after its hand-over) within a third of it.
+        assert heartbeat_interval(wait) * 2 <= wait / 3

@@ -156,7 +156,7 @@ async def test_a_batch_is_one_request_and_one_handler_and_kept_while_it_waits(
             await nc.deliver(m)
         await until(lambda: len(handed) == 1)
         assert handed[0] == batch
-        # In hand past a third of the AckWait: each of its messages kept, by the one heartbeat.
+        # In hand past a sixth of the AckWait: each of its messages kept, by the one heartbeat.
         await until(lambda: all(m.told.count("wip") >= 2 for m in batch))
         assert len(nc.asked) == 1  # one batch in hand at a time: nothing more asked meanwhile
         release.set()
