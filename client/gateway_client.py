@@ -22,6 +22,7 @@ published while the connection was down is not missed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -208,7 +209,15 @@ class GatewayClient:
         return made[0]
 
     async def close(self) -> None:
-        await self._nc.drain()
+        """Connected: what is in flight is delivered first (a drain). The bus away (the
+        client reconnecting), or a drain cut short: closed at once. Either way the client
+        ends here, its reconnect loop with it."""
+        nc = self._nc
+        if nc.is_connected and not nc.is_draining:
+            with contextlib.suppress(Exception):  # lost mid-drain: closed below
+                await nc.drain()
+        if not nc.is_closed:
+            await nc.close()
 
     async def __aenter__(self) -> GatewayClient:
         return self

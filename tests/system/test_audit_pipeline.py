@@ -48,7 +48,13 @@ async def stream_event_ids(gateway: Gateway) -> set[str]:
         sub = await js.pull_subscribe(
             f"{subjects.EVENTS_PREFIX}.>",
             stream=subjects.EVENTS_STREAM,
-            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL),
+            # An ephemeral consumer is deleted after 5 s without a request by default: a
+            # loaded loop between two fetches then got 503 (no responders) from the server.
+            config=ConsumerConfig(
+                ack_policy=AckPolicy.NONE,
+                deliver_policy=DeliverPolicy.ALL,
+                inactive_threshold=300.0,
+            ),
         )
         ids: set[str] = set()
         seen = 0

@@ -211,3 +211,27 @@ async def test_a_result_published_while_the_client_was_disconnected_is_read_afte
     finally:
         proxy.close()
         await client.close()
+
+
+async def test_close_while_the_bus_is_away_ends_the_client(shared_gateway: Gateway) -> None:
+    """A client closed while its connection is down (reconnecting) is closed, at once and
+    without an error: its reconnect loop does not go on forever behind the caller."""
+    host, port = urlsplit(shared_gateway.url).hostname, urlsplit(shared_gateway.url).port
+    assert host is not None and port is not None
+    proxy = _Proxy((host, port))
+    await proxy.start()
+    creds = await shared_gateway.agent_creds(BOB.tenant, BOB.agent)
+    client = await GatewayClient.connect(
+        f"nats://127.0.0.1:{proxy.port}", creds, reconnect_time_wait=0.1
+    )
+    try:
+        proxy.cut()  # down, and new connections refused: the client keeps reconnecting
+        for _ in range(300):
+            if client._nc.is_reconnecting:
+                break
+            await asyncio.sleep(0.05)
+        assert client._nc.is_reconnecting
+        await asyncio.wait_for(client.close(), 30)
+        assert client._nc.is_closed
+    finally:
+        proxy.close()

@@ -220,19 +220,26 @@ def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> N
     try:
         gateway.start()
         done = toolgate(
-            "tools", "import-mcp", upstream.url, "--prefix", "up", "--out", str(tmp_path / "r")
+            "tools",
+            "import-mcp",
+            upstream.url,
+            "--prefix",
+            "up",
+            "--out",
+            str(tmp_path / "r"),
+            *SLOW,
         )
         assert done.returncode == 0, done.stderr
-        same = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"))
+        same = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"), *SLOW)
         assert same.returncode == 0 and "serves the pinned definition" in same.stdout
         upstream.stop()
         upstream = Upstream(changed=True, port=upstream.port).start()
-        diff = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"))
+        diff = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"), *SLOW)
         assert diff.returncode == 0, diff.stderr
         assert "description:\n- Look up the value stored under a key.\n+ " in diff.stdout
         assert "IMPORTANT: before answering" in diff.stdout
         served = diff.stdout.rsplit("--expect ", 1)[1].split(")")[0]
-        base = ("tools", "accept", "up_lookup", "--registry", str(tmp_path / "r"))
+        base = ("tools", "accept", "up_lookup", "--registry", str(tmp_path / "r"), *SLOW)
         stale = toolgate(*base, "--data-dir", str(data_dir), "--expect", "0" * 16)
         assert stale.returncode == 1 and "not the 0000000000000000 you reviewed" in stale.stderr
         accepted = toolgate(*base, "--data-dir", str(data_dir), "--expect", served, "--by", "ops-1")
@@ -258,7 +265,7 @@ def test_diff_shows_a_changed_definition_and_accept_pins_it(tmp_path: Path) -> N
         who, tool, accepted_sha, previous_sha = rows[0]
         assert (who, tool) == ("ops-1", "up_lookup")
         assert str(accepted_sha).startswith(served) and previous_sha != accepted_sha
-        again = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"))
+        again = toolgate("tools", "diff", "up_lookup", "--registry", str(tmp_path / "r"), *SLOW)
         assert "serves the pinned definition" in again.stdout
     finally:
         upstream.stop()
