@@ -68,6 +68,8 @@ EXAMPLES = ("orders", "refund")
 
 # In the data dir: the MCP front door's port, kept across `toolgate up` restarts.
 MCP_PORT_FILE = "mcp-port"
+# The data dir: read, written and entered by its owner alone.
+DATA_DIR_MODE = 0o700
 
 
 def recorded_port(record: Path) -> int | None:
@@ -290,6 +292,11 @@ class Stack:
     def start(self) -> None:
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            # The owner's alone: below it are the audit's ClickHouse files (every
+            # call's arguments and result), the logs and what tools write, which
+            # another local user must not read around the logins. Tightened on each
+            # start, so a data dir made before this (0755) is closed too.
+            os.chmod(self.data_dir, DATA_DIR_MODE)
             self._claim = claim_data_dir(self.data_dir)
             ensure_keypair(self.data_dir / "keys")
         except GatewayRunning as exc:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.error
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Gateway
+from tests.harness import Gateway, make_test_registry
 from tests.system.test_operator_failures import DEADLINE_S, one_line, toolgate
 from toolgate.stack.nats_server import free_port
 
@@ -293,3 +294,43 @@ def test_a_second_up_on_a_running_gateways_data_dir(gateway: Gateway, elsewhere:
     line = one_line(done)
     assert done.returncode == 2, line
     assert f"a gateway already runs in {gateway.data_dir} (pid {os.getpid()})" in line
+
+
+# ---------------------------------------------------------------- a curious local process
+
+
+def readable_by_others(root: Path) -> list[Path]:
+    """Files under `root` another local user could open for reading: the file is
+    world-readable and every folder from `root` down to it world-searchable."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        if not stat.S_IMODE(here.stat().st_mode) & stat.S_IXOTH:
+            dirs.clear()  # nothing below it can be reached
+            continue
+        for name in files:
+            path = here / name
+            if path.is_file() and stat.S_IMODE(path.lstat().st_mode) & stat.S_IROTH:
+                found.append(path)
+    return found
+
+
+def test_another_local_user_reads_nothing_of_the_data_dir(tmp_path: Path) -> None:
+    """The finding: the audit's ClickHouse files (every call's arguments and result,
+    readable around ClickHouse's logins), the logs and what tools wrote were 0644 in
+    0755 folders under a 0755 data dir. A data dir left over from before (0755) is
+    closed at the next start too."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o755)
+    os.chmod(data_dir, 0o755)  # whatever the umask: as an older `toolgate up` left it
+    registry = make_test_registry(tmp_path / "registry")
+    gateway = Gateway(data_dir=data_dir, registry_dir=registry, with_audit=True).start()
+    try:
+        where = ["--data-dir", str(data_dir)]
+        called = toolgate(["call", "echo", '{"payload": "secret-7"}', *where], tmp_path)
+        assert called.returncode == 0, called.stderr
+        assert (data_dir / "clickhouse" / "data").is_dir()
+        assert readable_by_others(data_dir) == []
+        assert readable_by_others(data_dir / "clickhouse") == []
+    finally:
+        gateway.stop()
