@@ -246,7 +246,9 @@ async def connect_bus(
     import nats
     import nats.errors
 
+    from toolgate.cli.common import connect_failure
     from toolgate.runtime.creds import connect_options
+    from toolgate.services.audit.connection import BAD_CONFIG
 
     errors: list[Exception] = []
 
@@ -262,6 +264,9 @@ async def connect_bus(
     try:
         return await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
+        said = connect_failure(nats_url, errors[-1] if errors else exc)
+        if said.code == BAD_CONFIG:  # refused at the default URL, nothing recorded here
+            raise Failed(str(said), said.code) from None
         raise PushFailed(
             f"cannot connect to NATS at {nats_url}"
             + (f" as {creds}" if creds else "")

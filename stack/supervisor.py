@@ -289,7 +289,23 @@ class Stack:
         assert self.nats is not None
         return self.nats.url
 
+    def check_nats_ports(self) -> None:
+        """StackError if a port the embedded NATS needs is taken."""
+        if self.nats_url or not self.nats_port:
+            return
+        ports = range(self.nats_port, self.nats_port + max(self.nats_cluster, 1))
+        taken = [port for port in ports if not port_is_free(port)]
+        if taken:
+            raise StackError(
+                f"port {taken[0]} is in use (another `toolgate up`, or a NATS "
+                "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
+            )
+
     def start(self) -> None:
+        # Before anything is written: a `toolgate up` run in the wrong folder while a
+        # gateway holds the port leaves no data dir there (whose fresh operator keys
+        # and agents later commands of that folder would take for a gateway's).
+        self.check_nats_ports()
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             # The owner's alone: below it are the audit's ClickHouse files (every
@@ -325,12 +341,6 @@ class Stack:
         if not self.nats_url:
             # A cluster takes --nats-port and the ports after it, one per node.
             ports = [self.nats_port + i for i in range(max(self.nats_cluster, 1))]
-            taken = [port for port in ports if self.nats_port and not port_is_free(port)]
-            if taken:
-                raise StackError(
-                    f"port {taken[0]} is in use (another `toolgate up`, or a NATS "
-                    "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
-                )
             auth_config = self.creds.auth_config if self.creds else None
             if self.nats_cluster > 1:
                 self.topology = replace(self.topology, replicas=min(self.nats_cluster, 3))

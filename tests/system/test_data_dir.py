@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -25,6 +26,7 @@ import pytest
 
 from tests.harness import Gateway, make_test_registry
 from tests.system.test_operator_failures import DEADLINE_S, one_line, toolgate
+from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR
 from toolgate.stack.nats_server import free_port
 
 pytestmark = pytest.mark.system
@@ -276,16 +278,32 @@ def test_a_call_from_a_fresh_folder_at_another_gateways_4222(elsewhere: Path) ->
     other = elsewhere / "other-gateway"
     creds = nats_auth.create_credentials(other)
     server = EmbeddedNats(other / "nats", port=4222, config_file=creds.auth_config).start()
+    fresh = elsewhere / "fresh"
+    fresh.mkdir()
+    bundle = shutil.copytree(DEFAULT_BUNDLE_DIR, fresh / "policy")
+    # `policy push`, `policy rollback` and `tools list` said "cannot connect to NATS at
+    # ...: Error: nats: 'Authorization Violation'", exit 3.
+    commands = [
+        ["call", "echo", "{}"],
+        ["policy", "push", str(bundle)],
+        ["policy", "rollback", "1"],
+        ["tools", "list"],
+    ]
     try:
-        fresh = elsewhere / "fresh"
-        fresh.mkdir()
-        done = toolgate(["call", "echo", "{}"], fresh)
+        done = [toolgate(command, fresh) for command in commands]
+        # And `toolgate up` there stops before it writes a data dir: it had minted a
+        # whole one (operator keys, agents) that later commands of the folder used.
+        up = toolgate(["up"], fresh)
     finally:
         server.stop()
-    line = one_line(done)
-    assert done.returncode == 2, line
-    assert "no `toolgate up` is recorded in .toolgate/context.json" in line
-    assert "belongs to another gateway or is not toolgate's" in line and "--data-dir" in line
+    for command, result in zip(commands, done, strict=True):
+        line = one_line(result)
+        assert result.returncode == 2, (command, line)
+        assert "no `toolgate up` is recorded in .toolgate/context.json" in line, command
+        assert "belongs to another gateway or is not toolgate's" in line and "--data-dir" in line
+    assert up.returncode == 2, one_line(up)
+    assert "port 4222 is in use" in one_line(up)
+    assert not (fresh / ".toolgate").exists()
 
 
 def test_a_second_up_on_a_running_gateways_data_dir(gateway: Gateway, elsewhere: Path) -> None:
