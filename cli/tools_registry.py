@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -115,15 +116,27 @@ def checked_registry(args: argparse.Namespace) -> tuple[dict[str, str], Registry
         raise Failed(f"registry {args.directory} is larger than {MAX_BUNDLE_BYTES} bytes")
     from toolgate.services.executor.logic import resolve_function
 
-    for spec in registry:
-        if spec.function is not None:
-            try:
-                resolve_function(spec)
-            except Exception as exc:
-                raise Failed(
-                    f"registry {args.directory} refused: tool {spec.name}: function "
-                    f"{spec.function} cannot be imported here: {exc}"
-                ) from None
+    # Imported as the services import it: they run as `python -m` in the folder where
+    # `toolgate up` ran, so a module saved there (the README's my_tools.py) is found;
+    # the `toolgate` script has only its own bin folder on sys.path.
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        for spec in registry:
+            if spec.function is not None:
+                try:
+                    resolve_function(spec)
+                except Exception as exc:
+                    raise Failed(
+                        f"registry {args.directory} refused: tool {spec.name}: function "
+                        f"{spec.function} cannot be imported here (from {here} or the "
+                        f"installed packages): {exc}"
+                    ) from None
+    finally:
+        if added:
+            sys.path.remove(here)
     return files, registry
 
 
