@@ -22,15 +22,28 @@ from types import ModuleType
 
 import nats
 import nats.errors
+from nats.js import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import KeyWrongLastSequenceError, ServiceUnavailableError
 
 from toolgate.contracts.authorization import ensure_keypair
-from toolgate.contracts.registry import load_registry, tool_dirs
+from toolgate.contracts.registry import RegistryError, load_registry, tool_dirs
+from toolgate.contracts.registry_bundle import registry_from_files
+from toolgate.runtime import bundle_versions
+from toolgate.runtime.bundle_bucket import fetch_active
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.health import probe
+from toolgate.runtime.served_registry import REGISTRY_BUNDLE, local_differs, served_bundle
+from toolgate.runtime.served_registry import describe as describe_registry
 from toolgate.runtime.settings import write_context
-from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_waits
+from toolgate.runtime.signed_bundles import load_verify_key as load_registry_key
+from toolgate.runtime.topology import (
+    Topology,
+    apply_topology,
+    refresh_ack_waits,
+    registry_accepted_bucket_config,
+    registry_bucket_config,
+)
 from toolgate.services.policy import versions
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
 from toolgate.services.policy.pushing import push_next_version, read_state
@@ -218,6 +231,10 @@ class Stack:
     # the one its bundle replaced: what `toolgate up` prints (settle_policy).
     policy_line: str = ""
     policy_replaced: str = ""
+    # The pushed registry the services serve ("": nothing pushed, the local one), and
+    # a line when the local --registry is not it (settle_policy).
+    registry_line: str = ""
+    registry_differs: str | None = None
     _health_checked_at: float = 0.0
     # A service's /healthz fails once NATS (ClickHouse) is lost this long; None: its default.
     health_grace_s: float | None = None
@@ -509,8 +526,32 @@ class Stack:
                 bundle_version(local),
                 self.local_policy_source,
             )
+            await self._read_served_registry(nc.jetstream())
         finally:
             await nc.close()
+
+    async def _read_served_registry(self, js: JetStreamContext) -> None:
+        """registry_line and registry_differs: a registry pushed earlier is served
+        whatever --registry this start was given, which `toolgate up` says."""
+        state = await bundle_versions.read_state(
+            js,
+            registry_bucket_config(self.topology.replicas),
+            registry_accepted_bucket_config(self.topology.replicas),
+        )
+        try:
+            public_key = load_registry_key(REGISTRY_BUNDLE, self.data_dir / "keys")
+        except BundleRefused:
+            return  # the validator refuses to start and says why
+        stored, _ = served_bundle(await fetch_active(state.kv), state.accepted, public_key)
+        if stored is None:
+            return
+        try:
+            served = registry_from_files(stored.files, self.builtin_tools)
+            local = load_registry(*self.tool_dirs())
+        except RegistryError:
+            return  # the services say so themselves
+        self.registry_line = describe_registry(stored, served)
+        self.registry_differs = local_differs(served, local)
 
     def record_context(self) -> None:
         """Tell every later command in this folder what runs where, and whose creds are whose."""
@@ -796,6 +837,8 @@ def run_until_signalled(stack: Stack) -> int:
                 else ""
             )
             + f"  policy bundle: {stack.policy_line}\n"
+            + (f"  registry: {stack.registry_line}\n" if stack.registry_line else "")
+            + (f"    {stack.registry_differs}\n" if stack.registry_differs else "")
             + (f"    {stack.policy_replaced}\n" if stack.policy_replaced else "")
             + "  try:  toolgate call search_sources "
             '\'{"query": "agents state", "source_type": "any", "limit": 3}\'\n'
