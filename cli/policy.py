@@ -195,12 +195,13 @@ def registry_of(args: argparse.Namespace) -> tuple[Registry, str]:
 
 
 def checked_engine(
-    directory: Path, registry: Registry, command: str = "check"
+    directory: Path, registry: Registry, command: str = "check", source: str | None = None
 ) -> tuple[dict[str, str], CedarEngine] | None:
     """The bundle's files and engine, or None once each problem is printed (file:line:
     column and the reason, one line each): Cedar's, then each argument a policy reads that
-    no tool it applies to takes."""
-    from toolgate.services.policy.argument_names import unknown_arguments
+    no tool it applies to takes. A policy that reads arguments of no tool of the registry
+    (`source` says which) is named on stderr: its names were not checked."""
+    from toolgate.services.policy.argument_names import unchecked_policies, unknown_arguments
     from toolgate.services.policy.bundle import BundleError, read_bundle_dir
     from toolgate.services.policy.engine import engine_from_files
 
@@ -217,13 +218,20 @@ def checked_engine(
                 file=sys.stderr,
             )
         return None
+    for file, policy_id in unchecked_policies(files, registry):
+        print(
+            f"toolgate policy {command}: note: {file}: policy {policy_id!r} reads arguments "
+            f"of no tool in {source or 'the registry'}, so their names were not checked "
+            "(run it where `toolgate up` ran, or give --data-dir or --registry)",
+            file=sys.stderr,
+        )
     return files, engine
 
 
 @fails_in_one_line("toolgate policy check")
 def cmd_check(args: argparse.Namespace) -> int:
-    registry, _ = registry_of(args)
-    checked = checked_engine(args.directory, registry)
+    registry, source = registry_of(args)
+    checked = checked_engine(args.directory, registry, source=source)
     if checked is None:
         return 2
     _, engine = checked
@@ -246,7 +254,9 @@ async def connect_bus(
     import nats
     import nats.errors
 
+    from toolgate.cli.common import connect_failure
     from toolgate.runtime.creds import connect_options
+    from toolgate.services.audit.connection import BAD_CONFIG
 
     errors: list[Exception] = []
 
@@ -262,6 +272,9 @@ async def connect_bus(
     try:
         return await asyncio.wait_for(nats.connect(nats_url, **options), connect_timeout)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
+        said = connect_failure(nats_url, errors[-1] if errors else exc)
+        if said.code == BAD_CONFIG:  # refused at the default URL, nothing recorded here
+            raise Failed(str(said), said.code) from None
         raise PushFailed(
             f"cannot connect to NATS at {nats_url}"
             + (f" as {creds}" if creds else "")
@@ -370,11 +383,11 @@ def cmd_push(args: argparse.Namespace) -> int:
     from toolgate.services.policy.bundle_store import ACTIVE_KEY, POLICIES_BUCKET
 
     try:
-        registry, _ = registry_of(args)
+        registry, source = registry_of(args)
     except Failed as exc:
         print(f"toolgate policy push: {exc}", file=sys.stderr)
         return 2
-    checked = checked_engine(args.directory, registry, "push")
+    checked = checked_engine(args.directory, registry, "push", source)
     if checked is None:
         return 2
     files, engine = checked

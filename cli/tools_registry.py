@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import getpass
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,13 @@ from toolgate.contracts.registry_bundle import (
 from toolgate.runtime import bundle_versions
 from toolgate.runtime.bundle_bucket import ACTIVE_KEY, fetch_active
 from toolgate.runtime.outside_text import visible
-from toolgate.runtime.served_registry import PUSHED_FROM, REGISTRY_BUNDLE
+from toolgate.runtime.served_registry import PUSHED_FROM, REGISTRY_BUNDLE, served_bundle
 from toolgate.runtime.settings import env_data_dir, env_nats_creds, env_nats_url, recorded_registry
 from toolgate.runtime.signed_bundles import (
     BundleRefused,
     StoredBundle,
     ensure_signing_key,
     load_verify_key,
-    open_stored,
 )
 from toolgate.runtime.topology import registry_accepted_bucket_config, registry_bucket_config
 
@@ -115,15 +115,27 @@ def checked_registry(args: argparse.Namespace) -> tuple[dict[str, str], Registry
         raise Failed(f"registry {args.directory} is larger than {MAX_BUNDLE_BYTES} bytes")
     from toolgate.services.executor.logic import resolve_function
 
-    for spec in registry:
-        if spec.function is not None:
-            try:
-                resolve_function(spec)
-            except Exception as exc:
-                raise Failed(
-                    f"registry {args.directory} refused: tool {spec.name}: function "
-                    f"{spec.function} cannot be imported here: {exc}"
-                ) from None
+    # Imported as the services import it: they run as `python -m` in the folder where
+    # `toolgate up` ran, so a module saved there (the README's my_tools.py) is found;
+    # the `toolgate` script has only its own bin folder on sys.path.
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        for spec in registry:
+            if spec.function is not None:
+                try:
+                    resolve_function(spec)
+                except Exception as exc:
+                    raise Failed(
+                        f"registry {args.directory} refused: tool {spec.name}: function "
+                        f"{spec.function} cannot be imported here (from {here} or the "
+                        f"installed packages): {exc}"
+                    ) from None
+    finally:
+        if added:
+            sys.path.remove(here)
     return files, registry
 
 
@@ -232,22 +244,12 @@ def cmd_list(args: argparse.Namespace) -> int:
         raise Failed(str(exc), UNREACHABLE) from None
     dirs, builtin = recorded_registry(args.data_dir)
     keys_dir = Path(args.data_dir) / "keys"
-    stored: StoredBundle | None = None
-    refused: str | None = None
-    if entry is not None:
-        try:
-            if entry.deleted:
-                raise BundleRefused("it was deleted")
-            stored = open_stored(
-                REGISTRY_BUNDLE, entry.value, load_verify_key(REGISTRY_BUNDLE, keys_dir)
-            )
-        except BundleRefused as exc:
-            refused = str(exc)
-    if stored is not None and accepted is not None and stored.number < accepted.number:
-        refused = f"its version {stored.number} is older than the served {accepted.number}"
-        stored = None
-    if stored is None and refused is not None and accepted is not None:
-        stored = accepted  # what the services keep serving (the validator's record)
+    try:
+        public_key = load_verify_key(REGISTRY_BUNDLE, keys_dir)
+    except BundleRefused as exc:
+        stored, refused = (accepted, str(exc)) if entry is not None else (None, None)
+    else:
+        stored, refused = served_bundle(entry, accepted, public_key)
     try:
         if stored is not None:
             registry = registry_from_files(stored.files, builtin)

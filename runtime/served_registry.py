@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import msgspec
 from nats.js import JetStreamContext
@@ -52,6 +52,9 @@ from toolgate.runtime.signed_bundles import (
 )
 from toolgate.runtime.topology import registry_accepted_bucket_config, registry_bucket_config
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 log = logging.getLogger("toolgate.registry")
 
 REGISTRY_BUNDLE = BundleKind(
@@ -78,6 +81,42 @@ def describe(stored: StoredBundle | None, registry: Registry) -> str:
     return (
         f"version {stored.number} ({stored.source}, registry {registry.version}, "
         f"signed by key {stored.key_id})"
+    )
+
+
+def served_bundle(
+    entry: ActiveEntry | None, accepted: StoredBundle | None, public_key: Ed25519PublicKey | None
+) -> tuple[StoredBundle | None, str | None]:
+    """The pushed bundle the services serve (None: the local registry, nothing pushed)
+    and why the bucket's newest write is refused (None: it is not), from the active key's
+    latest entry and the validator's record of what it accepted."""
+    stored: StoredBundle | None = None
+    refused: str | None = None
+    if entry is not None:
+        try:
+            if entry.deleted:
+                raise BundleRefused("it was deleted")
+            stored = open_stored(REGISTRY_BUNDLE, entry.value, public_key)
+        except BundleRefused as exc:
+            refused = str(exc)
+    if stored is not None and accepted is not None and stored.number < accepted.number:
+        refused = f"its version {stored.number} is older than the served {accepted.number}"
+        stored = None
+    if stored is None and refused is not None and accepted is not None:
+        stored = accepted  # what the services keep serving (the validator's record)
+    return stored, refused
+
+
+def local_differs(served: Registry, local: Registry) -> str | None:
+    """A line when the local registry (the --registry directories and built-in tools a
+    gateway was started with) is not the pushed one it serves: edits to those files do
+    nothing until they are pushed. None when they are the same."""
+    if served.version == local.version:
+        return None
+    return (
+        f"not the local registry (registry {local.version}, from --registry and the "
+        "built-in tools): the pushed version is served until another is pushed "
+        "(`toolgate tools push DIR`)"
     )
 
 

@@ -401,6 +401,9 @@ class EmbeddedClickHouse:
         if not port_is_free(self.port, self.host):
             raise ClickHouseServerError(f"port {self.host}:{self.port} is already in use")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Its files are the audit (arguments, results): its owner's alone, whatever
+        # the folder above it allows; ClickHouse's logins guard the rest.
+        os.chmod(self.data_dir, 0o700)
         self.write_access()
         cmd = [
             sys.executable,

@@ -22,15 +22,28 @@ from types import ModuleType
 
 import nats
 import nats.errors
+from nats.js import JetStreamContext
 from nats.js.errors import Error as JetStreamError
 from nats.js.errors import KeyWrongLastSequenceError, ServiceUnavailableError
 
 from toolgate.contracts.authorization import ensure_keypair
-from toolgate.contracts.registry import load_registry, tool_dirs
+from toolgate.contracts.registry import RegistryError, load_registry, tool_dirs
+from toolgate.contracts.registry_bundle import registry_from_files
+from toolgate.runtime import bundle_versions
+from toolgate.runtime.bundle_bucket import fetch_active
 from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.health import probe
+from toolgate.runtime.served_registry import REGISTRY_BUNDLE, local_differs, served_bundle
+from toolgate.runtime.served_registry import describe as describe_registry
 from toolgate.runtime.settings import write_context
-from toolgate.runtime.topology import Topology, apply_topology, refresh_ack_waits
+from toolgate.runtime.signed_bundles import load_verify_key as load_registry_key
+from toolgate.runtime.topology import (
+    Topology,
+    apply_topology,
+    refresh_ack_waits,
+    registry_accepted_bucket_config,
+    registry_bucket_config,
+)
 from toolgate.services.policy import versions
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
 from toolgate.services.policy.pushing import push_next_version, read_state
@@ -68,6 +81,8 @@ EXAMPLES = ("orders", "refund")
 
 # In the data dir: the MCP front door's port, kept across `toolgate up` restarts.
 MCP_PORT_FILE = "mcp-port"
+# The data dir: read, written and entered by its owner alone.
+DATA_DIR_MODE = 0o700
 
 
 def recorded_port(record: Path) -> int | None:
@@ -216,6 +231,10 @@ class Stack:
     # the one its bundle replaced: what `toolgate up` prints (settle_policy).
     policy_line: str = ""
     policy_replaced: str = ""
+    # The pushed registry the services serve ("": nothing pushed, the local one), and
+    # a line when the local --registry is not it (settle_policy).
+    registry_line: str = ""
+    registry_differs: str | None = None
     _health_checked_at: float = 0.0
     # A service's /healthz fails once NATS (ClickHouse) is lost this long; None: its default.
     health_grace_s: float | None = None
@@ -287,9 +306,30 @@ class Stack:
         assert self.nats is not None
         return self.nats.url
 
+    def check_nats_ports(self) -> None:
+        """StackError if a port the embedded NATS needs is taken."""
+        if self.nats_url or not self.nats_port:
+            return
+        ports = range(self.nats_port, self.nats_port + max(self.nats_cluster, 1))
+        taken = [port for port in ports if not port_is_free(port)]
+        if taken:
+            raise StackError(
+                f"port {taken[0]} is in use (another `toolgate up`, or a NATS "
+                "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
+            )
+
     def start(self) -> None:
+        # Before anything is written: a `toolgate up` run in the wrong folder while a
+        # gateway holds the port leaves no data dir there (whose fresh operator keys
+        # and agents later commands of that folder would take for a gateway's).
+        self.check_nats_ports()
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            # The owner's alone: below it are the audit's ClickHouse files (every
+            # call's arguments and result), the logs and what tools write, which
+            # another local user must not read around the logins. Tightened on each
+            # start, so a data dir made before this (0755) is closed too.
+            os.chmod(self.data_dir, DATA_DIR_MODE)
             self._claim = claim_data_dir(self.data_dir)
             ensure_keypair(self.data_dir / "keys")
         except GatewayRunning as exc:
@@ -318,12 +358,6 @@ class Stack:
         if not self.nats_url:
             # A cluster takes --nats-port and the ports after it, one per node.
             ports = [self.nats_port + i for i in range(max(self.nats_cluster, 1))]
-            taken = [port for port in ports if self.nats_port and not port_is_free(port)]
-            if taken:
-                raise StackError(
-                    f"port {taken[0]} is in use (another `toolgate up`, or a NATS "
-                    "server?): stop it, or use --nats-port 0 (any free port) or --nats-url"
-                )
             auth_config = self.creds.auth_config if self.creds else None
             if self.nats_cluster > 1:
                 self.topology = replace(self.topology, replicas=min(self.nats_cluster, 3))
@@ -492,8 +526,32 @@ class Stack:
                 bundle_version(local),
                 self.local_policy_source,
             )
+            await self._read_served_registry(nc.jetstream())
         finally:
             await nc.close()
+
+    async def _read_served_registry(self, js: JetStreamContext) -> None:
+        """registry_line and registry_differs: a registry pushed earlier is served
+        whatever --registry this start was given, which `toolgate up` says."""
+        state = await bundle_versions.read_state(
+            js,
+            registry_bucket_config(self.topology.replicas),
+            registry_accepted_bucket_config(self.topology.replicas),
+        )
+        try:
+            public_key = load_registry_key(REGISTRY_BUNDLE, self.data_dir / "keys")
+        except BundleRefused:
+            return  # the validator refuses to start and says why
+        stored, _ = served_bundle(await fetch_active(state.kv), state.accepted, public_key)
+        if stored is None:
+            return
+        try:
+            served = registry_from_files(stored.files, self.builtin_tools)
+            local = load_registry(*self.tool_dirs())
+        except RegistryError:
+            return  # the services say so themselves
+        self.registry_line = describe_registry(stored, served)
+        self.registry_differs = local_differs(served, local)
 
     def record_context(self) -> None:
         """Tell every later command in this folder what runs where, and whose creds are whose."""
@@ -779,6 +837,8 @@ def run_until_signalled(stack: Stack) -> int:
                 else ""
             )
             + f"  policy bundle: {stack.policy_line}\n"
+            + (f"  registry: {stack.registry_line}\n" if stack.registry_line else "")
+            + (f"    {stack.registry_differs}\n" if stack.registry_differs else "")
             + (f"    {stack.policy_replaced}\n" if stack.policy_replaced else "")
             + "  try:  toolgate call search_sources "
             '\'{"query": "agents state", "source_type": "any", "limit": 3}\'\n'

@@ -116,6 +116,25 @@ def _unknown_in_file(name: str, text: str, registry: Registry) -> list[UnknownAr
     return found
 
 
+def unchecked_policies(files: Mapping[str, str], registry: Registry) -> list[tuple[str, str]]:
+    """(file, policy id) of each policy that reads arguments but applies to no tool of
+    `registry`: its argument names could not be checked here (a rule for another
+    gateway's tools, or a registry that is not the one the gateway serves)."""
+    found: list[tuple[str, str]] = []
+    for name in sorted(files):
+        if not name.endswith(".cedar"):
+            continue
+        policies = json.loads(cedarpy.policies_to_json_str(files[name]))["staticPolicies"]
+        for positional_id, policy in policies.items():
+            if _arguments_read(policy.get("conditions") or []) and not tools_in_scope(
+                policy, registry
+            ):
+                found.append(
+                    (name, str((policy.get("annotations") or {}).get("id", positional_id)))
+                )
+    return found
+
+
 def tools_in_scope(policy: Mapping[str, Any], registry: Registry) -> list[ToolSpec]:
     """The registry's tools a policy (Cedar JSON) can apply to, by its head and `when`."""
     tools = list(registry)

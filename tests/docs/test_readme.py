@@ -110,6 +110,21 @@ def test_every_block_is_run_or_checked_or_says_why_not() -> None:
     assert all(b.language == "json" for b in outputs), [b.where for b in outputs]
 
 
+def test_no_example_puts_an_approver_token_on_a_command_line() -> None:
+    """The README passed the approver's token as `--token "$ALICE"`: every local user
+    reads a command line (`ps`), and the web inbox logs in with the token alone. The
+    environment ($TOOLGATE_APPROVER_TOKEN) is the owner's only."""
+    on_a_command_line = re.compile(r"--token[ =]")
+    found = [
+        f"{block.where}: {command.text}"
+        for block in blocks()
+        if RUNNABLE.get(block.language) == "sh"
+        for command in shell_commands(block.text)
+        if on_a_command_line.search(command.text)
+    ]
+    assert found == []
+
+
 def test_json_examples_are_wire_messages() -> None:
     """A JSON block that is not a command's output is a ToolCall, a ToolResult or an
     agent's ToolListing (docs/registry.md)."""

@@ -176,6 +176,24 @@ async def test_a_push_that_raced_another_writes_nothing(up: Gateway, tmp_path: P
     ] == [1, 2]
 
 
+def test_check_from_a_folder_without_a_gateway_says_what_it_could_not_check(
+    tmp_path: Path,
+) -> None:
+    """Run from another folder, `policy check` took the built-in tools and passed a
+    misspelt argument of the operator's own tool in silence (exit 0, no word)."""
+    typo = (
+        '@id("tickets")\n'
+        'forbid (principal, action, resource == Tool::"create_ticket")\n'
+        'when { context.arguments has priorty && context.arguments.priorty == "high" };\n'
+    )
+    mine = bundle_dir(tmp_path / "mine", **{"tickets.cedar": typo})
+    result = toolgate(tmp_path, "policy", "check", str(mine))
+    assert result.returncode == 0, result.stderr
+    line = one_line(result)
+    assert "policy 'tickets' reads arguments of no tool in the built-in tools" in line
+    assert "not checked" in line and "--data-dir or --registry" in line
+
+
 def test_push_that_cannot_reach_the_bus_says_so_in_one_line(tmp_path: Path) -> None:
     strict = bundle_dir(tmp_path / "strict", **{"no-echo.cedar": NO_ECHO})
     nowhere = f"nats://127.0.0.1:{free_port()}"

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import urllib.error
@@ -22,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import Gateway
+from tests.harness import Gateway, make_test_registry
 from tests.system.test_operator_failures import DEADLINE_S, one_line, toolgate
+from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR
 from toolgate.stack.nats_server import free_port
 
 pytestmark = pytest.mark.system
@@ -275,16 +278,32 @@ def test_a_call_from_a_fresh_folder_at_another_gateways_4222(elsewhere: Path) ->
     other = elsewhere / "other-gateway"
     creds = nats_auth.create_credentials(other)
     server = EmbeddedNats(other / "nats", port=4222, config_file=creds.auth_config).start()
+    fresh = elsewhere / "fresh"
+    fresh.mkdir()
+    bundle = shutil.copytree(DEFAULT_BUNDLE_DIR, fresh / "policy")
+    # `policy push`, `policy rollback` and `tools list` said "cannot connect to NATS at
+    # ...: Error: nats: 'Authorization Violation'", exit 3.
+    commands = [
+        ["call", "echo", "{}"],
+        ["policy", "push", str(bundle)],
+        ["policy", "rollback", "1"],
+        ["tools", "list"],
+    ]
     try:
-        fresh = elsewhere / "fresh"
-        fresh.mkdir()
-        done = toolgate(["call", "echo", "{}"], fresh)
+        done = [toolgate(command, fresh) for command in commands]
+        # And `toolgate up` there stops before it writes a data dir: it had minted a
+        # whole one (operator keys, agents) that later commands of the folder used.
+        up = toolgate(["up"], fresh)
     finally:
         server.stop()
-    line = one_line(done)
-    assert done.returncode == 2, line
-    assert "no `toolgate up` is recorded in .toolgate/context.json" in line
-    assert "belongs to another gateway or is not toolgate's" in line and "--data-dir" in line
+    for command, result in zip(commands, done, strict=True):
+        line = one_line(result)
+        assert result.returncode == 2, (command, line)
+        assert "no `toolgate up` is recorded in .toolgate/context.json" in line, command
+        assert "belongs to another gateway or is not toolgate's" in line and "--data-dir" in line
+    assert up.returncode == 2, one_line(up)
+    assert "port 4222 is in use" in one_line(up)
+    assert not (fresh / ".toolgate").exists()
 
 
 def test_a_second_up_on_a_running_gateways_data_dir(gateway: Gateway, elsewhere: Path) -> None:
@@ -293,3 +312,43 @@ def test_a_second_up_on_a_running_gateways_data_dir(gateway: Gateway, elsewhere:
     line = one_line(done)
     assert done.returncode == 2, line
     assert f"a gateway already runs in {gateway.data_dir} (pid {os.getpid()})" in line
+
+
+# ---------------------------------------------------------------- a curious local process
+
+
+def readable_by_others(root: Path) -> list[Path]:
+    """Files under `root` another local user could open for reading: the file is
+    world-readable and every folder from `root` down to it world-searchable."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        if not stat.S_IMODE(here.stat().st_mode) & stat.S_IXOTH:
+            dirs.clear()  # nothing below it can be reached
+            continue
+        for name in files:
+            path = here / name
+            if path.is_file() and stat.S_IMODE(path.lstat().st_mode) & stat.S_IROTH:
+                found.append(path)
+    return found
+
+
+def test_another_local_user_reads_nothing_of_the_data_dir(tmp_path: Path) -> None:
+    """The finding: the audit's ClickHouse files (every call's arguments and result,
+    readable around ClickHouse's logins), the logs and what tools wrote were 0644 in
+    0755 folders under a 0755 data dir. A data dir left over from before (0755) is
+    closed at the next start too."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(mode=0o755)
+    os.chmod(data_dir, 0o755)  # whatever the umask: as an older `toolgate up` left it
+    registry = make_test_registry(tmp_path / "registry")
+    gateway = Gateway(data_dir=data_dir, registry_dir=registry, with_audit=True).start()
+    try:
+        where = ["--data-dir", str(data_dir)]
+        called = toolgate(["call", "echo", '{"payload": "secret-7"}', *where], tmp_path)
+        assert called.returncode == 0, called.stderr
+        assert (data_dir / "clickhouse" / "data").is_dir()
+        assert readable_by_others(data_dir) == []
+        assert readable_by_others(data_dir / "clickhouse") == []
+    finally:
+        gateway.stop()

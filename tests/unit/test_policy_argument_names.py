@@ -88,3 +88,20 @@ def test_a_rule_for_a_tool_the_registry_lacks_is_not_checked(name: str) -> None:
     # one bundle for several gateways: this one does not know what the tool takes
     policy = rule(f'action, resource == Tool::"{name}"', "context.arguments has amonut")
     assert unknown(policy, load_registry(BUILTIN_TOOLS_DIR)) == []
+
+
+def test_a_rule_for_no_tool_served_here_is_named_as_not_checked() -> None:
+    """`policy check` from a folder where no `toolgate up` ran checks against the
+    built-in tools: a typo in a rule for the operator's own tool passed in silence."""
+    from toolgate.services.policy.argument_names import unchecked_policies
+
+    policy = (
+        '@id("tickets")\n'
+        'forbid (principal, action, resource == Tool::"create_ticket")\n'
+        'when { context.arguments has priorty && context.arguments.priorty == "high" };\n'
+    )
+    assert unknown(policy) == []  # by design: a rule for another gateway's tools
+    assert unchecked_policies({"t.cedar": policy}, REGISTRY) == [("t.cedar", "tickets")]
+    on_echo = rule('action, resource == Tool::"echo"', "context.arguments has payload")
+    no_arguments = '@id("y")\nforbid (principal, action, resource == Tool::"create_ticket");\n'
+    assert unchecked_policies({"e.cedar": on_echo, "n.cedar": no_arguments}, REGISTRY) == []
