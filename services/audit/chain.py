@@ -76,11 +76,12 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     SQL, without pulling rows out. Strings as stored, the time as microseconds
     since the epoch, the duration as the bits of its float, NULL as `N`.
     """
-    # The sink's costliest step per row. A row as RowBuilder makes it (every column a str
-    # but the time, the duration and the stream position) is written as one text, encoded
-    # once: UTF-8 encodes a concatenation as the concatenation of the encodings, so the
-    # bytes are the same as field by field; a field's length is its byte length (its
-    # character count when ASCII, which str.isascii() answers without scanning).
+    # The sink's costliest step per row, so no Python loop over the fields. A row as
+    # RowBuilder makes it (every column a str but the time, the duration and the stream
+    # position) is written as one text, encoded once: UTF-8 encodes a concatenation as
+    # the concatenation of the encodings, so the bytes are the same as field by field.
+    # When the whole text is ASCII (one check: str.isascii() of the fields joined), a
+    # field's byte length is its length, and the prefixes come from a table by C calls.
     values = _content_values(row)
     at, duration, seq = values[_AT], values[_DURATION], values[_SEQ]
     if (
@@ -93,12 +94,32 @@ def content_bytes(row: dict[str, Any]) -> bytes:
         texts[_DURATION] = "N" if duration is None else str(_unpack_bits(_pack_double(duration))[0])
         texts[_SEQ] = str(seq)
         try:
-            return "".join(
-                [f"{len(v) if v.isascii() else len(v.encode())}:{v}" for v in texts]
-            ).encode()
-        except AttributeError:  # a column that is not a str (None, say): field by field
-            pass
+            ascii_only = "".join(texts).isascii()
+        except TypeError:  # a column that is not a str (None, say): field by field
+            return _content_bytes_by_field(row)
+        if ascii_only:
+            parts = _EMPTY_PARTS.copy()
+            parts[::2] = map(_PREFIXES.__getitem__, map(len, texts))
+            parts[1::2] = texts
+            return "".join(parts).encode()
+        return "".join(
+            [f"{len(v) if v.isascii() else len(v.encode())}:{v}" for v in texts]
+        ).encode()
     return _content_bytes_by_field(row)
+
+
+class _LengthPrefixes(dict[int, str]):
+    """`n:` for a field of n bytes; the short ones (nearly all) kept."""
+
+    def __missing__(self, length: int) -> str:
+        prefix = f"{length}:"
+        if length < 65536:
+            self[length] = prefix
+        return prefix
+
+
+_PREFIXES = _LengthPrefixes()
+_EMPTY_PARTS = [""] * (2 * len(CONTENT_COLUMNS))
 
 
 def _content_bytes_by_field(row: dict[str, Any]) -> bytes:

@@ -23,6 +23,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
+from operator import floordiv, sub
 from typing import Any, Protocol
 
 from clickhouse_connect.driver.client import Client
@@ -54,6 +56,8 @@ NATIVE_TYPES: dict[str, str] = dict.fromkeys(INSERT_COLUMNS, "String") | {
 }
 _AT = INSERT_COLUMNS.index("occurred_at")
 _insert_values = operator.itemgetter(*INSERT_COLUMNS)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
 
@@ -68,39 +72,34 @@ class JetStreamMessage(Protocol):
     def metadata(self) -> Any: ...
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def stored_message(msg: JetStreamMessage) -> StoredMessage:
     # The ack subject says where the message is stored and when. Read here
     # directly: nats-py's `metadata` parses it about ten times slower, and it
     # was the largest single cost per row. Its layout (ADR-15):
     # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending> or,
     # with domain and account, $JS.ACK.<domain>.<hash>.<stream>...<pending>.<token>.
+    # The time stays the subject's nanoseconds: only a raw call's row reads it as a
+    # datetime (StoredMessage.stored_at), and making one cost more than the rest.
     tokens = (getattr(msg, "reply", "") or "").split(".")
-    if len(tokens) in (9, 12) and tokens[:2] == ["$JS", "ACK"]:
-        at = 2 if len(tokens) == 9 else 4
+    count = len(tokens)
+    if (count == 9 or count == 12) and tokens[0] == "$JS" and tokens[1] == "ACK":
+        at = 2 if count == 9 else 4
         return StoredMessage(
-            stream=tokens[at],
-            sequence=int(tokens[at + 3]),
-            subject=msg.subject,
-            stored_at=_EPOCH + timedelta(microseconds=int(tokens[at + 5]) // 1000),
-            data=msg.data,
+            tokens[at], int(tokens[at + 3]), int(tokens[at + 5]), msg.subject, msg.data
         )
     meta = msg.metadata
-    return StoredMessage(
-        stream=meta.stream,
-        sequence=meta.sequence.stream,
-        stored_at=meta.timestamp,
-        subject=msg.subject,
-        data=msg.data,
-    )
+    return StoredMessage(meta.stream, meta.sequence.stream, meta.timestamp, msg.subject, msg.data)
 
 
 def insert_columns(linked: Sequence[dict[str, Any]]) -> list[Sequence[Any]]:
-    """The linked rows as columns, in INSERT_COLUMNS order, as NATIVE_TYPES sends them."""
+    """The linked rows as columns, in INSERT_COLUMNS order, as NATIVE_TYPES sends them
+    (transposed, and the times converted, by C-level passes: no Python step per value)."""
     columns: list[Sequence[Any]] = list(zip(*map(_insert_values, linked), strict=True))
-    columns[_AT] = [to_micros(at) for at in columns[_AT]]
+    times = columns[_AT]
+    try:  # aware datetimes, as RowBuilder makes them
+        columns[_AT] = list(map(floordiv, map(sub, times, repeat(_EPOCH)), repeat(_MICROSECOND)))
+    except TypeError:  # a naive one (a row as read back): UTC
+        columns[_AT] = [to_micros(at) for at in times]
     return columns
 
 
