@@ -23,6 +23,7 @@ import hashlib
 import operator
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,6 +165,11 @@ def content_sql() -> str:
     return "concat(" + ", ".join(field(c) for c in CONTENT_COLUMNS) + ")"
 
 
+def content_digest(row: dict[str, Any]) -> bytes:
+    """SHA-256 of the row's content_bytes: the part of its link that needs no chain."""
+    return hashlib.sha256(content_bytes(row)).digest()
+
+
 def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | None = None) -> str:
     """sha256(previous || "/seq/" || sha256(content)): the per-row digest first, so
     verify can compute it while reading and sort only the short links."""
@@ -182,13 +188,18 @@ class Chain:
         self.seq = 0
         self.head = genesis_hash(chain_id)
 
-    def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def link(
+        self, rows: list[dict[str, Any]], digests: Sequence[bytes] | None = None
+    ) -> list[dict[str, Any]]:
         """The rows given chain columns (set in place): what the insert sends. Each link is
-        link_hash's, its three parts hashed as one text."""
+        link_hash's, its three parts hashed as one text. `digests`: each row's
+        content_digest, if the caller made them with the rows (the sink does, while each
+        row is fresh in the cache and outside the chain's lock)."""
+        if digests is None:
+            digests = [content_digest(row) for row in rows]
         previous, seq, chain_id, sha256 = self.head, self.seq, self.chain_id, hashlib.sha256
-        for row in rows:
+        for row, inner in zip(rows, digests, strict=True):
             seq += 1
-            inner = sha256(content_bytes(row)).digest()
             previous = sha256(b"%b/%d/%b" % (previous.encode(), seq, inner)).hexdigest()
             row["chain_id"] = chain_id
             row["chain_seq"] = seq

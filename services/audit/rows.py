@@ -42,6 +42,7 @@ UNKNOWN_TOOL_AUDIT = AuditSpec(arguments="hash", result="hash")
 NO_TOOL_AUDIT = AuditSpec()
 # The tool names whose rules a builder remembers (names come from the bus: bounded).
 MAX_REMEMBERED_TOOLS = 4096
+MAX_REMEMBERED_SUBJECTS = 4096  # the calls subjects whose sender a builder remembers
 
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
@@ -142,6 +143,7 @@ class RowBuilder:
         self.registry = registry
         self.max_call_bytes = max_call_bytes
         self._rules: dict[str, tuple[AuditSpec, str, bool]] = {}  # tool -> _rule's
+        self._senders: dict[str, tuple[str, str] | None] = {}  # subject -> _sender's
 
     def audit_of(self, tool: str) -> AuditSpec:
         """The registry's rule for `tool`; a name it does not know is kept as `hash` (a
@@ -181,9 +183,75 @@ class RowBuilder:
 
     # -- the raw call -----------------------------------------------------------------
     def call_row(self, message: StoredMessage) -> dict[str, Any]:
+        # The usual call (under its sender's subject, decodable, naming its sender, with
+        # a subject-safe id) is made in one go; anything else by _call_row_apart.
+        data = message.data
+        sender = self._sender(message.subject)
+        if sender is None or len(data) > self.max_call_bytes:
+            return self._call_row_apart(message)
+        try:
+            call = _call_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return self._call_row_apart(message)
+        principal = call.principal
+        if (principal.tenant, principal.agent) != sender or not is_valid_call_id(call.call_id):
+            return self._call_row_apart(message)
+        tool = call.tool
+        audit, risk, _ = self._rule(tool)
+        if audit.arguments == "full":  # nothing to redact: keep the bytes as published
+            payload: Any = '{"call":' + data.decode() + "}"
+        else:
+            payload = {"call": self._redacted_call(call, audit)}
+        at = message.stored_at
+        if at.tzinfo is None or not _MIN_TIME <= at <= _MAX_TIME:
+            at = clamp_time(at)
+        row = {
+            "event_id": derive_id(message, "requested"),
+            "call_id": call.call_id,
+            "event_type": CALL_REQUESTED,
+            "occurred_at": at,
+            "service": "agent",
+            "tenant": sender[0],
+            "user": principal.user,
+            "agent": sender[1],
+            "session": principal.session,
+            "task_id": call.task_id or "",
+            "tool": tool,
+            "risk": risk,
+            "decision": "",
+            "status": "",
+            "error_code": "",
+            "arguments_sha256": (
+                "" if audit.arguments == "none" else arguments_sha256(call.arguments)
+            ),
+            "result_sha256": "",
+            "policy_version": "",
+            "approver": "",
+            "duration_ms": None,
+            "note": "",
+            "payload": payload,
+            "source_stream": message.stream,
+            "source_seq": message.sequence,
+        }
+        if payload.__class__ is str and len(payload) <= MAX_PAYLOAD_CHARS:
+            return row
+        return self._finish(row)
+
+    def _sender(self, subject: str) -> tuple[str, str] | None:
+        """(tenant, agent) of a calls subject, or None; parsed once per subject."""
+        senders = self._senders
+        if subject in senders:
+            return senders[subject]
+        sender = identity_of_calls_subject(subject)
+        if len(senders) < MAX_REMEMBERED_SUBJECTS:
+            senders[subject] = sender
+        return sender
+
+    def _call_row_apart(self, message: StoredMessage) -> dict[str, Any]:
+        """A raw call's row, whatever the call: each odd case noted."""
         row = self._blank(message, derive_id(message, "requested"), CALL_REQUESTED)
         row["service"] = "agent"
-        sender = identity_of_calls_subject(message.subject)
+        sender = self._sender(message.subject)
         if sender is not None:
             row["tenant"], row["agent"] = sender
         else:
@@ -251,7 +319,7 @@ class RowBuilder:
             session = principal.session
         elif shape.dead_letter:
             # A call that could not be read still names its sender: the subject it came on.
-            sender = identity_of_calls_subject(event.source_subject)  # type: ignore[attr-defined]
+            sender = self._sender(event.source_subject)  # type: ignore[attr-defined]
             if sender is not None:
                 tenant, agent = sender
         status, error_code, policy_version, approver, duration = shape.columns(event)

@@ -35,6 +35,7 @@ from toolgate.services.audit.chain import (
     CHECKPOINT_COLUMNS,
     Chain,
     Checkpoint,
+    content_digest,
     sign_checkpoint,
 )
 from toolgate.services.audit.connection import ClickHouseTarget
@@ -166,13 +167,13 @@ class AuditWriter:
         stored = [stored_message(m) for m in messages]
         # CPU work in a thread: it overlaps the other source's insert (which
         # waits on ClickHouse with the GIL released), and the loop stays free.
-        rows = await asyncio.to_thread(self._rows, stored)
+        rows, digests = await asyncio.to_thread(self._rows, stored)
         async with self._lock:
-            await self._write_locked(rows)
+            await self._write_locked(rows, digests)
 
-    async def _write_locked(self, rows: list[dict[str, Any]]) -> None:
+    async def _write_locked(self, rows: list[dict[str, Any]], digests: list[bytes]) -> None:
         """Link, insert, seal: one batch at a time, since each extends the chain."""
-        linked = await asyncio.to_thread(self.chain.link, rows)
+        linked = await asyncio.to_thread(self.chain.link, rows, digests)
         first, last = linked[0]["chain_seq"], linked[-1]["chain_seq"]
         # The token names the chain positions, not only the stream sequences: a
         # retry of this very block is dropped, while the same messages written
@@ -186,15 +187,20 @@ class AuditWriter:
         self.rows_written += len(linked)
         self.batches_written += 1
 
-    def _rows(self, stored: list[StoredMessage]) -> list[dict[str, Any]]:
-        return [self._row(message) for message in stored]
-
-    def _row(self, stored: StoredMessage) -> dict[str, Any]:
-        try:
-            return self.builder.row_for(stored)
-        except Exception as exc:  # a bug here must not stop the audit of everything else
-            log.exception("cannot build a row for %s:%s", stored.stream, stored.sequence)
-            return self.builder.fallback_row(stored, exc)
+    def _rows(self, stored: list[StoredMessage]) -> tuple[list[dict[str, Any]], list[bytes]]:
+        """The batch's rows and each one's content digest, made together: the digest
+        while its row is fresh in the cache (hashing them apart, over a batch of
+        thousands, read every row back from memory), and outside the chain's lock."""
+        builder, rows, digests = self.builder, [], []
+        for message in stored:
+            try:
+                row = builder.row_for(message)
+            except Exception as exc:  # a bug here must not stop the audit of everything else
+                log.exception("cannot build a row for %s:%s", message.stream, message.sequence)
+                row = builder.fallback_row(message, exc)
+            rows.append(row)
+            digests.append(content_digest(row))
+        return rows, digests
 
     # -- ClickHouse (run in a worker thread: clickhouse-connect blocks) --------------------
     def _db(self) -> Client:
