@@ -4,7 +4,8 @@ The sink's per-row path is tuned for speed (stored_message, RowBuilder, Chain.li
 insert_columns); what it makes must stay exactly what it made: stored chains keep
 verifying, and the rows of a message redelivered to a newer sink are the same. Each
 digest below was computed by the sink before the tuning, over a spread of messages:
-every story of `bench audit-queries` under every audit mode, and every odd case.
+every story of `bench audit-queries` under every audit mode, and every odd case. They
+pass on the sink before the tuning as after it; any byte changed fails them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.unit.test_audit_rows import (
     ALICE,
@@ -40,8 +42,9 @@ from toolgate.contracts.events import (
     ResultAttached,
 )
 from toolgate.services.audit.chain import Chain, content_bytes
+from toolgate.services.audit.connection import ClickHouseTarget
 from toolgate.services.audit.rows import MAX_PAYLOAD_CHARS, RowBuilder, StoredMessage
-from toolgate.services.audit.writer import insert_columns, stored_message
+from toolgate.services.audit.writer import AuditWriter, insert_columns, stored_message
 
 # sha256 over every row's content bytes and chain hash, and over the insert's columns.
 CHAIN_DIGEST = "0b7eab6f8cee6ee08c7feed57539c116e34f53e2b5c05d0f8d483c665b9fa483"
@@ -172,9 +175,17 @@ def odd_messages() -> list[StoredMessage]:
 
 def digests() -> tuple[str, str]:
     builder = RowBuilder(registry(), max_call_bytes=4096)
-    rows = [builder.row_for(m) for m in bench_messages() + odd_messages()]
-    chain = Chain("pinned/chain")
-    linked = chain.link(rows)
+    messages = bench_messages() + odd_messages()
+    linked = Chain("pinned/chain").link([builder.row_for(m) for m in messages])
+    # The sink's own path (rows with their content digests, then the links) makes the same.
+    writer = AuditWriter(
+        ClickHouseTarget.from_url("http://127.0.0.1:9/never"),
+        builder,
+        Ed25519PrivateKey.generate(),
+        "pins",
+    )
+    writer.chain = Chain("pinned/chain")
+    assert writer.chain.link(*writer._rows(messages)) == linked
     hashed = hashlib.sha256()
     for row in linked:
         hashed.update(content_bytes(row))
