@@ -25,7 +25,7 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +83,15 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     # the concatenation of the encodings, so the bytes are the same as field by field.
     # When the whole text is ASCII (one check: str.isascii() of the fields joined), a
     # field's byte length is its length, and the prefixes come from a table by C calls.
-    values = _content_values(row)
-    at, duration, seq = values[_AT], values[_DURATION], values[_SEQ]
+    texts = [*_content_values(row)]
+    at, duration, seq = texts[_AT], texts[_DURATION], texts[_SEQ]
     if (
         at.__class__ is datetime
+        and at.tzinfo is not None
         and (duration is None or duration.__class__ is float)
         and seq.__class__ is int
     ):
-        texts = list(values)
-        texts[_AT] = str(to_micros(at))
+        texts[_AT] = str((at - _EPOCH) // _MICROSECOND)  # to_micros of an aware time
         texts[_DURATION] = "N" if duration is None else str(_unpack_bits(_pack_double(duration))[0])
         texts[_SEQ] = str(seq)
         try:
@@ -140,6 +140,8 @@ def _content_bytes_by_field(row: dict[str, Any]) -> bytes:
 
 
 _content_values = operator.itemgetter(*CONTENT_COLUMNS)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 _AT = CONTENT_COLUMNS.index("occurred_at")
 _DURATION = CONTENT_COLUMNS.index("duration_ms")
 _SEQ = CONTENT_COLUMNS.index("source_seq")
