@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import random
 import re
 import statistics
@@ -174,15 +175,18 @@ def story_messages(templates: list[Template], i: int, seq: list[int], total: int
     return out
 
 
-def _load_worker(url: str, keys: str, worker: int, stories: range, total: int) -> tuple[int, float]:
-    """One writer process (a sink replica): its stories, batch by batch. (rows, seconds)."""
+def _load_worker(
+    url: str, keys: str, worker: int, stories: range, total: int
+) -> tuple[int, float, float]:
+    """One writer process (a sink replica): its stories, batch by batch. (rows, seconds,
+    the CPU seconds of its writing: the process's, less what making the stories took)."""
     from toolgate.contracts.registry import BUILTIN_TOOLS_DIR, load_registry
     from toolgate.services.audit.chain import ensure_seal_key
     from toolgate.services.audit.connection import ClickHouseTarget
     from toolgate.services.audit.rows import RowBuilder
     from toolgate.services.audit.writer import AuditWriter
 
-    async def run() -> tuple[int, float]:
+    async def run() -> tuple[int, float, float]:
         writer = AuditWriter(
             ClickHouseTarget.from_url(url),
             RowBuilder(load_registry(BUILTIN_TOOLS_DIR)),
@@ -193,17 +197,20 @@ def _load_worker(url: str, keys: str, worker: int, stories: range, total: int) -
         templates = _templates()
         seq = [worker * 10 * (stories.stop + 1)]
         batch: list[_Message] = []
-        started = time.perf_counter()
+        started, cpu_started, making = time.perf_counter(), time.process_time(), 0.0
         for i in stories:
+            made = time.process_time()
             batch += story_messages(templates, i, seq, total)
+            making += time.process_time() - made
             if len(batch) >= BATCH_ROWS:
                 await writer.write(batch)
                 batch = []
         if batch:
             await writer.write(batch)
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started - making
         await writer.close()
-        return writer.rows_written, elapsed
+        return writer.rows_written, elapsed, cpu
 
     return asyncio.run(run())
 
@@ -211,8 +218,9 @@ def _load_worker(url: str, keys: str, worker: int, stories: range, total: int) -
 ROWS_PER_STORY = 4.85  # 18/20 stories of 5 rows, 1/20 of 4, 1/20 of 3
 
 
-def load(url: str, keys: Path, events: int, processes: int) -> tuple[int, float]:
-    """Write about `events` rows with `processes` writers; (rows, wall seconds)."""
+def load(url: str, keys: Path, events: int, processes: int) -> tuple[int, float, float]:
+    """Write about `events` rows with `processes` writers; (rows, wall seconds, the
+    writers' CPU seconds)."""
     stories = max(1, int(events / ROWS_PER_STORY))
     per = -(-stories // processes)
     ranges = [range(p * per, min(stories, (p + 1) * per)) for p in range(processes)]
@@ -222,7 +230,8 @@ def load(url: str, keys: Path, events: int, processes: int) -> tuple[int, float]
         results = pool.starmap(
             _load_worker, [(url, str(keys), p, r, stories) for p, r in enumerate(ranges)]
         )
-    return sum(r for r, _ in results), time.perf_counter() - started
+    rows = sum(r for r, _, _ in results)
+    return rows, time.perf_counter() - started, sum(cpu for _, _, cpu in results)
 
 
 def queries_of(path: Path) -> list[tuple[str, str]]:
@@ -293,15 +302,23 @@ def run_audit_queries_bench(
         url = clickhouse_url or clickhouse.url_for("admin")  # type: ignore[union-attr]
         try:
             print(f"loading ~{events} events with {processes} writer process(es) ...", flush=True)
-            rows, seconds = load(url, tmp / "keys", events, processes)
+            load_started = os.getloadavg()[0]
+            rows, seconds, cpu = load(url, tmp / "keys", events, processes)
             rate = rows / seconds
             print(
                 f"  ingest   {rate:10.0f} events/s through the sink's insert path "
-                f"({rows} rows in {seconds:.1f} s)",
+                f"({rows} rows in {seconds:.1f} s; load average {load_started:.1f} at start)",
+                flush=True,
+            )
+            # What a shared machine does not blur: the writers' own CPU per event.
+            print(
+                f"  writers' CPU {1e6 * cpu / rows:6.1f} us/event (the writer processes, "
+                "the making of the synthetic messages left out)",
                 flush=True,
             )
             figures = measure(url, tmp / "keys", rows)
             figures["ingest_per_s"] = rate
+            figures["writer_cpu_us_per_event"] = 1e6 * cpu / rows
             figures["rows"] = rows
         finally:
             if clickhouse is not None:

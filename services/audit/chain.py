@@ -23,8 +23,9 @@ import hashlib
 import operator
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -76,29 +77,50 @@ def content_bytes(row: dict[str, Any]) -> bytes:
     SQL, without pulling rows out. Strings as stored, the time as microseconds
     since the epoch, the duration as the bits of its float, NULL as `N`.
     """
-    # The sink's costliest step per row. A row as RowBuilder makes it (every column a str
-    # but the time, the duration and the stream position) is written as one text, encoded
-    # once: UTF-8 encodes a concatenation as the concatenation of the encodings, so the
-    # bytes are the same as field by field; a field's length is its byte length (its
-    # character count when ASCII, which str.isascii() answers without scanning).
-    values = _content_values(row)
-    at, duration, seq = values[_AT], values[_DURATION], values[_SEQ]
+    # The sink's costliest step per row, so no Python loop over the fields. A row as
+    # RowBuilder makes it (every column a str but the time, the duration and the stream
+    # position) is written as one text, encoded once: UTF-8 encodes a concatenation as
+    # the concatenation of the encodings, so the bytes are the same as field by field.
+    # When the whole text is ASCII (one check: str.isascii() of the fields joined), a
+    # field's byte length is its length, and the prefixes come from a table by C calls.
+    texts = [*_content_values(row)]
+    at, duration, seq = texts[_AT], texts[_DURATION], texts[_SEQ]
     if (
         at.__class__ is datetime
+        and at.tzinfo is not None
         and (duration is None or duration.__class__ is float)
         and seq.__class__ is int
     ):
-        texts = list(values)
-        texts[_AT] = str(to_micros(at))
+        texts[_AT] = str((at - _EPOCH) // _MICROSECOND)  # to_micros of an aware time
         texts[_DURATION] = "N" if duration is None else str(_unpack_bits(_pack_double(duration))[0])
         texts[_SEQ] = str(seq)
         try:
-            return "".join(
-                [f"{len(v) if v.isascii() else len(v.encode())}:{v}" for v in texts]
-            ).encode()
-        except AttributeError:  # a column that is not a str (None, say): field by field
-            pass
+            ascii_only = "".join(texts).isascii()
+        except TypeError:  # a column that is not a str (None, say): field by field
+            return _content_bytes_by_field(row)
+        if ascii_only:
+            parts = _EMPTY_PARTS.copy()
+            parts[::2] = map(_PREFIXES.__getitem__, map(len, texts))
+            parts[1::2] = texts
+            return "".join(parts).encode()
+        return "".join(
+            [f"{len(v) if v.isascii() else len(v.encode())}:{v}" for v in texts]
+        ).encode()
     return _content_bytes_by_field(row)
+
+
+class _LengthPrefixes(dict[int, str]):
+    """`n:` for a field of n bytes; the short ones (nearly all) kept."""
+
+    def __missing__(self, length: int) -> str:
+        prefix = f"{length}:"
+        if length < 65536:
+            self[length] = prefix
+        return prefix
+
+
+_PREFIXES = _LengthPrefixes()
+_EMPTY_PARTS = [""] * (2 * len(CONTENT_COLUMNS))
 
 
 def _content_bytes_by_field(row: dict[str, Any]) -> bytes:
@@ -118,6 +140,8 @@ def _content_bytes_by_field(row: dict[str, Any]) -> bytes:
 
 
 _content_values = operator.itemgetter(*CONTENT_COLUMNS)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 _AT = CONTENT_COLUMNS.index("occurred_at")
 _DURATION = CONTENT_COLUMNS.index("duration_ms")
 _SEQ = CONTENT_COLUMNS.index("source_seq")
@@ -143,6 +167,11 @@ def content_sql() -> str:
     return "concat(" + ", ".join(field(c) for c in CONTENT_COLUMNS) + ")"
 
 
+def content_digest(row: dict[str, Any]) -> bytes:
+    """SHA-256 of the row's content_bytes: the part of its link that needs no chain."""
+    return hashlib.sha256(content_bytes(row)).digest()
+
+
 def link_hash(previous: str, seq: int, row: dict[str, Any], content: bytes | None = None) -> str:
     """sha256(previous || "/seq/" || sha256(content)): the per-row digest first, so
     verify can compute it while reading and sort only the short links."""
@@ -161,13 +190,18 @@ class Chain:
         self.seq = 0
         self.head = genesis_hash(chain_id)
 
-    def link(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def link(
+        self, rows: list[dict[str, Any]], digests: Sequence[bytes] | None = None
+    ) -> list[dict[str, Any]]:
         """The rows given chain columns (set in place): what the insert sends. Each link is
-        link_hash's, its three parts hashed as one text."""
+        link_hash's, its three parts hashed as one text. `digests`: each row's
+        content_digest, if the caller made them with the rows (the sink does, while each
+        row is fresh in the cache and outside the chain's lock)."""
+        if digests is None:
+            digests = [content_digest(row) for row in rows]
         previous, seq, chain_id, sha256 = self.head, self.seq, self.chain_id, hashlib.sha256
-        for row in rows:
+        for row, inner in zip(rows, digests, strict=True):
             seq += 1
-            inner = sha256(content_bytes(row)).digest()
             previous = sha256(b"%b/%d/%b" % (previous.encode(), seq, inner)).hexdigest()
             row["chain_id"] = chain_id
             row["chain_seq"] = seq

@@ -20,6 +20,7 @@ excerpt: nothing tells which tool's secret it may carry.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,6 +42,7 @@ UNKNOWN_TOOL_AUDIT = AuditSpec(arguments="hash", result="hash")
 NO_TOOL_AUDIT = AuditSpec()
 # The tool names whose rules a builder remembers (names come from the bus: bounded).
 MAX_REMEMBERED_TOOLS = 4096
+MAX_REMEMBERED_SUBJECTS = 4096  # the calls subjects whose sender a builder remembers
 
 # The columns of event_log this sink writes, in insert order. The chain hash
 # covers exactly CONTENT_COLUMNS, so verify can recompute it from a read.
@@ -87,6 +89,8 @@ _DECISIONS: dict[type[ev.Event], str] = {
     ev.ExecutionRefused: "refused",
 }
 _call_decoder = msgspec.json.Decoder(ToolCall)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 class StoredMessage(msgspec.Struct, frozen=True):
@@ -95,9 +99,18 @@ class StoredMessage(msgspec.Struct, frozen=True):
 
     stream: str
     sequence: int
-    stored_at: datetime
+    # When the server stored it: a datetime, or the ack subject's nanoseconds since the
+    # epoch as read (the datetime is made only for the rows that use it: stored_at).
+    stored: datetime | int
     subject: str
     data: bytes
+
+    @property
+    def stored_at(self) -> datetime:
+        stored = self.stored
+        if isinstance(stored, int):
+            return _EPOCH + timedelta(0, 0, stored // 1000)
+        return stored
 
 
 def sha256_of(value: Any) -> str:
@@ -108,10 +121,6 @@ def clamp_time(value: datetime) -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return min(max(value, _MIN_TIME), _MAX_TIME)
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
 
 
 def to_micros(value: datetime) -> int:
@@ -133,7 +142,8 @@ class RowBuilder:
     def __init__(self, registry: Registry, max_call_bytes: int = 1024 * 1024) -> None:
         self.registry = registry
         self.max_call_bytes = max_call_bytes
-        self._rules: dict[str, tuple[AuditSpec, str]] = {}  # tool -> (audit, risk)
+        self._rules: dict[str, tuple[AuditSpec, str, bool]] = {}  # tool -> _rule's
+        self._senders: dict[str, tuple[str, str] | None] = {}  # subject -> _sender's
 
     def audit_of(self, tool: str) -> AuditSpec:
         """The registry's rule for `tool`; a name it does not know is kept as `hash` (a
@@ -144,8 +154,8 @@ class RowBuilder:
     def risk_of(self, tool: str) -> str:
         return self._rule(tool)[1]
 
-    def _rule(self, tool: str) -> tuple[AuditSpec, str]:
-        """(audit, risk) of `tool`, looked up in the registry once per name."""
+    def _rule(self, tool: str) -> tuple[AuditSpec, str, bool]:
+        """(audit, risk, kept in full) of `tool`, looked up in the registry once per name."""
         rule = self._rules.get(tool)
         if rule is None:
             spec = self.registry.get(tool)
@@ -153,7 +163,8 @@ class RowBuilder:
                 audit = NO_TOOL_AUDIT
             else:
                 audit = spec.audit if spec is not None else UNKNOWN_TOOL_AUDIT
-            rule = (audit, spec.risk if spec is not None else "")
+            full = (audit.arguments, audit.result) == ("full", "full")
+            rule = (audit, spec.risk if spec is not None else "", full)
             if len(self._rules) < MAX_REMEMBERED_TOOLS:
                 self._rules[tool] = rule
         return rule
@@ -172,9 +183,75 @@ class RowBuilder:
 
     # -- the raw call -----------------------------------------------------------------
     def call_row(self, message: StoredMessage) -> dict[str, Any]:
+        # The usual call (under its sender's subject, decodable, naming its sender, with
+        # a subject-safe id) is made in one go; anything else by _call_row_apart.
+        data = message.data
+        sender = self._sender(message.subject)
+        if sender is None or len(data) > self.max_call_bytes:
+            return self._call_row_apart(message)
+        try:
+            call = _call_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return self._call_row_apart(message)
+        principal = call.principal
+        if (principal.tenant, principal.agent) != sender or not is_valid_call_id(call.call_id):
+            return self._call_row_apart(message)
+        tool = call.tool
+        audit, risk, _ = self._rule(tool)
+        if audit.arguments == "full":  # nothing to redact: keep the bytes as published
+            payload: Any = '{"call":' + data.decode() + "}"
+        else:
+            payload = {"call": self._redacted_call(call, audit)}
+        at = message.stored_at
+        if at.tzinfo is None or not _MIN_TIME <= at <= _MAX_TIME:
+            at = clamp_time(at)
+        row = {
+            "event_id": derive_id(message, "requested"),
+            "call_id": call.call_id,
+            "event_type": CALL_REQUESTED,
+            "occurred_at": at,
+            "service": "agent",
+            "tenant": sender[0],
+            "user": principal.user,
+            "agent": sender[1],
+            "session": principal.session,
+            "task_id": call.task_id or "",
+            "tool": tool,
+            "risk": risk,
+            "decision": "",
+            "status": "",
+            "error_code": "",
+            "arguments_sha256": (
+                "" if audit.arguments == "none" else arguments_sha256(call.arguments)
+            ),
+            "result_sha256": "",
+            "policy_version": "",
+            "approver": "",
+            "duration_ms": None,
+            "note": "",
+            "payload": payload,
+            "source_stream": message.stream,
+            "source_seq": message.sequence,
+        }
+        if payload.__class__ is str and len(payload) <= MAX_PAYLOAD_CHARS:
+            return row
+        return self._finish(row)
+
+    def _sender(self, subject: str) -> tuple[str, str] | None:
+        """(tenant, agent) of a calls subject, or None; parsed once per subject."""
+        senders = self._senders
+        if subject in senders:
+            return senders[subject]
+        sender = identity_of_calls_subject(subject)
+        if len(senders) < MAX_REMEMBERED_SUBJECTS:
+            senders[subject] = sender
+        return sender
+
+    def _call_row_apart(self, message: StoredMessage) -> dict[str, Any]:
+        """A raw call's row, whatever the call: each odd case noted."""
         row = self._blank(message, derive_id(message, "requested"), CALL_REQUESTED)
         row["service"] = "agent"
-        sender = identity_of_calls_subject(message.subject)
+        sender = self._sender(message.subject)
         if sender is not None:
             row["tenant"], row["agent"] = sender
         else:
@@ -232,58 +309,66 @@ class RowBuilder:
             row["note"] = f"not a decodable event: {exc}"
             row["payload"] = {"subject": message.subject, **_fingerprint(message.data)}
             return self._finish(row)
-        row = self._blank(message, event.event_id, type(event).__name__)
-        row["occurred_at"] = event.occurred_at
-        row["call_id"] = event.call_id
-        row["service"] = event.service
-        row["task_id"] = event.task_id or ""
-        row["tool"] = event.tool
-        if event.principal is not None:
-            principal = event.principal
-            row.update(
-                tenant=principal.tenant,
-                user=principal.user,
-                agent=principal.agent,
-                session=principal.session,
-            )
-        elif isinstance(event, ev.MessageDeadLettered):
+        # Most rows are events, so this is the sink's hottest path: what a type of event
+        # carries is looked up once per type (_EventShape), and the row is made in one go.
+        shape = _shape_of(event.__class__)
+        tenant = user = agent = session = ""
+        principal = event.principal
+        if principal is not None:
+            tenant, user, agent = principal.tenant, principal.user, principal.agent
+            session = principal.session
+        elif shape.dead_letter:
             # A call that could not be read still names its sender: the subject it came on.
-            sender = identity_of_calls_subject(event.source_subject)
+            sender = self._sender(event.source_subject)  # type: ignore[attr-defined]
             if sender is not None:
-                row["tenant"], row["agent"] = sender
-        self._event_columns(row, event)
-        audit = self.audit_of(event.tool)
-        output = _output_of(event)
-        if output is not _MISSING and audit.result != "none":
-            row["result_sha256"] = sha256_of(output)
+                tenant, agent = sender
+        status, error_code, policy_version, approver, duration = shape.columns(event)
+        tool = event.tool
+        audit, risk, full = self._rule(tool)
+        result_sha256 = ""
+        if shape.output is not None and audit.result != "none":
+            output = shape.output(event)
+            if output is not _MISSING:
+                result_sha256 = sha256_of(output)
         # An excerpt (events of older versions had them) is never quoted.
-        dead_excerpt = getattr(event, "payload_excerpt", "")
-        if (audit.arguments, audit.result) == ("full", "full") and not dead_excerpt:
-            row["payload"] = message.data.decode()  # nothing to redact: the event as emitted
+        if full and not (shape.excerpt and event.payload_excerpt):  # type: ignore[attr-defined]
+            payload: Any = message.data.decode()  # nothing to redact: the event as emitted
         else:
-            row["payload"] = self._redacted_event(event, audit)
-            if isinstance(event, ev.MessageDeadLettered):
-                row["payload"]["payload_excerpt"] = REDACTED
-        if audit.arguments == "none":
-            row["arguments_sha256"] = ""
-        else:
-            row["arguments_sha256"] = event.arguments_sha256 or ""
+            payload = self._redacted_event(event, audit)
+            if shape.dead_letter:
+                payload["payload_excerpt"] = REDACTED
+        at = event.occurred_at
+        if at.tzinfo is None or not _MIN_TIME <= at <= _MAX_TIME:
+            at = clamp_time(at)
+        row = {
+            "event_id": event.event_id,
+            "call_id": event.call_id,
+            "event_type": shape.name,
+            "occurred_at": at,
+            "service": event.service,
+            "tenant": tenant,
+            "user": user,
+            "agent": agent,
+            "session": session,
+            "task_id": event.task_id or "",
+            "tool": tool,
+            "risk": risk,
+            "decision": shape.decision,
+            "status": status,
+            "error_code": error_code,
+            "arguments_sha256": ("" if audit.arguments == "none" else event.arguments_sha256 or ""),
+            "result_sha256": result_sha256,
+            "policy_version": policy_version,
+            "approver": approver,
+            "duration_ms": duration,
+            "note": "",
+            "payload": payload,
+            "source_stream": message.stream,
+            "source_seq": message.sequence,
+        }
+        if payload.__class__ is str and len(payload) <= MAX_PAYLOAD_CHARS:
+            return row
         return self._finish(row)
-
-    def _event_columns(self, row: dict[str, Any], event: ev.Event) -> None:
-        row["decision"] = _DECISIONS.get(type(event), "")
-        status = getattr(event, "status", "")
-        error = getattr(event, "error", None)
-        if isinstance(event, ev.ExecutionSucceeded):
-            status = "ok"
-        if isinstance(event, ev.ResultAttached):
-            status, error = event.result.status, event.result.error
-        row["status"] = status or ""
-        row["error_code"] = error.code if error is not None else ""
-        row["policy_version"] = getattr(event, "policy_version", "") or ""
-        row["approver"] = getattr(event, "approver", "") or ""
-        duration = getattr(event, "duration_ms", None)
-        row["duration_ms"] = float(duration) if duration is not None else None
 
     def _redacted_event(self, event: ev.Event, audit: AuditSpec) -> dict[str, Any]:
         document: dict[str, Any] = msgspec.to_builtins(event)
@@ -373,6 +458,58 @@ class RowBuilder:
 
 
 _MISSING = object()
+
+
+class _EventShape:
+    """What one type of event carries into its row's columns, found once per type (a
+    getattr of a field the type lacks costs an exception, and most types lack most)."""
+
+    def __init__(self, kind: type[ev.Event]) -> None:
+        fields = set(kind.__struct_fields__)
+        self.name = kind.__name__
+        self.decision = _DECISIONS.get(kind, "")
+        self.dead_letter = issubclass(kind, ev.MessageDeadLettered)
+        self.excerpt = "payload_excerpt" in fields
+        self._succeeded = issubclass(kind, ev.ExecutionSucceeded)
+        self._result = issubclass(kind, ev.ResultAttached)
+        # What the tool returned, for the types that may carry it.
+        self.output: Callable[[Any], Any] | None = (
+            _output_of if self._succeeded or self._result else None
+        )
+        self._status = "status" in fields
+        self._error = "error" in fields
+        self._policy_version = "policy_version" in fields
+        self._approver = "approver" in fields
+        self._duration = "duration_ms" in fields
+
+    def columns(self, event: Any) -> tuple[str, str, str, str, float | None]:
+        """(status, error_code, policy_version, approver, duration_ms) of `event`."""
+        status = event.status if self._status else ""
+        error = event.error if self._error else None
+        if self._succeeded:
+            status = "ok"
+        if self._result:
+            status, error = event.result.status, event.result.error
+        duration = event.duration_ms if self._duration else None
+        return (
+            status or "",
+            error.code if error is not None else "",
+            (event.policy_version if self._policy_version else "") or "",
+            (event.approver if self._approver else "") or "",
+            float(duration) if duration is not None else None,
+        )
+
+
+_SHAPES: dict[type[ev.Event], _EventShape] = {}
+
+
+def _shape_of(kind: type[ev.Event]) -> _EventShape:
+    shape = _SHAPES.get(kind)
+    if shape is None:
+        shape = _SHAPES[kind] = _EventShape(kind)
+    return shape
+
+
 _BLANK_ROW: dict[str, Any] = dict.fromkeys(CONTENT_COLUMNS, "") | {"duration_ms": None}
 
 

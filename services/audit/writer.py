@@ -23,6 +23,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
+from operator import floordiv, sub
 from typing import Any, Protocol
 
 from clickhouse_connect.driver.client import Client
@@ -33,6 +35,7 @@ from toolgate.services.audit.chain import (
     CHECKPOINT_COLUMNS,
     Chain,
     Checkpoint,
+    content_digest,
     sign_checkpoint,
 )
 from toolgate.services.audit.connection import ClickHouseTarget
@@ -54,6 +57,8 @@ NATIVE_TYPES: dict[str, str] = dict.fromkeys(INSERT_COLUMNS, "String") | {
 }
 _AT = INSERT_COLUMNS.index("occurred_at")
 _insert_values = operator.itemgetter(*INSERT_COLUMNS)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
 
@@ -68,39 +73,34 @@ class JetStreamMessage(Protocol):
     def metadata(self) -> Any: ...
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
 def stored_message(msg: JetStreamMessage) -> StoredMessage:
     # The ack subject says where the message is stored and when. Read here
     # directly: nats-py's `metadata` parses it about ten times slower, and it
     # was the largest single cost per row. Its layout (ADR-15):
     # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending> or,
     # with domain and account, $JS.ACK.<domain>.<hash>.<stream>...<pending>.<token>.
+    # The time stays the subject's nanoseconds: only a raw call's row reads it as a
+    # datetime (StoredMessage.stored_at), and making one cost more than the rest.
     tokens = (getattr(msg, "reply", "") or "").split(".")
-    if len(tokens) in (9, 12) and tokens[:2] == ["$JS", "ACK"]:
-        at = 2 if len(tokens) == 9 else 4
+    count = len(tokens)
+    if (count == 9 or count == 12) and tokens[0] == "$JS" and tokens[1] == "ACK":
+        at = 2 if count == 9 else 4
         return StoredMessage(
-            stream=tokens[at],
-            sequence=int(tokens[at + 3]),
-            subject=msg.subject,
-            stored_at=_EPOCH + timedelta(microseconds=int(tokens[at + 5]) // 1000),
-            data=msg.data,
+            tokens[at], int(tokens[at + 3]), int(tokens[at + 5]), msg.subject, msg.data
         )
     meta = msg.metadata
-    return StoredMessage(
-        stream=meta.stream,
-        sequence=meta.sequence.stream,
-        stored_at=meta.timestamp,
-        subject=msg.subject,
-        data=msg.data,
-    )
+    return StoredMessage(meta.stream, meta.sequence.stream, meta.timestamp, msg.subject, msg.data)
 
 
 def insert_columns(linked: Sequence[dict[str, Any]]) -> list[Sequence[Any]]:
-    """The linked rows as columns, in INSERT_COLUMNS order, as NATIVE_TYPES sends them."""
+    """The linked rows as columns, in INSERT_COLUMNS order, as NATIVE_TYPES sends them
+    (transposed, and the times converted, by C-level passes: no Python step per value)."""
     columns: list[Sequence[Any]] = list(zip(*map(_insert_values, linked), strict=True))
-    columns[_AT] = [to_micros(at) for at in columns[_AT]]
+    times = columns[_AT]
+    try:  # aware datetimes, as RowBuilder makes them
+        columns[_AT] = list(map(floordiv, map(sub, times, repeat(_EPOCH)), repeat(_MICROSECOND)))
+    except TypeError:  # a naive one (a row as read back): UTC
+        columns[_AT] = [to_micros(at) for at in times]
     return columns
 
 
@@ -167,13 +167,13 @@ class AuditWriter:
         stored = [stored_message(m) for m in messages]
         # CPU work in a thread: it overlaps the other source's insert (which
         # waits on ClickHouse with the GIL released), and the loop stays free.
-        rows = await asyncio.to_thread(self._rows, stored)
+        rows, digests = await asyncio.to_thread(self._rows, stored)
         async with self._lock:
-            await self._write_locked(rows)
+            await self._write_locked(rows, digests)
 
-    async def _write_locked(self, rows: list[dict[str, Any]]) -> None:
+    async def _write_locked(self, rows: list[dict[str, Any]], digests: list[bytes]) -> None:
         """Link, insert, seal: one batch at a time, since each extends the chain."""
-        linked = await asyncio.to_thread(self.chain.link, rows)
+        linked = await asyncio.to_thread(self.chain.link, rows, digests)
         first, last = linked[0]["chain_seq"], linked[-1]["chain_seq"]
         # The token names the chain positions, not only the stream sequences: a
         # retry of this very block is dropped, while the same messages written
@@ -187,15 +187,20 @@ class AuditWriter:
         self.rows_written += len(linked)
         self.batches_written += 1
 
-    def _rows(self, stored: list[StoredMessage]) -> list[dict[str, Any]]:
-        return [self._row(message) for message in stored]
-
-    def _row(self, stored: StoredMessage) -> dict[str, Any]:
-        try:
-            return self.builder.row_for(stored)
-        except Exception as exc:  # a bug here must not stop the audit of everything else
-            log.exception("cannot build a row for %s:%s", stored.stream, stored.sequence)
-            return self.builder.fallback_row(stored, exc)
+    def _rows(self, stored: list[StoredMessage]) -> tuple[list[dict[str, Any]], list[bytes]]:
+        """The batch's rows and each one's content digest, made together: the digest
+        while its row is fresh in the cache (hashing them apart, over a batch of
+        thousands, read every row back from memory), and outside the chain's lock."""
+        builder, rows, digests = self.builder, [], []
+        for message in stored:
+            try:
+                row = builder.row_for(message)
+            except Exception as exc:  # a bug here must not stop the audit of everything else
+                log.exception("cannot build a row for %s:%s", message.stream, message.sequence)
+                row = builder.fallback_row(message, exc)
+            rows.append(row)
+            digests.append(content_digest(row))
+        return rows, digests
 
     # -- ClickHouse (run in a worker thread: clickhouse-connect blocks) --------------------
     def _db(self) -> Client:
