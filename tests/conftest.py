@@ -90,9 +90,11 @@ def document_server() -> Iterator[str]:
     server.shutdown()
 
 
-def start_gateway(base: Path, with_mcp: bool = False) -> Gateway:
+def start_gateway(base: Path, with_mcp: bool = False, with_http: bool = False) -> Gateway:
     registry = make_test_registry(base / "registry")
-    return Gateway(data_dir=base / "data", registry_dir=registry, with_mcp=with_mcp).start()
+    return Gateway(
+        data_dir=base / "data", registry_dir=registry, with_mcp=with_mcp, with_http=with_http
+    ).start()
 
 
 def knocks_on_the_front_door(request: pytest.FixtureRequest) -> bool:

@@ -91,6 +91,11 @@ class Gateway:
     # nothing and, without webhooks, sends nothing; its process is about 1.2 CPU-s of
     # every test gateway, and only the notification tests hear from it.
     with_notifier: bool = False
+    # Each service's /healthz and /metrics (`--http-port`): off unless a test reads them
+    # (or runs `toolgate status`, which asks them). Serving them is about 0.15 CPU-s of
+    # each service's start and, idle, a sixth of a gateway's CPU (each service checks
+    # its NATS every second and its durables every five).
+    with_http: bool = False
     # More Stack settings: the notifier's webhooks (approval_webhooks, ...), a policy_dir.
     options: dict[str, Any] = field(default_factory=dict)
     stack: Stack = field(init=False)
@@ -108,6 +113,7 @@ class Gateway:
             with_audit=self.with_audit,
             with_mcp=self.with_mcp,
             with_notifier=self.with_notifier,
+            with_http=self.with_http,
             **self.options,
         )
 

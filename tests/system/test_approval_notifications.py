@@ -202,6 +202,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         registry_dir=make_test_registry(base / "registry"),
         with_audit=True,
         with_notifier=True,
+        with_http=True,  # the notifier's /metrics
         options={
             "approval_webhooks": [everyone.url],
             "approval_webhook_secret_file": base / "everyone.secret",
