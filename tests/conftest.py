@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cpu_log
 from tests.harness import Gateway, make_test_registry
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.nats_server import EmbeddedNats
@@ -38,6 +39,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             order[id(item)],
         )
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_per_file(request: pytest.FixtureRequest) -> Iterator[None]:
+    """TOOLGATE_TEST_CPU_LOG=PATH: each file's CPU-s, theirs and their processes' (set up
+    first, so torn down after the module's gateways have stopped)."""
+    with cpu_log.logged(str(request.path.relative_to(request.config.rootpath))):
+        yield
 
 
 @pytest.fixture
@@ -90,9 +99,11 @@ def document_server() -> Iterator[str]:
     server.shutdown()
 
 
-def start_gateway(base: Path, with_mcp: bool = False) -> Gateway:
+def start_gateway(base: Path, with_mcp: bool = False, with_http: bool = False) -> Gateway:
     registry = make_test_registry(base / "registry")
-    return Gateway(data_dir=base / "data", registry_dir=registry, with_mcp=with_mcp).start()
+    return Gateway(
+        data_dir=base / "data", registry_dir=registry, with_mcp=with_mcp, with_http=with_http
+    ).start()
 
 
 def knocks_on_the_front_door(request: pytest.FixtureRequest) -> bool:

@@ -33,7 +33,7 @@ from toolgate.runtime.creds import connect_options, nats_servers
 from toolgate.runtime.topology import handlers
 from toolgate.stack.nats_auth import add_agent, push_account_jwts
 from toolgate.stack.processes import free_port
-from toolgate.stack.services import PIPELINE
+from toolgate.stack.services import NOTIFIER, PIPELINE
 from toolgate.stack.supervisor import ServiceProcess, Stack
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -61,9 +61,16 @@ def make_test_registry(target: Path, fetch_allowed_hosts: list[str] | None = Non
     return target
 
 
-def durables(tool_names: list[str], with_audit: bool = False) -> list[tuple[str, str]]:
-    """(stream, durable) of every consumer, from the handler table (runtime/topology.py)."""
-    return [(h.stream, h.durable) for h in handlers(tool_names, with_audit)]
+def durables(
+    tool_names: list[str], with_audit: bool = False, with_notifier: bool = True
+) -> list[tuple[str, str]]:
+    """(stream, durable) of every consumer, from the handler table (runtime/topology.py);
+    with_notifier=False: not the notifier's (a gateway that runs none)."""
+    return [
+        (h.stream, h.durable)
+        for h in handlers(tool_names, with_audit)
+        if with_notifier or h.service != NOTIFIER
+    ]
 
 
 @dataclass
@@ -80,6 +87,15 @@ class Gateway:
     # door's process costs a gateway about 2.6 CPU-s to start, and most tests never
     # knock on it.
     with_mcp: bool = False
+    # The notifier (approval webhooks): off unless a test asks for it. It decides
+    # nothing and, without webhooks, sends nothing; its process is about 1.2 CPU-s of
+    # every test gateway, and only the notification tests hear from it.
+    with_notifier: bool = False
+    # Each service's /healthz and /metrics (`--http-port`): off unless a test reads them
+    # (or runs `toolgate status`, which asks them). Serving them is about 0.15 CPU-s of
+    # each service's start and, idle, a sixth of a gateway's CPU (each service checks
+    # its NATS every second and its durables every five).
+    with_http: bool = False
     # More Stack settings: the notifier's webhooks (approval_webhooks, ...), a policy_dir.
     options: dict[str, Any] = field(default_factory=dict)
     stack: Stack = field(init=False)
@@ -96,6 +112,8 @@ class Gateway:
             executor_args=["--concurrency", "16"],
             with_audit=self.with_audit,
             with_mcp=self.with_mcp,
+            with_notifier=self.with_notifier,
+            with_http=self.with_http,
             **self.options,
         )
 
@@ -134,13 +152,17 @@ class Gateway:
     def tool_names(self) -> list[str]:
         return sorted(p.stem for p in self.registry_dir.glob("*.yaml"))
 
+    def durables(self) -> list[tuple[str, str]]:
+        """(stream, durable) of every consumer this gateway's services run."""
+        return durables(self.tool_names(), self.with_audit, self.with_notifier)
+
     async def wait_ready(self, timeout: float = 60.0) -> None:
         """Ready when every service's durable consumer exists on the server."""
         deadline = time.monotonic() + timeout
         nc = await self.connect()
         try:
             jsm = nc.jsm()
-            for stream, durable in durables(self.tool_names(), self.with_audit):
+            for stream, durable in self.durables():
                 while True:
                     try:
                         await jsm.consumer_info(stream, durable)

@@ -79,10 +79,9 @@ async def all_settled(gateway: Gateway, timeout: float = 120.0) -> None:
     """Every stage of `gateway` has handled every message stored so far: each of its
     durables (the handler table's) acked all it was handed, in two rounds in a row (a
     stage asked early in one round may since have been handed an event by a later one)."""
-    from tests.harness import durables
 
     async def every_durable() -> bool:
-        for stream, durable in durables(gateway.tool_names(), gateway.with_audit):
+        for stream, durable in gateway.durables():
             if not await gateway.settled(stream, durable):
                 return False
         return True

@@ -201,6 +201,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         data_dir=base / "data",
         registry_dir=make_test_registry(base / "registry"),
         with_audit=True,
+        with_notifier=True,
+        with_http=True,  # the notifier's /metrics
         options={
             "approval_webhooks": [everyone.url],
             "approval_webhook_secret_file": base / "everyone.secret",

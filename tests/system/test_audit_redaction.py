@@ -63,7 +63,10 @@ def vaulted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     base = tmp_path_factory.mktemp("vaulted")
     registry = make_test_registry(base / "registry")
     (registry / "vault_lookup.yaml").write_text(VAULT)
-    gateway = Gateway(data_dir=base / "data", registry_dir=registry, with_audit=True).start()
+    # The notifier too: its log is one of those searched for the secret.
+    gateway = Gateway(
+        data_dir=base / "data", registry_dir=registry, with_audit=True, with_notifier=True
+    ).start()
     yield gateway
     gateway.stop()
 

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.system
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     from tests.conftest import start_gateway
 
-    gateway = start_gateway(tmp_path_factory.mktemp("datadir"))
+    # (/healthz too: `toolgate status` asks each service's.)
+    gateway = start_gateway(tmp_path_factory.mktemp("datadir"), with_http=True)
     yield gateway
     gateway.stop()
 

@@ -136,8 +136,13 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
             (registry / path.name).write_text(path.read_text())  # reviewed: kept as imported
         for name, entry in hand_written(backend, auth).items():
             (registry / f"{name}.yaml").write_text(yaml.safe_dump(entry))
+        # (The notifier too: its log is one of those searched for the secrets.)
         gateway = Gateway(
-            with_mcp=True, data_dir=base / "data", registry_dir=registry, with_audit=True
+            with_mcp=True,
+            data_dir=base / "data",
+            registry_dir=registry,
+            with_audit=True,
+            with_notifier=True,
         ).start()
         yield Shop(gateway, backend, idp)
     finally:

@@ -130,7 +130,10 @@ def observed(
         env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp[1])
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # export within a fraction of a second
         gateway = Gateway(
-            with_mcp=True, data_dir=base / "data", registry_dir=make_test_registry(base / "reg")
+            with_mcp=True,
+            with_http=True,
+            data_dir=base / "data",
+            registry_dir=make_test_registry(base / "reg"),
         )
         gateway.stack.health_grace_s = HEALTH_GRACE_S
         gateway.start()
@@ -326,6 +329,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
         data_dir=base / "data",
         registry_dir=make_test_registry(base / "reg"),
         with_audit=True,
+        with_http=True,
     )
     gateway.stack.health_grace_s = HEALTH_GRACE_S
     gateway.start()

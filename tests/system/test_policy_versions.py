@@ -63,8 +63,10 @@ def bundle_dir(target: Path, owner_rule: bool) -> Path:
 
 @pytest.fixture
 def example(tmp_path: Path) -> Iterator[OrdersGateway]:
-    gateway = OrdersGateway(
-        data_dir=tmp_path / "data", registry_dir=make_test_registry(tmp_path / "registry")
+    gateway = OrdersGateway(  # (/healthz too: `toolgate status` asks each service's)
+        data_dir=tmp_path / "data",
+        registry_dir=make_test_registry(tmp_path / "registry"),
+        with_http=True,
     )
     gateway.start()
     yield gateway
