@@ -50,7 +50,7 @@ from toolgate.contracts.events import (
 GOALS = {"trace_ms": 200.0, "query_s": 2.0, "verify_s": 60.0, "ingest_per_s": 50_000.0}
 BATCH_ROWS = 10_000
 CALL_MARK = "CALLIDXXXXXXXXXXXXXX"  # 20 characters, replaced by each story's call_id
-TIME_MARK = "2026-01-01T00:00:00.000000"
+TIME_MARK = "2026-01-01T00:00:00.123456"  # a fraction, so that every encoded time carries it
 SPREAD = timedelta(days=30)
 START = datetime(2026, 1, 1, tzinfo=UTC)
 
