@@ -64,7 +64,10 @@ def cmdline(pid: int) -> list[str]:
         raw = (_PROC / str(pid) / "cmdline").read_bytes()
     except OSError:
         return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    parts = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    # A service forked by the fork server (stack/forkserver.py) names itself with
+    # setproctitle: its command as one string, words apart by spaces.
+    return parts[0].split() if len(parts) == 1 else parts
 
 
 @dataclass
@@ -141,7 +144,8 @@ def of_running_gateway(nats_url: str, service_names: Iterable[str]) -> Processes
     """The processes of a gateway already running on this machine (`toolgate up`).
 
     Services are found by their command line (`... serve NAME --nats-url URL`);
-    nats-server and ClickHouse as children of the same parent, if they are.
+    nats-server and ClickHouse as children of the same parent (or of the fork
+    server's parent), if they are.
     """
     found = Processes()
     if not available():
@@ -160,8 +164,11 @@ def of_running_gateway(nats_url: str, service_names: Iterable[str]) -> Processes
             continue
         found.add(argv[at + 1], pid)
         fields = _stat_fields(pid)
-        if fields is not None:
+        if fields is not None:  # its parent: `toolgate up`, or the fork server under it
             parents.add(int(fields[1]))
+            above = _stat_fields(int(fields[1]))
+            if above is not None:
+                parents.add(int(above[1]))
     port = str(urlsplit(nats_url).port or "")
     for parent in parents:
         for pid in tree.get(parent, ()):

@@ -12,10 +12,25 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from typing import Protocol
 
 _PR_SET_PDEATHSIG = 1
 # Ports handed to children are drawn from here, below the kernel's ephemeral range.
 _LISTEN_PORTS_FROM = 10_000
+
+
+class ChildProcess(Protocol):
+    """What toolgate asks of a child process: a `subprocess.Popen`, or a service forked
+    by the fork server (stack/forkserver.py: ForkedProcess)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
 
 
 def die_with_parent() -> None:
@@ -30,7 +45,7 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def stop_process(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+def stop_process(process: ChildProcess | None, timeout: float) -> None:
     """Ask politely, wait up to `timeout` seconds, then kill. A dead process is left alone."""
     if process is None or process.poll() is not None:
         return
@@ -42,7 +57,7 @@ def stop_process(process: subprocess.Popen[bytes] | None, timeout: float) -> Non
         process.wait()
 
 
-def stop_processes(processes: Iterable[subprocess.Popen[bytes] | None], timeout: float) -> None:
+def stop_processes(processes: Iterable[ChildProcess | None], timeout: float) -> None:
     """`stop_process` for several at once: every one asked first, then each waited for
     within the one `timeout`, so stopping takes as long as the slowest, not the sum."""
     running = [p for p in processes if p is not None and p.poll() is None]
@@ -57,7 +72,7 @@ def stop_processes(processes: Iterable[subprocess.Popen[bytes] | None], timeout:
             process.wait()
 
 
-def kill_process(process: subprocess.Popen[bytes] | None) -> None:
+def kill_process(process: ChildProcess | None) -> None:
     """SIGKILL: what the crash tests use."""
     if process is not None and process.poll() is None:
         process.kill()

@@ -48,11 +48,13 @@ from toolgate.services.policy import versions
 from toolgate.services.policy.bundle import DEFAULT_BUNDLE_DIR, bundle_version, read_bundle_dir
 from toolgate.services.policy.pushing import push_next_version, read_state
 from toolgate.services.policy.signing import BundleRefused, ensure_signing_key, load_verify_key
+from toolgate.stack import forkserver
 from toolgate.stack.clickhouse_server import EmbeddedClickHouse
 from toolgate.stack.gateway_lock import GatewayRunning, claim_data_dir, release
 from toolgate.stack.nats_auth import Credentials, add_agent, create_credentials, list_agents
 from toolgate.stack.nats_server import EmbeddedNats, NatsCluster
 from toolgate.stack.processes import (
+    ChildProcess,
     die_with_parent,
     free_port,
     kill_process,
@@ -143,7 +145,7 @@ class ServiceProcess:
     name: str
     command: list[str]
     log_path: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: ChildProcess | None = None
     restarts: int = 0
     started_at: float = 0.0
     # Its /healthz and /metrics (`--http-port`); None: it serves none.
@@ -161,6 +163,11 @@ class ServiceProcess:
         if self.env is None:
             self.env = os.environ.copy()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        forked = forkserver.spawn(self.command, self.env, self.log_path)
+        if forked is not None:
+            self.process = forked
+            self.started_at = time.monotonic()
+            return
         log_file = open(self.log_path, "ab")  # the child owns it
         self.process = subprocess.Popen(
             self.command,

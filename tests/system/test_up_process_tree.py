@@ -22,6 +22,21 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def descendants_of(pid: int) -> set[int]:
+    """Its children, theirs, and so on (the services are the fork server's children)."""
+    found, todo = set(), [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def command_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -53,9 +68,14 @@ def test_sigkill_of_up_takes_every_child_with_it(tmp_path: Path) -> None:
         for line in up.stdout:  # bounded by the test timeout
             if line.startswith("Press Ctrl-C"):
                 break
-        children = children_of(up.pid)
-        # nats-server, ClickHouse, five pipeline services and the audit sink.
-        assert len(children) >= 8, children
+        children = descendants_of(up.pid)
+        commands = [command_of(pid) for pid in children]
+        # nats-server, ClickHouse, the fork server, and the services it forked: five
+        # pipeline services, the notifier, the audit sink and the MCP front door, each
+        # named by its own command.
+        assert len(children) >= 11, commands
+        served = {c.split(" serve ", 1)[1].split()[0] for c in commands if " serve " in c}
+        assert served >= {"validator", "policy", "executor", "attacher", "approvals", "audit"}
         assert all(alive(pid) for pid in children)
     finally:
         os.kill(up.pid, signal.SIGKILL)
