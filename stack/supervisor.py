@@ -154,6 +154,9 @@ class ServiceProcess:
     # The environment it was first started with: a restart runs the same service
     # (its OTLP endpoint, its TOOLGATE_* settings), whatever the parent's is by then.
     env: dict[str, str] | None = None
+    # Forked from the fork server (stack/forkserver.py) if it can be; False: its own
+    # interpreter (the MCP front door: see start_mcp_front).
+    forked: bool = True
 
     @property
     def http_url(self) -> str | None:
@@ -163,7 +166,7 @@ class ServiceProcess:
         if self.env is None:
             self.env = os.environ.copy()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        forked = forkserver.spawn(self.command, self.env, self.log_path)
+        forked = forkserver.spawn(self.command, self.env, self.log_path) if self.forked else None
         if forked is not None:
             self.process = forked
             self.started_at = time.monotonic()
@@ -712,6 +715,10 @@ class Stack:
                 builtin_tools=self.builtin_tools,
             ),
             self.data_dir / "logs" / f"{MCP}.log",
+            # Its own interpreter: forked, a door whose NATS connection was lost while
+            # it drained was seen (under load, 3 times in 5) to stay up after its SIGTERM
+            # (uvicorn inside its shutdown, the loop idle), outliving `toolgate up`.
+            forked=False,
         )
         service.start()
         self.services.append(service)

@@ -31,6 +31,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import msgspec
 import nats
@@ -223,7 +224,7 @@ class ToolRunner:
         started = self._execution_started(event, delivery, 1, self.worker)
         outcome = await self._run(event)
         terminal = self._terminal(event, delivery, outcome)
-        if not await self.outcomes.claim(key, self._done(event, terminal, 1)):
+        if not await self.outcomes.claim(key, self._done(event, terminal, 1, started.occurred_at)):
             return False
         await self.publisher.emit_all([started, terminal])
         return True
@@ -246,13 +247,20 @@ class ToolRunner:
             state="started", arguments_sha256=sha, attempt=attempt, worker=self.worker
         )
 
-    def _done(self, event: CallAuthorized, terminal: Event, attempt: int) -> OutcomeRecord:
+    def _done(
+        self,
+        event: CallAuthorized,
+        terminal: Event,
+        attempt: int,
+        started_at: datetime | None = None,
+    ) -> OutcomeRecord:
         return OutcomeRecord(
             state="done",
             arguments_sha256=event.authorization.arguments_sha256,
             attempt=attempt,
             worker=self.worker,
             event=encode_event(terminal),
+            started_at=started_at,
         )
 
     async def _run(self, event: CallAuthorized, subject_token: str | None = None) -> ToolOutcome:
@@ -329,6 +337,8 @@ class ToolRunner:
         # This very message recorded the outcome and may have died before publishing its
         # start and end (`_run_then_record`): both again, under their own ids.
         started = self._execution_started(event, delivery, record.attempt, record.worker)
+        if record.started_at is not None:  # the very event published before, if it was
+            started = msgspec.structs.replace(started, occurred_at=record.started_at)
         await self.publisher.emit_all([started, terminal])
 
     async def _refuse_raw(self, delivery: settling.Delivery, reason: str) -> None:

@@ -40,6 +40,10 @@ class OutcomeRecord(msgspec.Struct, frozen=True):
     worker: str
     # The encoded terminal event (ExecutionSucceeded / ExecutionFailed), when done.
     event: bytes | None = None
+    # When its ExecutionStarted says it started, for a tool recorded once (its start is
+    # published with its end, and replayed from this record): a replay under the same
+    # event id is the same event, even past the stream's duplicate window.
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ that order, and a call_id used again replays rather than runs.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
@@ -29,6 +30,7 @@ from toolgate.services.executor.logic import OutcomeRecord
 pytestmark = pytest.mark.system
 
 BOB = Principal(tenant="acme", user="u-bob", agent="researcher", session="s-9")
+STARTED_AT = datetime(2026, 12, 4, 9, 0, 0, 123456, tzinfo=UTC)
 
 
 async def _writes_to_outcome(
@@ -121,6 +123,7 @@ async def test_an_outcome_recorded_by_a_worker_that_died_is_published_with_its_s
                     1,
                     "executor@gone",
                     encode_event(recorded),
+                    started_at=STARTED_AT,
                 )
             ),
         )
@@ -145,3 +148,7 @@ async def test_an_outcome_recorded_by_a_worker_that_died_is_published_with_its_s
     started = [e for e in events if isinstance(e, ExecutionStarted)]
     assert [e.event_id for e in started][-1] == derive_event_id(message_id, "started/1")
     assert started[-1].worker == "executor@gone"
+    # The time recorded with the outcome: a replay is the very event the worker would
+    # have published (were it stored and then replayed past the duplicate window, the
+    # audit would otherwise hold two events under one id that differ in their time).
+    assert started[-1].occurred_at == STARTED_AT
