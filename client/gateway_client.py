@@ -22,7 +22,6 @@ published while the connection was down is not missed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ from toolgate.contracts.calls import (
     failure,
 )
 from toolgate.contracts.registry_bundle import ToolListing
+from toolgate.runtime.closing import end_connection
 from toolgate.runtime.creds import connect_options, identity_of_creds
 from toolgate.runtime.first_connect import FirstConnectFailed, first_connect
 from toolgate.runtime.jetstream import LeanJetStream
@@ -209,15 +209,9 @@ class GatewayClient:
         return made[0]
 
     async def close(self) -> None:
-        """Connected: what is in flight is delivered first (a drain). The bus away (the
-        client reconnecting), or a drain cut short: closed at once. Either way the client
-        ends here, its reconnect loop with it."""
-        nc = self._nc
-        if nc.is_connected and not nc.is_draining:
-            with contextlib.suppress(Exception):  # lost mid-drain: closed below
-                await nc.drain()
-        if not nc.is_closed:
-            await nc.close()
+        """Drained if connected, else closed at once: the client ends here, its
+        reconnect loop with it (runtime/closing.py)."""
+        await end_connection(self._nc)
 
     async def __aenter__(self) -> GatewayClient:
         return self

@@ -57,6 +57,7 @@ PRELOAD = (
     "toolgate.services.approvals.app",
     "toolgate.services.notifier.app",
     "toolgate.services.audit.app",
+    "toolgate.services.mcp_front.app",
 )
 ENV_SWITCH = "TOOLGATE_FORK_SERVER"
 

@@ -715,10 +715,6 @@ class Stack:
                 builtin_tools=self.builtin_tools,
             ),
             self.data_dir / "logs" / f"{MCP}.log",
-            # Its own interpreter: forked, a door whose NATS connection was lost while
-            # it drained was seen (under load, 3 times in 5) to stay up after its SIGTERM
-            # (uvicorn inside its shutdown, the loop idle), outliving `toolgate up`.
-            forked=False,
         )
         service.start()
         self.services.append(service)

@@ -20,6 +20,7 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from toolgate.runtime.closing import end_connection
 from toolgate.services.approvals import protocol
 from toolgate.services.approvals.logic import Decision, Refusal, VoteOutcome
 
@@ -57,7 +58,7 @@ class ApprovalsClient:
         return cls(await nats.connect(nats_url, **options), token)
 
     async def close(self) -> None:
-        await self._nc.drain()
+        await end_connection(self._nc)
 
     async def __aenter__(self) -> ApprovalsClient:
         return self

@@ -85,7 +85,9 @@ from toolgate.contracts.calls import PendingNotice, Principal, ToolCall, ToolRes
 from toolgate.contracts.registry import Registry
 from toolgate.contracts.registry_bundle import ListedTool, ToolListing, listed_tool
 from toolgate.runtime import telemetry
-from toolgate.runtime.creds import connect_options, nats_servers
+from toolgate.runtime.closing import end_connection
+from toolgate.runtime.creds import connect_options
+from toolgate.runtime.first_connect import FirstConnectFailed, first_connect
 from toolgate.runtime.http_server import SlowClientLimits, uvicorn_config
 from toolgate.runtime.oidc import OidcConfig, TokenVerifier
 from toolgate.runtime.settings import GatewaySettings
@@ -106,6 +108,8 @@ SINGLE_ANSWER_SCOPE_KEY = "toolgate.single_answer"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 # How long the door waits for an agent's tool listing (the validator answers it).
 LISTING_TIMEOUT_S = 5.0
+# How long the door's start waits for NATS (`toolgate serve` found it just before).
+START_CONNECT_S = 10.0
 
 
 # Slow clients (runtime/http_server.py): a request head within 10 s, a body within 30 s,
@@ -878,18 +882,32 @@ def build_app(settings: GatewaySettings, options: FrontDoorOptions, public_url: 
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        door.nc = await nats.connect(
-            nats_servers(settings.nats_url),  # a cluster: every node's URL
-            name=f"{SERVICE}@{options.host}:{options.port}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=1,
+        # Bounded: `toolgate serve` found NATS a moment ago, and while the door starts
+        # its SIGTERM only asks uvicorn to stop once started. Unbounded, a door whose
+        # NATS went away meanwhile retried for ever and outlived its SIGTERM (and a
+        # SIGKILLed `toolgate up`). Not found in time: the start fails, the process
+        # ends, and the supervisor starts it again (waiting for NATS as any service).
+        errors: list[Exception] = []
+
+        async def collect(exc: Exception) -> None:
+            errors.append(exc)
+
+        connect_with = {
+            "name": f"{SERVICE}@{options.host}:{options.port}",
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": 1,
+            "error_cb": collect,
             **connect_options(settings.nats_creds),
-        )
+        }
+        try:
+            door.nc = await first_connect(settings.nats_url, connect_with, START_CONNECT_S, errors)
+        except FirstConnectFailed as failed:
+            raise RuntimeError(f"no NATS at {settings.nats_url}: {failed.cause}") from None
         try:
             async with streaming.run(), single.run():
                 yield
-        finally:
-            await door.nc.drain()
+        finally:  # drained, or closed if NATS is away: the door ends either way
+            await end_connection(door.nc)
 
     metadata_path = "/" + str(metadata_url).split("/", 3)[3]
     app = Starlette(

@@ -209,8 +209,8 @@ async def test_a_result_published_while_the_client_was_disconnected_is_read_afte
             result = await asyncio.wait_for(called, 60)
         assert result.ok and result.call_id == call_id
     finally:
+        await client.close()  # while it can still drain: then the proxy
         proxy.close()
-        await client.close()
 
 
 async def test_close_while_the_bus_is_away_ends_the_client(shared_gateway: Gateway) -> None:
