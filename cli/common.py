@@ -149,21 +149,19 @@ async def connect_nats(url: str, creds: Path | None, timeout: float, **options: 
     from toolgate.runtime.creds import connect_options
     from toolgate.runtime.first_connect import FirstConnectFailed, first_connect
 
-    errors: list[Exception] = []
-
-    async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
-        errors.append(exc)
+    async def quiet(exc: Exception) -> None:  # instead of nats-py's tracebacks
+        pass
 
     options = {
         "connect_timeout": timeout,
         "allow_reconnect": False,
-        "error_cb": remember,
+        "error_cb": quiet,
         **connect_options(creds),
         **options,
     }
     # Bounded by itself, even with unlimited reconnects (runtime/first_connect.py).
     try:
-        return await first_connect(url, options, timeout, errors)
+        return await first_connect(url, options, timeout)
     except FirstConnectFailed as failed:
         raise connect_failure(url, failed.cause) from None
 

@@ -178,10 +178,9 @@ class GatewayClient:
         """
         if creds is not None:
             identity = identity_of_creds(creds) or identity
-        errors: list[Exception] = []
 
-        async def remember(exc: Exception) -> None:  # instead of nats-py's tracebacks
-            errors.append(exc)
+        async def quiet(exc: Exception) -> None:  # instead of nats-py's tracebacks
+            pass
 
         made: list[GatewayClient] = []
         theirs = options.pop("reconnected_cb", None)
@@ -196,13 +195,13 @@ class GatewayClient:
             "connect_timeout": connect_timeout,
             "max_reconnect_attempts": -1,
             "reconnect_time_wait": 0.5,
-            "error_cb": remember,
+            "error_cb": quiet,
             **connect_options(creds),
             **options,
             "reconnected_cb": reconnected,
         }
         try:
-            nc = await first_connect(nats_url, options, connect_timeout, errors)
+            nc = await first_connect(nats_url, options, connect_timeout)
         except FirstConnectFailed as failed:
             raise ConnectFailed(nats_url, failed.cause) from None
         made.append(cls(nc, identity))

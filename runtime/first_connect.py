@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 import nats
+import nats.aio.client
 import nats.errors
 from nats.aio.client import Client
 
@@ -43,11 +44,28 @@ def login_refusal(errors: list[Exception]) -> Exception | None:
     return refused[-1] if refused else errors[-1] if errors else None
 
 
-async def first_connect(
-    url: str, options: dict[str, Any], timeout: float, errors: list[Exception]
+async def first_connect(url: str, options: dict[str, Any], timeout: float) -> Client:
+    """Connected within `timeout`, or FirstConnectFailed. What nats-py reports while
+    connecting is read for the login's refusal; the options' error_cb (else nats-py's
+    own, which logs) is told everything, then as before (nothing is kept after)."""
+    errors: list[Exception] = []
+    told = options.get("error_cb") or nats.aio.client._default_error_callback
+
+    async def error_cb(exc: Exception) -> None:
+        if connecting:
+            errors.append(exc)
+        await told(exc)
+
+    connecting = True
+    try:
+        return await _connect({**options, "error_cb": error_cb}, url, timeout, errors)
+    finally:
+        connecting = False
+
+
+async def _connect(
+    options: dict[str, Any], url: str, timeout: float, errors: list[Exception]
 ) -> Client:
-    """Connected within `timeout`, or FirstConnectFailed. `errors`: what the options'
-    error_cb collected, read for the login's refusal."""
     unlimited = bool(options.get("allow_reconnect", True)) and (
         options.get("max_reconnect_attempts", 0) < 0
     )

@@ -887,20 +887,14 @@ def build_app(settings: GatewaySettings, options: FrontDoorOptions, public_url: 
         # NATS went away meanwhile retried for ever and outlived its SIGTERM (and a
         # SIGKILLed `toolgate up`). Not found in time: the start fails, the process
         # ends, and the supervisor starts it again (waiting for NATS as any service).
-        errors: list[Exception] = []
-
-        async def collect(exc: Exception) -> None:
-            errors.append(exc)
-
         connect_with = {
             "name": f"{SERVICE}@{options.host}:{options.port}",
             "max_reconnect_attempts": -1,
             "reconnect_time_wait": 1,
-            "error_cb": collect,
             **connect_options(settings.nats_creds),
         }
         try:
-            door.nc = await first_connect(settings.nats_url, connect_with, START_CONNECT_S, errors)
+            door.nc = await first_connect(settings.nats_url, connect_with, START_CONNECT_S)
         except FirstConnectFailed as failed:
             raise RuntimeError(f"no NATS at {settings.nats_url}: {failed.cause}") from None
         try:
