@@ -4,7 +4,6 @@ wait, SIGKILL last."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import random
 import signal
 import socket
@@ -41,7 +40,9 @@ def die_with_parent() -> None:
     """
     if not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The process's own symbols (libc's among them): `ctypes.util.find_library` would run
+    # `ldconfig -p` in a subprocess, in every child, on every start.
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 

@@ -34,7 +34,10 @@ def descendants_of(pid: int) -> set[int]:
 
 
 def command_of(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except FileNotFoundError:  # it has ended meanwhile
+        return ""
 
 
 def alive(pid: int) -> bool:
@@ -68,15 +71,24 @@ def test_sigkill_of_up_takes_every_child_with_it(tmp_path: Path) -> None:
         for line in up.stdout:  # bounded by the test timeout
             if line.startswith("Press Ctrl-C"):
                 break
-        children = descendants_of(up.pid)
-        commands = [command_of(pid) for pid in children]
         # nats-server, ClickHouse, and eight services (five pipeline services, the
         # notifier, the audit sink and the MCP front door), each named by its own
-        # command: forked by the fork server (one more process), or started plainly.
+        # command: forked by the fork server (one more process; a forked child names
+        # itself as it begins, so a moment after its start), or started plainly.
+        wanted = {"validator", "policy", "executor", "attacher", "approvals", "audit"}
+        deadline = time.monotonic() + 60
+        while True:
+            children = descendants_of(up.pid)
+            commands = [command_of(pid) for pid in children]
+            served = {c.split(" serve ", 1)[1].split()[0] for c in commands if " serve " in c}
+            if len(children) >= 10 and served >= wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert len(children) >= 10, commands
-        served = {c.split(" serve ", 1)[1].split()[0] for c in commands if " serve " in c}
-        assert served >= {"validator", "policy", "executor", "attacher", "approvals", "audit"}
-        assert all(alive(pid) for pid in children)
+        assert served >= wanted, commands
+        assert all(alive(pid) for pid in children), [
+            c for p, c in zip(children, commands, strict=True) if not alive(p)
+        ]
     finally:
         os.kill(up.pid, signal.SIGKILL)
         up.wait()
