@@ -34,14 +34,18 @@ from nats.aio.client import Client
 from nats.js.errors import APIError, NotFoundError
 
 from toolgate.contracts import subjects
+from toolgate.contracts.authorization import arguments_sha256
 from toolgate.contracts.calls import (
     MAX_CALL_BYTES,
+    REFUSED_HEADER,
     ErrorCode,
     PendingNotice,
     Principal,
     ToolCall,
     ToolError,
     ToolResult,
+    answered_call,
+    call_id_reused,
     failure,
 )
 from toolgate.contracts.registry_bundle import ToolListing
@@ -129,20 +133,40 @@ def too_large(call_id: str, size: int) -> ToolResult:
 
 
 class _Waiter:
-    """One submit waiting for the result of `call_id`."""
+    """One submit waiting for the result of `call_id`; `answers`, when the caller chose
+    the call_id: (tool, arguments_sha256) of its call, which an answer must name."""
 
-    __slots__ = ("call_id", "future", "on_pending", "told")
+    __slots__ = ("answers", "call_id", "future", "on_pending", "told")
 
     def __init__(
-        self, call_id: str, future: asyncio.Future[ToolResult], on_pending: OnPending | None
+        self,
+        call_id: str,
+        future: asyncio.Future[ToolResult],
+        on_pending: OnPending | None,
+        answers: tuple[str, str] | None = None,
     ) -> None:
         self.call_id, self.future, self.on_pending = call_id, future, on_pending
+        self.answers = answers
         self.told = False
 
     def tell(self, notice: PendingNotice) -> None:
         if self.on_pending is not None and not self.told and not self.future.done():
             self.told = True
             self.on_pending(notice)
+
+    def answer(self, result: ToolResult, named: tuple[str, str] | None, refusal: bool) -> None:
+        """`result` arrived on this call_id's subject, naming the call it answers (None:
+        it does not say). A refusal is only for the call it names; another call's
+        answer is not this call's: this call was refused (CALL_ID_REUSED)."""
+        if self.future.done():
+            return
+        if refusal:
+            if self.answers is not None and named == self.answers:
+                self.future.set_result(result)
+        elif named is None or self.answers is None or named == self.answers:
+            self.future.set_result(result)
+        else:
+            self.future.set_result(call_id_reused(self.call_id, self.answers[0]))
 
 
 class GatewayClient:
@@ -301,7 +325,11 @@ class GatewayClient:
         if (tenant, agent) not in self._listening:
             await self._listen(tenant, agent)
         key = subjects.results_subject(tenant, agent, call.call_id)
-        waiter = _Waiter(call.call_id, asyncio.get_running_loop().create_future(), on_pending)
+        # A call_id the caller chose may name an earlier call: its answer must name this one.
+        answers = None if fresh else (call.tool, arguments_sha256(call.arguments))
+        waiter = _Waiter(
+            call.call_id, asyncio.get_running_loop().create_future(), on_pending, answers
+        )
         waiters = self._waiting.get(key)
         if waiters is None:
             waiters = self._waiting[key] = [waiter]
@@ -314,7 +342,8 @@ class GatewayClient:
             if refused is not None:
                 return refused
             if not fresh:  # a retry's result, or its notice, may be stored already
-                await self._read_stored(key, pending=on_pending is not None)
+                # The notice too: one of another call under this call_id refuses this one.
+                await self._read_stored(key, pending=True)
             try:
                 return await asyncio.wait_for(waiter.future, timeout)
             except TimeoutError:
@@ -337,24 +366,27 @@ class GatewayClient:
             self._listening.add((tenant, agent))
 
     async def _on_live(self, msg: Any) -> None:
-        self._deliver(msg.subject, msg.data)
+        self._deliver(msg.subject, msg.data, msg.headers)
 
     async def _on_stored(self, msg: Any) -> None:
         """A direct get's reply: the stored message, or a status (404: nothing stored yet)."""
         if not msg.data or (msg.headers and msg.headers.get("Status")):
             return
         assert self._replies is not None
-        self._deliver(_RESULTS_PREFIX_DOT + msg.subject[len(self._replies) + 1 :], msg.data)
+        self._deliver(
+            _RESULTS_PREFIX_DOT + msg.subject[len(self._replies) + 1 :], msg.data, msg.headers
+        )
 
-    def _deliver(self, subject: str, data: bytes) -> None:
+    def _deliver(self, subject: str, data: bytes, headers: dict[str, str] | None) -> None:
         """A message on a result subject (live or stored) to the submits waiting for it."""
         waiters = self._waiting.get(subject)
+        named = answered_call(headers)
         if waiters is not None:
             result = _decode_result(data, waiters[0].call_id)
             if result is not None:
-                for waiter in waiters:
-                    if not waiter.future.done():
-                        waiter.future.set_result(result)
+                refusal = bool(headers and headers.get(REFUSED_HEADER))
+                for waiter in list(waiters):
+                    waiter.answer(result, named, refusal)
             return
         if subject.endswith(_PENDING_TAIL):
             waiters = self._waiting.get(subject[: -len(_PENDING_TAIL)])
@@ -362,7 +394,12 @@ class GatewayClient:
                 notice = _decode_pending(data, waiters[0].call_id)
                 if notice is not None:
                     for waiter in list(waiters):
-                        waiter.tell(notice)
+                        if named is None or waiter.answers is None or named == waiter.answers:
+                            waiter.tell(notice)
+                        elif not waiter.future.done():  # another call waits under this id
+                            waiter.future.set_result(
+                                call_id_reused(waiter.call_id, waiter.answers[0])
+                            )
 
     async def _read_stored(self, key: str, *, pending: bool) -> None:
         """Ask for the stored result at `key` (and its notice): the reply is delivered

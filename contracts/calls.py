@@ -8,6 +8,7 @@ platform that sends a newer field to an older gateway is not refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 import msgspec
@@ -199,3 +200,54 @@ def failure(call_id: str, status: Status, error: ToolError) -> ToolResult:
 
 def success(call_id: str, data: Any) -> ToolResult:
     return ToolResult(call_id=call_id, ok=True, status="ok", data=data, error=None)
+
+
+# Which call an answer (a ToolResult, or a `.pending` notice) answers: its tool and the
+# SHA-256 of its canonical arguments (contracts/authorization.py `arguments_sha256`), in
+# the NATS headers of the message, stored and live (added to contract v2; the bodies are
+# unchanged). A call_id names one call of its agent: a later call with the same call_id
+# and another tool or other arguments is not that call's retry, and must not be given
+# that call's answer (GatewayClient checks; the attacher refuses it, see below).
+ANSWERS_TOOL_HEADER: Final = "Toolgate-Tool"
+ANSWERS_ARGUMENTS_HEADER: Final = "Toolgate-Arguments-Sha256"
+# On the refusal of such a call (a ToolResult `CALL_ID_REUSED`, published to the call_id's
+# result subject and never stored: the subject keeps the first call's result). Its other
+# two headers name the refused call, so a client waiting for the first call can tell the
+# refusal is not its answer.
+REFUSED_HEADER: Final = "Toolgate-Refused"
+
+
+def answer_headers(tool: str, arguments_sha256: str | None) -> dict[str, str]:
+    """The headers naming the call an answer answers (none if its arguments are unknown)."""
+    if not arguments_sha256:
+        return {}
+    return {ANSWERS_TOOL_HEADER: tool, ANSWERS_ARGUMENTS_HEADER: arguments_sha256}
+
+
+def answered_call(headers: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """(tool, arguments_sha256) of the call an answer answers; None if it does not say
+    (an answer stored before these headers, or one of a call whose arguments were unreadable)."""
+    if not headers:
+        return None
+    sha = headers.get(ANSWERS_ARGUMENTS_HEADER)
+    if not sha:
+        return None
+    return headers.get(ANSWERS_TOOL_HEADER, ""), sha
+
+
+def call_id_reused(call_id: str, tool: str) -> ToolResult:
+    """The answer to a call whose call_id already names another call of its agent."""
+    return failure(
+        call_id,
+        "invalid_arguments",
+        ToolError(
+            code=ErrorCode.CALL_ID_REUSED,
+            message=(
+                f"call_id {call_id!r} already names another call of this agent (another "
+                f"tool or other arguments than this {tool!r} call): nothing ran for this "
+                "one; give each call its own call_id, and reuse one only to retry the "
+                "very same call"
+            ),
+            retryable=False,
+        ),
+    )

@@ -15,10 +15,19 @@ from collections.abc import Sequence
 import msgspec
 from faststream.nats import NatsBroker
 from nats.aio.client import Client
+from nats.js.api import RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import PendingNotice, Principal, ToolResult
+from toolgate.contracts.calls import (
+    REFUSED_HEADER,
+    PendingNotice,
+    Principal,
+    ToolResult,
+    answer_headers,
+    answered_call,
+    call_id_reused,
+)
 from toolgate.contracts.events import (
     Event,
     encode_event,
@@ -32,6 +41,9 @@ log = logging.getLogger("toolgate")
 _json = msgspec.json.Encoder()
 # JetStream's answer when a write-once subject (discard new per subject) already holds one.
 SUBJECT_FULL_ERR_CODE = 10077
+# A plain publish on a stream's subject that no stream stores (each refuses a message
+# expecting another stream by name); its subscribers get it.
+_NEVER_STORED = {"Nats-Expected-Stream": "toolgate-never-stored"}
 
 
 # One per connection: the services' Publisher and the KV buckets they write share it.
@@ -105,27 +117,44 @@ class Publisher:
             telemetry.emitted(event)
 
     async def publish_result(
-        self, result: ToolResult, principal: Principal, message_id: str
+        self,
+        result: ToolResult,
+        principal: Principal,
+        message_id: str,
+        answers: dict[str, str] | None = None,
     ) -> bool:
-        """Store the call's one result; False if it already has one (it is never replaced)."""
+        """Store the call's one result; False if it already has one (it is never replaced).
+        `answers`: the headers naming the call it answers (contracts/calls.py `answer_headers`)."""
         emits.check("ToolResult")
         return await self._publish_once(
             _json.encode(result),
             subjects.results_subject(principal.tenant, principal.agent, result.call_id),
             message_id,
+            answers,
         )
 
     async def publish_pending(
-        self, notice: PendingNotice, principal: Principal, message_id: str
+        self,
+        notice: PendingNotice,
+        principal: Principal,
+        message_id: str,
+        answers: dict[str, str] | None = None,
     ) -> bool:
         emits.check("PendingNotice")
         return await self._publish_once(
             _json.encode(notice),
             subjects.pending_subject(principal.tenant, principal.agent, notice.call_id),
             message_id,
+            answers,
         )
 
-    async def answer_again(self, principal: Principal, call_id: str) -> str:
+    async def answer_again(
+        self,
+        principal: Principal,
+        call_id: str,
+        tool: str = "",
+        arguments_sha256: str | None = None,
+    ) -> str:
         """Send a retried call's stored answer again, to whoever listens on its subjects now.
 
         A plain (core NATS) publish of the stored bytes: the retry's subscriber gets
@@ -133,29 +162,55 @@ class Publisher:
         per subject, stores nothing new (checked against nats-server: the copy is
         delivered, the stream refuses it). Returns what was sent: "result", "pending"
         (the call waits for a human), or "" (no answer stored yet: the result reaches
-        the retry's subscriber when it lands, as it reaches every subscriber)."""
+        the retry's subscriber when it lands, as it reaches every subscriber).
+
+        The retry's `tool` and `arguments_sha256`, when known, are checked against the
+        call the stored answer names (its headers). Another call under the same call_id
+        is refused (a ToolResult CALL_ID_REUSED, never stored) once the first call's
+        result is stored: "refused". Before that, whoever listens on the result subject
+        may be the first call's own caller, whom a refusal would mislead: nothing is sent
+        ("another": the answer that lands names the first call, which GatewayClient
+        checks, and so must a plain client)."""
         result = subjects.results_subject(principal.tenant, principal.agent, call_id)
         pending = subjects.pending_subject(principal.tenant, principal.agent, call_id)
         # The notice first: a result stored between the two reads is then found too.
         notice = await self._stored(pending)
         stored = await self._stored(result)
-        subject, body = (result, stored) if stored is not None else (pending, notice)
-        if body is None:
+        subject, found = (result, stored) if stored is not None else (pending, notice)
+        if found is None or found.data is None:
             return ""
+        retry = answer_headers(tool, arguments_sha256)
+        named = answered_call(found.headers)
+        if retry and named is not None and named != answered_call(retry):
+            if stored is None:
+                return "another"
+            emits.check("ToolResult")
+            await self._broker.connection.publish(
+                result,
+                _json.encode(call_id_reused(call_id, tool)),
+                # Never stored, whatever the subject holds: the stream refuses a message
+                # that expects another stream (subscribers get it all the same).
+                headers={**retry, REFUSED_HEADER: "CALL_ID_REUSED", **_NEVER_STORED},
+            )
+            return "refused"
         emits.check("ToolResult" if stored is not None else "PendingNotice")
-        await self._broker.connection.publish(subject, body)
+        # With the headers naming its call (a client checks them), none of the store's own.
+        await self._broker.connection.publish(
+            subject, found.data, headers=answer_headers(*named) if named else None
+        )
         return "result" if stored is not None else "pending"
 
-    async def _stored(self, subject: str) -> bytes | None:
+    async def _stored(self, subject: str) -> RawStreamMsg | None:
         try:
-            msg = await self._jetstream().get_last_msg(
+            return await self._jetstream().get_last_msg(
                 subjects.RESULTS_STREAM, subject, direct=True
             )
         except NotFoundError:
             return None
-        return msg.data
 
-    async def _publish_once(self, body: bytes, subject: str, message_id: str) -> bool:
+    async def _publish_once(
+        self, body: bytes, subject: str, message_id: str, answers: dict[str, str] | None
+    ) -> bool:
         """True if the subject now holds this message (stored now, or by an earlier try)."""
         js = self._jetstream()
         try:
@@ -163,7 +218,7 @@ class Publisher:
                 subject,
                 body,
                 stream=subjects.RESULTS_STREAM,
-                headers=telemetry.trace_headers({"Nats-Msg-Id": message_id}),
+                headers=telemetry.trace_headers({**(answers or {}), "Nats-Msg-Id": message_id}),
             )
         except APIError as exc:
             if exc.err_code != SUBJECT_FULL_ERR_CODE:

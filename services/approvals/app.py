@@ -34,7 +34,7 @@ from faststream.nats.message import NatsMessage
 from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
-from toolgate.contracts.calls import PendingNotice
+from toolgate.contracts.calls import PendingNotice, answer_headers
 from toolgate.contracts.events import ApprovalRequested, decode_event, utc_now
 from toolgate.contracts.registry import Registry, ToolSpec
 from toolgate.runtime import giving_up, publishing, settling
@@ -185,6 +185,7 @@ class ApprovalsService:
                 ),
                 state.call.principal,
                 message_id=pending_notice_id(state.key),
+                answers=answer_headers(state.call.tool, state.arguments_sha256),
             )
         await self.publish_outbox(state, revision)
 

@@ -9,7 +9,11 @@ Emits: the `ToolResult` on `toolgate.results.<tenant>.<agent>.<call_id>`
 `ResultAttached` for the audit. For a retried call: the stored result (or
 pending notice) again, the same bytes, as a plain publish on its subject (the
 stream, one message per subject, stores nothing new) so that a retry which
-subscribed is answered; nothing new is stored or emitted.
+subscribed is answered; nothing new is stored or emitted. A result and a notice
+name the call they answer in their headers (tool, arguments_sha256): a "retry"
+with another tool or other arguments is another call under a used call_id, and
+is refused (CALL_ID_REUSED, published, not stored), never given the first one's
+answer.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from faststream import FastStream
 from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
+from toolgate.contracts.calls import answer_headers
 from toolgate.contracts.events import (
     CallRetried,
     ResultAttached,
@@ -39,6 +44,8 @@ ANSWERED_AGAIN = {
     "result": "its stored result sent again",
     "pending": "its pending notice sent again (the result follows when it lands)",
     "": "no answer stored yet (the result reaches the retry when it lands)",
+    "refused": "refused: its call_id names another call (another tool or other arguments)",
+    "another": "nothing sent: its call_id names another call, which has no result yet",
 }
 log = logging.getLogger("toolgate.attacher")
 
@@ -56,7 +63,8 @@ def build_app(settings: GatewaySettings) -> FastStream:
             raise ValueError(f"{type(event).__name__} has no principal: no result subject")
         result = builder().result_for(event)
         attached_id = derive_event_id(event.event_id, "attached")
-        if not await publisher.publish_result(result, event.principal, message_id=attached_id):
+        answers = answer_headers(event.tool, event.arguments_sha256)
+        if not await publisher.publish_result(result, event.principal, attached_id, answers):
             log.warning(
                 "call %s: a result is already stored; %s not attached",
                 event.call_id,
@@ -77,7 +85,9 @@ def build_app(settings: GatewaySettings) -> FastStream:
         event = decode_event(msg.data)
         if not isinstance(event, CallRetried) or event.principal is None:
             raise ValueError(f"{type(event).__name__} on the retries' subject")
-        sent = await publisher.answer_again(event.principal, event.call_id)
+        sent = await publisher.answer_again(
+            event.principal, event.call_id, event.tool, event.arguments_sha256
+        )
         log.info(
             "call %s of %s.%s retried: %s",
             event.call_id,

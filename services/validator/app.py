@@ -170,7 +170,10 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: settling.Delivery) -
         )
     if isinstance(outcome, Rejected):
         fields = (
-            call_fields(outcome.call)
+            {
+                **call_fields(outcome.call),
+                "arguments_sha256": arguments_sha256(outcome.call.arguments),
+            }
             if outcome.call
             else {"call_id": outcome.call_id, "principal": outcome.principal}
         )
@@ -393,11 +396,12 @@ async def owns_call(
 
 def retried(outcome: Validated | Rejected, delivery: settling.Delivery) -> CallRetried:
     """The event that has the attacher answer a duplicate call_id again."""
-    if isinstance(outcome, Validated):
-        fields = call_fields(outcome.call)
-    elif outcome.call is not None:
-        fields = call_fields(outcome.call)
+    call = outcome.call
+    fields: dict[str, Any]
+    if call is not None:  # what the attacher checks the stored answer's call against
+        fields = {**call_fields(call), "arguments_sha256": arguments_sha256(call.arguments)}
     else:
+        assert isinstance(outcome, Rejected)  # a Validated outcome always has its call
         fields = {"call_id": outcome.call_id, "principal": outcome.principal}
     return CallRetried(
         event_id=derive_event_id(delivery.message_id, "retried"),
