@@ -132,41 +132,92 @@ def too_large(call_id: str, size: int) -> ToolResult:
     )
 
 
-class _Waiter:
-    """One submit waiting for the result of `call_id`; `answers`, when the caller chose
-    the call_id: (tool, arguments_sha256) of its call, which an answer must name."""
+def _integral(value: Any) -> Any:
+    """`value` with every integral float an int (7.0 -> 7), as the gateway's validator
+    makes it in an "integer" field before it hashes a call's arguments."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value
 
-    __slots__ = ("answers", "call_id", "future", "on_pending", "told")
+
+class _Waiter:
+    """One submit waiting for the result of `call_id`.
+
+    `tool` and `hashes`, when the caller chose the call_id (it may name an earlier
+    call): this call's tool and the hashes the gateway may give its arguments (as sent,
+    and with integral floats made ints, as the validator does in integer fields). An
+    answer names the call it answers (contracts/calls.py `answered_call`)."""
+
+    __slots__ = ("call_id", "certain", "future", "hashes", "on_pending", "refused", "suspect",
+                 "told", "tool")  # fmt: skip
 
     def __init__(
         self,
         call_id: str,
         future: asyncio.Future[ToolResult],
         on_pending: OnPending | None,
-        answers: tuple[str, str] | None = None,
+        tool: str = "",
+        arguments: Any = None,
+        chosen: bool = False,
     ) -> None:
         self.call_id, self.future, self.on_pending = call_id, future, on_pending
-        self.answers = answers
         self.told = False
+        self.tool = tool
+        self.hashes: frozenset[str] | None = None
+        # No integral float in the arguments: the gateway's hash is the one computed here,
+        # so an answer naming another hash is surely another call's.
+        self.certain = True
+        if chosen:
+            as_sent = arguments_sha256(arguments)
+            integral = arguments_sha256(_integral(arguments))
+            self.hashes = frozenset((as_sent, integral))
+            self.certain = as_sent == integral
+        self.suspect = False  # it has seen another call's answer (uncertain: see `answer`)
+        self.refused: ToolResult | None = None
 
     def tell(self, notice: PendingNotice) -> None:
         if self.on_pending is not None and not self.told and not self.future.done():
             self.told = True
             self.on_pending(notice)
 
+    def mine(self, named: tuple[str, str] | None) -> bool | None:
+        """Is an answer naming `named` this call's? True, False, or None (cannot tell here:
+        the arguments hold an integral float outside an integer field, perhaps)."""
+        if named is None or self.hashes is None:
+            return True
+        if named[0] == self.tool and named[1] in self.hashes:
+            return True
+        return False if self.certain else None
+
     def answer(self, result: ToolResult, named: tuple[str, str] | None, refusal: bool) -> None:
-        """`result` arrived on this call_id's subject, naming the call it answers (None:
-        it does not say). A refusal is only for the call it names; another call's
-        answer is not this call's: this call was refused (CALL_ID_REUSED)."""
+        """`result` arrived on this call_id's subject. Another call's answer is not this
+        call's: this call is refused (CALL_ID_REUSED) when that is sure; when it cannot be
+        told here, the gateway's verdict on the retry decides (its refusal, published
+        only once the first call's result is stored; else the wait times out)."""
         if self.future.done():
             return
-        if refusal:
-            if self.answers is not None and named == self.answers:
+        verdict = self.mine(named)
+        if refusal:  # the gateway refused the call `named`
+            if verdict is True and named is not None and self.hashes is not None:
                 self.future.set_result(result)
-        elif named is None or self.answers is None or named == self.answers:
+            elif verdict is None:
+                if self.suspect:
+                    self.future.set_result(result)
+                else:
+                    self.refused = result  # before the answer it refuses: kept
+            return
+        if verdict is True:
             self.future.set_result(result)
+        elif verdict is False:
+            self.future.set_result(call_id_reused(self.call_id, self.tool))
         else:
-            self.future.set_result(call_id_reused(self.call_id, self.answers[0]))
+            self.suspect = True
+            if self.refused is not None:
+                self.future.set_result(self.refused)
 
 
 class GatewayClient:
@@ -326,10 +377,8 @@ class GatewayClient:
             await self._listen(tenant, agent)
         key = subjects.results_subject(tenant, agent, call.call_id)
         # A call_id the caller chose may name an earlier call: its answer must name this one.
-        answers = None if fresh else (call.tool, arguments_sha256(call.arguments))
-        waiter = _Waiter(
-            call.call_id, asyncio.get_running_loop().create_future(), on_pending, answers
-        )
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(call.call_id, future, on_pending, call.tool, call.arguments, not fresh)
         waiters = self._waiting.get(key)
         if waiters is None:
             waiters = self._waiting[key] = [waiter]
@@ -394,12 +443,12 @@ class GatewayClient:
                 notice = _decode_pending(data, waiters[0].call_id)
                 if notice is not None:
                     for waiter in list(waiters):
-                        if named is None or waiter.answers is None or named == waiter.answers:
+                        verdict = waiter.mine(named)
+                        if verdict is True:
                             waiter.tell(notice)
-                        elif not waiter.future.done():  # another call waits under this id
-                            waiter.future.set_result(
-                                call_id_reused(waiter.call_id, waiter.answers[0])
-                            )
+                        elif verdict is False and not waiter.future.done():
+                            # another call waits for a human under this call_id
+                            waiter.future.set_result(call_id_reused(waiter.call_id, waiter.tool))
 
     async def _read_stored(self, key: str, *, pending: bool) -> None:
         """Ask for the stored result at `key` (and its notice): the reply is delivered

@@ -588,14 +588,17 @@ async def test_call_id_pre_empted_by_another_tenant_still_runs_acme_call(gw: Gat
             async with await gw.client(*MALLORY) as her_client:
                 # Hers is hers: a retry by her gets her first result, not acme's.
                 hers = await her_client.call(
-                    "echo", {"payload": "mallory again"}, user="u-m", session="s-m", call_id=call_id
+                    "echo", {"payload": "mallory's"}, user="u-m", session="s-m", call_id=call_id
                 )
                 assert hers.data == {"payload": "mallory's"}
                 assert await her_client.result(call_id) == hers
+                # Another call of hers under it is refused, and given neither result.
+                other = await her_client.call(
+                    "echo", {"payload": "mallory again"}, user="u-m", session="s-m", call_id=call_id
+                )
+                assert other.error is not None and other.error.code == "CALL_ID_REUSED"
             # A later call by acme with the finished call_id is a retry: the first result.
-            retry = await acme.call(
-                "echo", {"payload": "acme's second"}, principal=ALICE, call_id=call_id
-            )
+            retry = await acme.call("echo", {"payload": "acme's"}, principal=ALICE, call_id=call_id)
             assert retry == first
             await settled(gw)
             assert await acme.result(call_id) == first
@@ -640,7 +643,7 @@ async def test_evidence_with_a_shared_call_id_is_kept_per_tenant_and_stored_once
         assert first.data["duplicate"] is False  # globex's row is not in acme's store
         retry = await acme.call(
             "save_evidence",
-            evidence("acme's retry"),
+            evidence("acme's claim"),
             principal=ALICE,
             task_id=task,
             call_id=call_id,
@@ -649,7 +652,7 @@ async def test_evidence_with_a_shared_call_id_is_kept_per_tenant_and_stored_once
     async with await gw.client(*GLOBEX_RESEARCHER) as globex:
         again = await globex.call(
             "save_evidence",
-            evidence("globex again"),
+            evidence("globex's claim"),
             principal=principal_g,
             task_id=task,
             call_id=call_id,
