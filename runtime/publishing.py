@@ -181,7 +181,7 @@ class Publisher:
             return ""
         retry = answer_headers(tool, arguments_sha256)
         named = answered_call(found.headers)
-        if retry and named is not None and named != answered_call(retry):
+        if retry and named is not None and named != (tool, arguments_sha256):
             if stored is None:
                 return "another"
             emits.check("ToolResult")

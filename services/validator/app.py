@@ -45,6 +45,7 @@ from nats.aio.msg import Msg
 
 from toolgate.contracts import subjects
 from toolgate.contracts.authorization import arguments_sha256
+from toolgate.contracts.calls import ToolCall
 from toolgate.contracts.events import (
     ArgumentsRejected,
     ArgumentsValidated,
@@ -148,8 +149,7 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: settling.Delivery) -
                 occurred_at=now,
                 service=SERVICE,
                 call=call,
-                arguments_sha256=arguments_sha256(call.arguments),
-                **call_fields(call),
+                **hashed_call_fields(call),
             )
         ]
     events: list[Event] = []
@@ -170,10 +170,7 @@ def events_for(outcome: CheckOutcome, raw: bytes, delivery: settling.Delivery) -
         )
     if isinstance(outcome, Rejected):
         fields = (
-            {
-                **call_fields(outcome.call),
-                "arguments_sha256": arguments_sha256(outcome.call.arguments),
-            }
+            hashed_call_fields(outcome.call)
             if outcome.call
             else {"call_id": outcome.call_id, "principal": outcome.principal}
         )
@@ -394,12 +391,18 @@ async def owns_call(
         return False
 
 
+def hashed_call_fields(call: ToolCall) -> dict[str, Any]:
+    """The call columns of an event of `call`, with the hash of its arguments (what an
+    approval binds, and what the attacher names an answer's call by)."""
+    return {**call_fields(call), "arguments_sha256": arguments_sha256(call.arguments)}
+
+
 def retried(outcome: Validated | Rejected, delivery: settling.Delivery) -> CallRetried:
     """The event that has the attacher answer a duplicate call_id again."""
     call = outcome.call
     fields: dict[str, Any]
     if call is not None:  # what the attacher checks the stored answer's call against
-        fields = {**call_fields(call), "arguments_sha256": arguments_sha256(call.arguments)}
+        fields = hashed_call_fields(call)
     else:
         assert isinstance(outcome, Rejected)  # a Validated outcome always has its call
         fields = {"call_id": outcome.call_id, "principal": outcome.principal}
