@@ -74,6 +74,10 @@ def read_call_events(
     return rows
 
 
+# The events whose arguments hash is the one the call's answers name.
+CHECKED = ("ArgumentsValidated", "ArgumentsRejected")
+
+
 def senders(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """The (tenant, agent) pairs these rows name: more than one, and a call_id was reused
     by several agents (each its own call)."""
@@ -84,18 +88,29 @@ def story(rows: list[dict[str, Any]]) -> list[TraceStep]:
     if not rows:
         return []
     start = to_micros(rows[0]["occurred_at"])
+    checked = called(rows)
     steps = []
     for row in rows:
         offset = (to_micros(row["occurred_at"]) - start) / 1000.0
-        for text in describe(row):
+        for text in describe(row, checked):
             steps.append(
                 TraceStep(offset, row["occurred_at"], row["event_type"], row["service"], text)
             )
     return steps
 
 
-def describe(row: dict[str, Any]) -> list[str]:
-    """What an auditor reads for one event (some events tell two steps)."""
+def called(rows: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(tool, arguments_sha256) of the call these rows tell, as the validator checked it
+    (what its answers name); None when no row of the check records the hash."""
+    for row in rows:
+        if row["event_type"] in CHECKED and row.get("arguments_sha256"):
+            return row["tool"], row["arguments_sha256"]
+    return None
+
+
+def describe(row: dict[str, Any], call: tuple[str, str] | None = None) -> list[str]:
+    """What an auditor reads for one event (some events tell two steps); `call`: the
+    (tool, arguments_sha256) of the call the rows tell (`called`)."""
     payload = _payload(row)
     kind, error = row["event_type"], payload.get("error") or {}
     policy = f"policy {row['policy_version']}" + (
@@ -178,6 +193,16 @@ def describe(row: dict[str, Any]) -> list[str]:
     if kind == "CallAbandoned":
         return [f"{row['service']} gave up on the call: {error.get('message', '')}"]
     if kind == "CallRetried":
+        if (
+            call is not None
+            and row.get("arguments_sha256")
+            and ((row["tool"], row["arguments_sha256"]) != call)
+        ):
+            return [
+                f"the agent sent this call_id again for another call ({row['tool']}, arguments "
+                f"sha256 {row['arguments_sha256'][:16]}): not a retry, nothing run; never "
+                "given this call's answer (CALL_ID_REUSED once it has its result)"
+            ]
         return ["the agent sent this call_id again: nothing run again, its answer sent again"]
     return [f"{kind}{note}"]
 

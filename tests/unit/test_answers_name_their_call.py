@@ -108,3 +108,30 @@ def test_answer_headers_name_nothing_without_arguments() -> None:
     assert answer_headers("echo", None) == {} and answered_call({}) is None
     sha = arguments_sha256({"n": 1})
     assert answered_call(answer_headers(TOOL, sha)) == (TOOL, sha)
+
+
+def test_the_audit_trace_tells_another_call_under_the_call_id_from_a_retry() -> None:
+    from toolgate.services.audit.trace import called, describe
+
+    def row(kind: str, sha: str) -> dict[str, Any]:
+        return {
+            "event_type": kind,
+            "service": "validator",
+            "payload": "{}",
+            "policy_version": "",
+            "note": "",
+            "tool": TOOL,
+            "arguments_sha256": sha,
+        }
+
+    first, other = arguments_sha256({"n": 1}), arguments_sha256({"n": 2})
+    rows = [row("ArgumentsValidated", first), row("CallRetried", first)]
+    rows.append(row("CallRetried", other))
+    call = called(rows)
+    assert call == (TOOL, first)
+    (retry,) = describe(rows[1], call)
+    (another,) = describe(rows[2], call)
+    assert retry.endswith("its answer sent again")
+    assert "another call" in another and other[:16] in another and "nothing run" in another
+    (unknown,) = describe(rows[2], None)  # no hash recorded for the call: as before
+    assert unknown == retry
